@@ -1,0 +1,497 @@
+//! The `command` workload: any program, supervised.
+//!
+//! - stdout and stderr go to `stdout.log` / `stderr.log` in the output folder
+//!   (head and tail kept for huge outputs, see [`crate::capture`]);
+//! - metrics come from the JSON file at `$ORCH_METRICS_FILE` and from stdout
+//!   lines `ORCH_METRIC name=value [name=value ...]`;
+//! - phases come from stdout lines `ORCH_PHASE warmup|measure|teardown`; a
+//!   command that prints none has its whole run counted as `measure`;
+//! - the program runs in its own process group, killed as a whole at the end,
+//!   on timeout and on stop (SIGTERM, then SIGKILL after the grace period);
+//! - it dies with the agent (`PR_SET_PDEATHSIG`), so nothing is orphaned.
+
+use crate::capture::Capture;
+use crate::ctx::Ctx;
+use orch_protocol::{
+    CellResult, CommandWorkload, Failure, Phase, Status, StreamInfo, TaskSpec, METRICS_FILE_ENV,
+    METRIC_LINE_PREFIX, PHASE_LINE_PREFIX,
+};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Longest stdout line scanned for `ORCH_*` markers; longer lines are logged
+/// but not parsed.
+const MAX_SCANNED_LINE: usize = 64 * 1024;
+
+enum Note {
+    Metric(String, f64),
+    Phase(Phase),
+}
+
+pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    let cell = task.cell_id.as_str();
+    let Some(program) = cmd.argv.first() else {
+        return CellResult::failed(cell, Status::Failed, "invalid_config", "`argv` is empty");
+    };
+    let metrics_path = out_dir.join("metrics.json");
+    let _ = std::fs::remove_file(&metrics_path);
+
+    let mut command = Command::new(program);
+    command
+        .args(&cmd.argv[1..])
+        .envs(&task.env)
+        .env(METRICS_FILE_ENV, &metrics_path)
+        .env("ORCH_CELL_ID", &task.cell_id)
+        .env("ORCH_RUN_ID", &task.run_id)
+        .env("ORCH_GPU", &task.gpu)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &task.params {
+        let name = format!("ORCH_PARAM_{}", env_name(k));
+        let value = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        command.env(name, value);
+    }
+    if let Some(dir) = &cmd.workdir {
+        command.current_dir(dir);
+    }
+    // SAFETY: only async-signal-safe calls (setpgid, prctl) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+
+    let (out_cap, err_cap) = match (
+        Capture::create(&out_dir.join("stdout.log"), task.logs),
+        Capture::create(&out_dir.join("stderr.log"), task.logs),
+    ) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => {
+            return CellResult::failed(
+                cell,
+                Status::Failed,
+                "agent_io",
+                format!("cannot create log files in `{}`: {e}", out_dir.display()),
+            )
+        }
+    };
+
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let mut r = CellResult::failed(
+                cell,
+                Status::Failed,
+                "spawn",
+                format!("cannot start `{program}`: {e}"),
+            );
+            r.stdout = finish_quietly(out_cap);
+            r.stderr = finish_quietly(err_cap);
+            return r;
+        }
+    };
+    let pgid = child.id() as i32;
+    // A command that reports no phases has all of its run counted as `measure`.
+    ctx.enter(Phase::Measure);
+
+    let (tx, rx) = mpsc::channel::<Note>();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let (done_tx, done_rx) = mpsc::channel::<(bool, std::io::Result<StreamInfo>)>();
+    let out_thread = stdout.map(|s| {
+        let done = done_tx.clone();
+        thread::spawn(move || {
+            let r = pump(s, out_cap, Some(tx));
+            let _ = done.send((true, r));
+        })
+    });
+    let err_thread = stderr.map(|s| {
+        let done = done_tx.clone();
+        thread::spawn(move || {
+            let r = pump(s, err_cap, None);
+            let _ = done.send((false, r));
+        })
+    });
+    drop(done_tx);
+
+    let deadline = Instant::now() + secs(task.measure.timeout_s - ctx.elapsed());
+    let mut metrics = BTreeMap::new();
+    let mut saw_phase = false;
+    let mut ended_by: Option<Status> = None;
+    let exit: ExitStatus = loop {
+        for note in rx.try_iter() {
+            handle_note(note, ctx, &mut metrics, &mut saw_phase);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                kill_group(pgid, libc::SIGKILL);
+                let _ = child.wait();
+                return CellResult::failed(cell, Status::Failed, "agent_io", format!("cannot wait for the command: {e}"));
+            }
+        }
+        if ended_by.is_none() {
+            if ctx.stop_requested() {
+                ended_by = Some(Status::Cancelled);
+            } else if Instant::now() >= deadline {
+                ended_by = Some(Status::Timeout);
+            }
+            if ended_by.is_some() {
+                ctx.message(match ended_by {
+                    Some(Status::Timeout) => format!("timeout after {:.0}s: stopping the command", task.measure.timeout_s),
+                    _ => "stop requested: stopping the command".to_string(),
+                });
+                break terminate(&mut child, pgid, task.measure.kill_grace_s);
+            }
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    ctx.enter(Phase::Teardown);
+    // Whatever the command left in its process group goes too.
+    kill_group(pgid, libc::SIGKILL);
+
+    // Readers end when the pipes close; a grandchild that left the group can
+    // hold them open, so wait a bounded time.
+    let mut out_info = StreamInfo::default();
+    let mut err_info = StreamInfo::default();
+    let wait_until = Instant::now() + Duration::from_secs(3);
+    for _ in 0..2 {
+        let left = wait_until.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok((is_out, Ok(info))) => {
+                if is_out {
+                    out_info = info
+                } else {
+                    err_info = info
+                }
+            }
+            Ok((_, Err(e))) => ctx.message(format!("log capture failed: {e}")),
+            Err(_) => {
+                ctx.message("an output pipe stayed open after the command ended: log tail not kept");
+                break;
+            }
+        }
+    }
+    for t in [out_thread, err_thread].into_iter().flatten() {
+        if t.is_finished() {
+            let _ = t.join();
+        }
+    }
+    for note in rx.try_iter() {
+        handle_note(note, ctx, &mut metrics, &mut saw_phase);
+    }
+
+    let mut result = CellResult::new(cell, Status::Succeeded);
+    result.stdout = out_info;
+    result.stderr = err_info;
+    result.info.insert("argv0".into(), serde_json::Value::String(program.clone()));
+
+    match read_metrics_file(&metrics_path) {
+        Ok(Some(m)) => metrics.extend(m),
+        Ok(None) => {}
+        Err(msg) => {
+            result.failure = Some(Failure {
+                kind: "bad_metrics".into(),
+                message: msg,
+                exit_code: None,
+                signal: None,
+            });
+            result.status = Status::Failed;
+        }
+    }
+    result.metrics = metrics;
+
+    let exit_code = exit.code();
+    let signal = exit.signal();
+    if let Some(status) = ended_by {
+        let message = match status {
+            Status::Timeout => format!("command did not finish within {:.0}s", task.measure.timeout_s),
+            _ => "command stopped on request".to_string(),
+        };
+        result.status = status;
+        result.failure = Some(Failure {
+            kind: status.as_str().to_string(),
+            message,
+            exit_code,
+            signal,
+        });
+    } else if exit.success() {
+        // bad_metrics (if any) stands
+    } else {
+        let tail = last_line(&out_dir.join("stderr.log"));
+        let (kind, mut message) = match (exit_code, signal) {
+            (Some(code), _) => ("exit_code", format!("command exited with code {code}")),
+            (None, Some(sig)) => ("signal", format!("command killed by signal {sig} ({})", signal_name(sig))),
+            _ => ("exit_code", "command ended abnormally".to_string()),
+        };
+        if let Some(t) = tail {
+            message.push_str(&format!("; last stderr line: {t}"));
+        }
+        result.status = Status::Failed;
+        result.failure = Some(Failure {
+            kind: kind.into(),
+            message,
+            exit_code,
+            signal,
+        });
+    }
+    result
+}
+
+fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, saw_phase: &mut bool) {
+    match note {
+        Note::Metric(k, v) => {
+            metrics.insert(k, v);
+        }
+        Note::Phase(p) => {
+            if !*saw_phase {
+                // Time before the first phase line was process start-up.
+                ctx.relabel(Phase::Start);
+                *saw_phase = true;
+            }
+            if ctx.phase() != Some(p) {
+                ctx.enter(p);
+            }
+        }
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// SIGTERM the group, wait up to `grace_s`, then SIGKILL.
+fn terminate(child: &mut Child, pgid: i32, grace_s: f64) -> ExitStatus {
+    kill_group(pgid, libc::SIGTERM);
+    let until = Instant::now() + secs(grace_s);
+    while Instant::now() < until {
+        if let Ok(Some(s)) = child.try_wait() {
+            return s;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    kill_group(pgid, libc::SIGKILL);
+    match child.wait() {
+        Ok(s) => s,
+        // The child was spawned by us and not yet reaped: wait cannot fail
+        // except on EINTR storms; report it as killed.
+        Err(_) => ExitStatus::from_raw(libc::SIGKILL),
+    }
+}
+
+fn kill_group(pgid: i32, sig: i32) {
+    // SAFETY: plain syscall; ESRCH (group gone) is fine.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// Copy a pipe into its capture; on stdout, also scan lines for markers.
+fn pump(mut src: impl Read, mut cap: Capture, notes: Option<mpsc::Sender<Note>>) -> std::io::Result<StreamInfo> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut line: Vec<u8> = Vec::new();
+    let mut line_too_long = false;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        cap.write(&buf[..n])?;
+        if let Some(tx) = &notes {
+            for &b in &buf[..n] {
+                if b == b'\n' {
+                    if !line_too_long {
+                        scan_line(&line, tx);
+                    }
+                    line.clear();
+                    line_too_long = false;
+                } else if line.len() < MAX_SCANNED_LINE {
+                    line.push(b);
+                } else {
+                    line_too_long = true;
+                }
+            }
+        }
+    }
+    if let Some(tx) = &notes {
+        if !line_too_long {
+            scan_line(&line, tx);
+        }
+    }
+    cap.finish()
+}
+
+fn scan_line(line: &[u8], tx: &mpsc::Sender<Note>) {
+    let Ok(text) = std::str::from_utf8(line) else { return };
+    for note in parse_marker_line(text) {
+        let _ = tx.send(note);
+    }
+}
+
+/// Parse `ORCH_METRIC a=1 b=2.5` and `ORCH_PHASE measure` lines.
+fn parse_marker_line(text: &str) -> Vec<Note> {
+    let text = text.trim();
+    if let Some(rest) = text.strip_prefix(METRIC_LINE_PREFIX) {
+        if !rest.starts_with(char::is_whitespace) {
+            return vec![];
+        }
+        return rest
+            .split_whitespace()
+            .filter_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                let v: f64 = v.parse().ok()?;
+                (!k.is_empty() && v.is_finite()).then(|| Note::Metric(k.to_string(), v))
+            })
+            .collect();
+    }
+    if let Some(rest) = text.strip_prefix(PHASE_LINE_PREFIX) {
+        if let Some(p) = Phase::parse(rest) {
+            if rest.starts_with(char::is_whitespace) {
+                return vec![Note::Phase(p)];
+            }
+        }
+    }
+    vec![]
+}
+
+/// Metrics file: a JSON object; numbers kept, nested objects flattened with
+/// `.`, `{ "value": x }` objects taken as `x`, other values ignored.
+fn read_metrics_file(path: &Path) -> Result<Option<BTreeMap<String, f64>>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read the metrics file `{}`: {e}", path.display())),
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "the metrics file `${METRICS_FILE_ENV}` is not valid JSON ({e}); hint: write one JSON object of name -> number"
+        )
+    })?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(format!(
+            "the metrics file `${METRICS_FILE_ENV}` holds JSON that is not an object; hint: write one JSON object of name -> number"
+        ));
+    };
+    let mut out = BTreeMap::new();
+    flatten("", &serde_json::Value::Object(map), &mut out);
+    Ok(Some(out))
+}
+
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
+    match v {
+        serde_json::Value::Number(n) => {
+            if let Some(f) = n.as_f64() {
+                out.insert(prefix.to_string(), f);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            if let Some(val) = map.get("value").and_then(|v| v.as_f64()) {
+                if !prefix.is_empty() {
+                    out.insert(prefix.to_string(), val);
+                    return;
+                }
+            }
+            for (k, v) in map {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(&key, v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn env_name(k: &str) -> String {
+    k.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .collect()
+}
+
+fn finish_quietly(cap: Capture) -> StreamInfo {
+    cap.finish().unwrap_or_default()
+}
+
+/// Last non-empty line of a log (at most 300 characters), for failure messages.
+fn last_line(path: &Path) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = len.saturating_sub(4096);
+    use std::io::Seek;
+    f.seek(std::io::SeekFrom::Start(start)).ok()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    Some(line.chars().take(300).collect())
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_lines() {
+        let notes = parse_marker_line("ORCH_METRIC tokens_per_s=123.5 loss=0.25 junk bad=x");
+        let got: Vec<(String, f64)> = notes
+            .into_iter()
+            .filter_map(|n| match n {
+                Note::Metric(k, v) => Some((k, v)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, vec![("tokens_per_s".into(), 123.5), ("loss".into(), 0.25)]);
+        assert!(matches!(parse_marker_line("ORCH_PHASE warmup")[..], [Note::Phase(Phase::Warmup)]));
+        assert!(parse_marker_line("ORCH_PHASEwarmup").is_empty());
+        assert!(parse_marker_line("ORCH_METRICS a=1").is_empty());
+        assert!(parse_marker_line("say ORCH_METRIC a=1").is_empty());
+    }
+
+    #[test]
+    fn metrics_file_flattening() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.json");
+        std::fs::write(&p, r#"{"a": 1, "b": {"c": 2.5, "d": "x"}, "e": {"value": 7, "unit": "ms"}}"#).unwrap();
+        let m = read_metrics_file(&p).unwrap().unwrap();
+        assert_eq!(m.get("a"), Some(&1.0));
+        assert_eq!(m.get("b.c"), Some(&2.5));
+        assert_eq!(m.get("e"), Some(&7.0));
+        assert_eq!(m.len(), 3);
+        std::fs::write(&p, "[1]").unwrap();
+        assert!(read_metrics_file(&p).is_err());
+        assert!(read_metrics_file(&dir.path().join("none")).unwrap().is_none());
+    }
+}

@@ -1,0 +1,173 @@
+//! The agent's driver: read the task, run the workload, report.
+
+use crate::ctx::Ctx;
+use crate::{command, transformer, AGENT_VERSION};
+use orch_protocol::{BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, PROTOCOL_VERSION};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("usage: orch-agent run --task FILE --out DIR\n       orch-agent version")]
+    Usage,
+    #[error("cannot read the task file `{path}`: {source}")]
+    ReadTask { path: PathBuf, source: std::io::Error },
+    #[error("the task file `{path}` is not a valid task: {source}\nhint: the task file is written by `orch`; is this agent the same version as `orch`?")]
+    ParseTask { path: PathBuf, source: serde_json::Error },
+    #[error("task protocol version {got} is not supported by this agent (speaks {want})\nhint: use an `orch-agent` of the same release as `orch`")]
+    Version { got: u32, want: u32 },
+    #[error("cannot use the output folder `{path}`: {source}")]
+    OutDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+impl AgentError {
+    /// 2 for a bad invocation or task, 1 for an internal failure.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            AgentError::Usage | AgentError::ParseTask { .. } | AgentError::Version { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Run one task to its result. Never panics out: a panicking workload is a
+/// failed cell.
+pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    ctx.emit(Event::Started {
+        cell_id: task.cell_id.clone(),
+        agent_version: AGENT_VERSION.to_string(),
+        pid: std::process::id(),
+    });
+    ctx.enter(Phase::Start);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &task.workload {
+        Workload::Command(c) => command::run(c, task, out_dir, ctx),
+        Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => transformer::run(cfg, task, ctx),
+        Workload::Builtin(BuiltinWorkload::Noop) => {
+            ctx.enter(Phase::Measure);
+            CellResult::new(&task.cell_id, Status::Succeeded)
+        }
+    }));
+    let mut result = match outcome {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            CellResult::failed(&task.cell_id, Status::Failed, "agent_panic", format!("the workload panicked: {msg}"))
+        }
+    };
+    result.timings = ctx.take_timings();
+    result.info.insert("agent_version".into(), AGENT_VERSION.into());
+    if let Some(host) = hostname() {
+        result.info.insert("hostname".into(), host.into());
+    }
+    if let Some(peak) = crate::sysmem::peak_rss_bytes() {
+        result.info.insert("agent_peak_rss_bytes".into(), peak.into());
+    }
+    result
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Write `bytes` to `path` so that a reader sees the old file or the whole new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Entry point shared by the `orch-agent` binary and `orch agent`.
+/// `args` excludes the program name.
+pub fn main_with_args(args: &[String]) -> i32 {
+    match try_main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("orch-agent: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn try_main(args: &[String]) -> Result<i32, AgentError> {
+    let mut task_path = None;
+    let mut out_dir = None;
+    let mut it = args.iter();
+    match it.next().map(String::as_str) {
+        Some("run") => {}
+        Some("version") | Some("--version") | Some("-V") => {
+            println!("orch-agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION})");
+            return Ok(0);
+        }
+        _ => return Err(AgentError::Usage),
+    }
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--task" => task_path = it.next().map(PathBuf::from),
+            "--out" => out_dir = it.next().map(PathBuf::from),
+            _ => return Err(AgentError::Usage),
+        }
+    }
+    let (Some(task_path), Some(out_dir)) = (task_path, out_dir) else {
+        return Err(AgentError::Usage);
+    };
+    let text = std::fs::read_to_string(&task_path).map_err(|source| AgentError::ReadTask {
+        path: task_path.clone(),
+        source,
+    })?;
+    let task: TaskSpec = serde_json::from_str(&text).map_err(|source| AgentError::ParseTask {
+        path: task_path.clone(),
+        source,
+    })?;
+    if task.version != PROTOCOL_VERSION {
+        return Err(AgentError::Version {
+            got: task.version,
+            want: PROTOCOL_VERSION,
+        });
+    }
+    std::fs::create_dir_all(&out_dir).map_err(|source| AgentError::OutDir {
+        path: out_dir.clone(),
+        source,
+    })?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(AgentError::Signals)?;
+    }
+    // Die with the host: a host killed with SIGKILL must not leave an agent
+    // (and its workload) running on a GPU.
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscall with constant arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+
+    let sink = Box::new(|e: &Event| {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (host gone) must not stop the workload's bookkeeping.
+        let _ = writeln!(out, "{}", e.to_line());
+        let _ = out.flush();
+    });
+    let mut ctx = Ctx::new(sink, stop);
+    let result = run_task(&task, &out_dir, &mut ctx);
+    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+    if let Err(source) = write_atomic(&out_dir.join("result.json"), &json) {
+        return Err(AgentError::OutDir { path: out_dir, source });
+    }
+    ctx.emit(Event::Result { result });
+    Ok(0)
+}

@@ -1,0 +1,428 @@
+//! Expansion of a suite into a plan: one [`CellPlan`] per (benchmark, GPU,
+//! parameter combination), each with a stable id and a ready [`TaskSpec`].
+
+use crate::error::{ManifestError, Pos};
+use crate::gpu::GpuSpec;
+use crate::suite::{Benchmark, MeasureDef, ModelRef, Suite, WorkloadDef};
+use orch_protocol::{
+    BuiltinWorkload, CommandWorkload, LogLimits, Measure, TaskSpec, TransformerConfig, Workload, PROTOCOL_VERSION,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Defaults when neither the suite nor the benchmark sets a value.
+pub const DEFAULT_WARMUP: u32 = 3;
+pub const DEFAULT_REPETITIONS: u32 = 10;
+pub const DEFAULT_TIMEOUT_S: f64 = 30.0 * 60.0;
+pub const DEFAULT_KILL_GRACE_S: f64 = 10.0;
+
+/// The resolved, expanded suite: what a run executes. Stored with each run
+/// (`plan.json`), so `orch run --resume` needs no manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub suite: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The manifest this plan came from.
+    pub manifest: PathBuf,
+    pub concurrency: usize,
+    /// Host environment variables passed to cells as secrets (names only).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    #[serde(default)]
+    pub models: Vec<ModelRef>,
+    pub cells: Vec<CellPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellPlan {
+    /// Stable id: `<benchmark>.<gpu>[.<param>-<value>...]`.
+    pub id: String,
+    pub benchmark: String,
+    pub gpu: GpuSpec,
+    pub params: BTreeMap<String, Value>,
+    /// The agent's task (its `run_id` is filled in when the run starts).
+    pub task: TaskSpec,
+}
+
+/// Command-line overrides applied while expanding.
+#[derive(Debug, Clone, Default)]
+pub struct ExpandOptions {
+    /// `--gpu`: replaces every GPU list of the manifest.
+    pub gpus: Option<Vec<GpuSpec>>,
+}
+
+/// Placeholders every template may use besides the matrix parameters.
+const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark"];
+
+/// Transformer fields a matrix parameter of the same name overrides.
+const TRANSFORMER_FIELDS: &[&str] = &[
+    "preset", "d_model", "layers", "heads", "d_ff", "context", "batch", "vocab", "pass", "dtype", "device", "seed",
+];
+
+pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<Plan, ManifestError> {
+    let invalid = |pos: Option<Pos>, msg: String, hint: &str| ManifestError::invalid(path, pos, msg, hint);
+    let name_pos = Pos::from_loc(suite.name.referenced);
+    check_name(&suite.name.value).map_err(|m| invalid(name_pos, format!("suite `name`: {m}"), NAME_HINT))?;
+    if suite.benchmarks.is_empty() {
+        return Err(invalid(None, "the suite has no `benchmarks`".into(), "add at least one benchmark; see manifests/quickstart.yaml"));
+    }
+    for s in &suite.secrets {
+        if !is_env_name(s) {
+            return Err(invalid(None, format!("`secrets`: `{s}` is not an environment variable name"), "list names such as `HF_TOKEN`, not values"));
+        }
+    }
+    let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
+    let base_dir = std::fs::canonicalize(&base_dir).unwrap_or(base_dir);
+    let concurrency = suite.concurrency.unwrap_or(1);
+    if concurrency == 0 {
+        return Err(invalid(None, "`concurrency` must be at least 1".into(), "use 1 to run one cell at a time"));
+    }
+    let logs = LogLimits {
+        head_bytes: suite.logs.head.map(|b| b.0).unwrap_or(LogLimits::default().head_bytes),
+        tail_bytes: suite.logs.tail.map(|b| b.0).unwrap_or(LogLimits::default().tail_bytes),
+    };
+
+    let mut cells = Vec::new();
+    let mut seen_bench = BTreeSet::new();
+    let mut seen_ids = BTreeMap::<String, String>::new();
+    for bench in &suite.benchmarks {
+        let bpos = Pos::from_loc(bench.name.referenced);
+        let bname = bench.name.value.clone();
+        check_name(&bname).map_err(|m| invalid(bpos, format!("benchmark `name`: {m}"), NAME_HINT))?;
+        if !seen_bench.insert(bname.clone()) {
+            return Err(invalid(bpos, format!("two benchmarks are named `{bname}`"), "give each benchmark its own name"));
+        }
+        let wpos = Pos::from_loc(bench.workload.referenced);
+        let workload = base_workload(&bench.workload.value, &base_dir)
+            .map_err(|(m, h)| invalid(wpos, format!("benchmark `{bname}`: `workload`: {m}"), h))?;
+        let measure = merge_measure(&suite.measure, &bench.measure);
+        let gpus = opts
+            .gpus
+            .clone()
+            .or_else(|| bench.gpus.clone())
+            .or_else(|| suite.gpus.clone())
+            .unwrap_or_else(|| vec![GpuSpec::CPU]);
+        if gpus.is_empty() {
+            return Err(invalid(bpos, format!("benchmark `{bname}`: the GPU list is empty"), "write `gpus: [none]` for CPU only"));
+        }
+        let combos = matrix_combos(bench).map_err(|(pos, m, h)| invalid(pos.or(bpos), format!("benchmark `{bname}`: {m}"), h))?;
+        let memory_limit = bench.memory_limit.or(suite.memory_limit).map(|b| b.0);
+        let mut env = suite.env.clone();
+        env.extend(bench.env.clone());
+
+        for gpu in &gpus {
+            for params in &combos {
+                if excluded(&bench.exclude, gpu, params) {
+                    continue;
+                }
+                let id = cell_id(&bname, gpu, params);
+                if let Some(other) = seen_ids.insert(id.clone(), bname.clone()) {
+                    return Err(invalid(bpos, format!("two cells get the id `{id}` (benchmarks `{other}` and `{bname}`)"), "make parameter values differ by more than case or punctuation"));
+                }
+                let vars = template_vars(params, gpu, &id, &bname);
+                let workload = instantiate(&workload, params, &vars)
+                    .map_err(|(m, h)| invalid(wpos, format!("cell `{id}`: {m}"), h))?;
+                let env = env
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), substitute(v, &vars)?)))
+                    .collect::<Result<BTreeMap<_, _>, (String, &str)>>()
+                    .map_err(|(m, h)| invalid(bpos, format!("cell `{id}`: `env`: {m}"), h))?;
+                cells.push(CellPlan {
+                    id: id.clone(),
+                    benchmark: bname.clone(),
+                    gpu: *gpu,
+                    params: params.clone(),
+                    task: TaskSpec {
+                        version: PROTOCOL_VERSION,
+                        run_id: String::new(),
+                        cell_id: id,
+                        gpu: gpu.to_string(),
+                        params: params.clone(),
+                        env,
+                        secret_env: suite.secrets.clone(),
+                        workload,
+                        measure: measure.clone(),
+                        logs,
+                        memory_limit_bytes: memory_limit,
+                    },
+                });
+            }
+        }
+    }
+    if cells.is_empty() {
+        return Err(invalid(None, "the matrix expands to no cells (everything is excluded)".into(), "check the `exclude` lists"));
+    }
+    Ok(Plan {
+        suite: suite.name.value,
+        description: suite.description,
+        manifest: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        concurrency,
+        secrets: suite.secrets,
+        models: suite.models,
+        cells,
+    })
+}
+
+const NAME_HINT: &str = "names use letters, digits, `-`, `_` and `.`";
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        return Err(format!("`{name}` contains `{c}`"));
+    }
+    Ok(())
+}
+
+fn is_env_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn merge_measure(suite: &MeasureDef, bench: &MeasureDef) -> Measure {
+    Measure {
+        warmup: bench.warmup.or(suite.warmup).unwrap_or(DEFAULT_WARMUP),
+        repetitions: bench.repetitions.or(suite.repetitions).unwrap_or(DEFAULT_REPETITIONS),
+        timeout_s: bench.timeout.or(suite.timeout).map(|s| s.0).unwrap_or(DEFAULT_TIMEOUT_S),
+        kill_grace_s: bench.kill_grace.or(suite.kill_grace).map(|s| s.0).unwrap_or(DEFAULT_KILL_GRACE_S),
+    }
+}
+
+type Msg = (String, &'static str);
+
+fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
+    let given: Vec<&str> = [
+        ("command", w.command.is_some()),
+        ("shell", w.shell.is_some()),
+        ("transformer", w.transformer.is_some()),
+        ("noop", w.noop.unwrap_or(false)),
+    ]
+    .iter()
+    .filter(|(_, on)| *on)
+    .map(|(n, _)| *n)
+    .collect();
+    const HINT: &str = "a workload is exactly one of `command: [prog, args...]`, `shell: \"script\"`, `transformer: {...}` or `noop: true`";
+    if given.len() != 1 {
+        let msg = if given.is_empty() {
+            "no workload given".to_string()
+        } else {
+            format!("several workloads given ({})", given.iter().map(|g| format!("`{g}`")).collect::<Vec<_>>().join(", "))
+        };
+        return Err((msg, HINT));
+    }
+    let workdir = || {
+        let dir = match &w.workdir {
+            Some(d) if Path::new(d).is_absolute() => PathBuf::from(d),
+            Some(d) => base_dir.join(d),
+            None => base_dir.to_path_buf(),
+        };
+        Some(dir.to_string_lossy().into_owned())
+    };
+    if w.workdir.is_some() && w.command.is_none() && w.shell.is_none() {
+        return Err(("`workdir` only applies to `command` and `shell`".into(), HINT));
+    }
+    Ok(match given[0] {
+        "command" => {
+            let argv = w.command.clone().unwrap_or_default();
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(("`command` is empty".into(), "write the program and its arguments: `command: [python, bench.py]`"));
+            }
+            Workload::Command(CommandWorkload { argv, workdir: workdir() })
+        }
+        "shell" => Workload::Command(CommandWorkload {
+            argv: vec!["sh".into(), "-c".into(), w.shell.clone().unwrap_or_default()],
+            workdir: workdir(),
+        }),
+        "transformer" => Workload::Builtin(BuiltinWorkload::Transformer(w.transformer.clone().unwrap_or_default())),
+        _ => Workload::Builtin(BuiltinWorkload::Noop),
+    })
+}
+
+type LocMsg = (Option<Pos>, String, &'static str);
+
+fn matrix_combos(bench: &Benchmark) -> Result<Vec<BTreeMap<String, Value>>, LocMsg> {
+    let Some(matrix) = &bench.matrix else {
+        return Ok(vec![BTreeMap::new()]);
+    };
+    let pos = Pos::from_loc(matrix.referenced);
+    let mut combos = vec![BTreeMap::new()];
+    for (key, values) in &matrix.value {
+        if key == "gpu" || key == "gpus" {
+            return Err((pos, "`matrix` may not have a `gpu` key".into(), "list GPUs under `gpus:` (suite or benchmark); they form the matrix's GPU axis"));
+        }
+        if BUILTIN_VARS.contains(&key.as_str()) {
+            return Err((pos, format!("`matrix` key `{key}` is reserved"), "rename the parameter"));
+        }
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err((pos, format!("`matrix` key `{key}` is not a valid name"), "parameter names use letters, digits and `_`"));
+        }
+        if values.is_empty() {
+            return Err((pos, format!("`matrix.{key}` has no values"), "give at least one value, or remove the key"));
+        }
+        if let Some(v) = values.iter().find(|v| v.is_array() || v.is_object() || v.is_null()) {
+            return Err((pos, format!("`matrix.{key}` has a value that is not a scalar: {v}"), "matrix values are strings, numbers or booleans"));
+        }
+        let mut next = Vec::with_capacity(combos.len() * values.len());
+        for c in &combos {
+            for v in values {
+                let mut c = c.clone();
+                c.insert(key.clone(), v.clone());
+                next.push(c);
+            }
+        }
+        combos = next;
+    }
+    for ex in &bench.exclude {
+        for k in ex.keys() {
+            if k != "gpu" && !matrix.value.contains_key(k) {
+                return Err((pos, format!("`exclude` names `{k}`, which is not a matrix parameter"), "exclude entries use matrix keys (and `gpu`)"));
+            }
+        }
+    }
+    Ok(combos)
+}
+
+fn excluded(exclude: &[BTreeMap<String, Value>], gpu: &GpuSpec, params: &BTreeMap<String, Value>) -> bool {
+    exclude.iter().any(|ex| {
+        ex.iter().all(|(k, v)| {
+            if k == "gpu" {
+                let text = scalar_text(v);
+                GpuSpec::parse(&text).map(|g| g == *gpu).unwrap_or(false)
+            } else {
+                params.get(k).map(|p| scalar_text(p) == scalar_text(v)).unwrap_or(false)
+            }
+        })
+    })
+}
+
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `<benchmark>.<gpu>[.<param>-<value>...]`, lowercase, filesystem-safe.
+pub fn cell_id(bench: &str, gpu: &GpuSpec, params: &BTreeMap<String, Value>) -> String {
+    let mut id = format!("{}.{}", bench, gpu.slug());
+    for (k, v) in params {
+        id.push('.');
+        id.push_str(k);
+        id.push('-');
+        id.push_str(&scalar_text(v));
+    }
+    id.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c.to_ascii_lowercase() } else { '_' })
+        .collect()
+}
+
+fn template_vars(params: &BTreeMap<String, Value>, gpu: &GpuSpec, id: &str, bench: &str) -> BTreeMap<String, String> {
+    let mut vars: BTreeMap<String, String> = params.iter().map(|(k, v)| (k.clone(), scalar_text(v))).collect();
+    vars.insert("gpu".into(), gpu.to_string());
+    vars.insert("gpu_count".into(), gpu.count.to_string());
+    vars.insert("cell".into(), id.to_string());
+    vars.insert("benchmark".into(), bench.to_string());
+    vars
+}
+
+/// Replace `{{name}}` by the value of `name`; an unknown name is an error.
+fn substitute(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Msg> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let name = after[..end].trim();
+        match vars.get(name) {
+            Some(v) => out.push_str(v),
+            None => {
+                return Err((
+                    format!(
+                        "unknown placeholder `{{{{{name}}}}}`; known: {}",
+                        vars.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                    "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`",
+                ))
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn instantiate(w: &Workload, params: &BTreeMap<String, Value>, vars: &BTreeMap<String, String>) -> Result<Workload, Msg> {
+    Ok(match w {
+        Workload::Command(c) => Workload::Command(CommandWorkload {
+            argv: c.argv.iter().map(|a| substitute(a, vars)).collect::<Result<_, _>>()?,
+            workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
+        }),
+        Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => {
+            Workload::Builtin(BuiltinWorkload::Transformer(override_transformer(cfg, params)?))
+        }
+        other => other.clone(),
+    })
+}
+
+/// Matrix parameters named like a transformer field set that field.
+fn override_transformer(cfg: &TransformerConfig, params: &BTreeMap<String, Value>) -> Result<TransformerConfig, Msg> {
+    let mut map = match serde_json::to_value(cfg) {
+        Ok(Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let mut touched = false;
+    for (k, v) in params {
+        if TRANSFORMER_FIELDS.contains(&k.as_str()) {
+            let v = match (k.as_str(), v) {
+                // `preset: 2.7B` is a string, but `preset: 1` would be a number.
+                ("preset" | "dtype" | "device", Value::Number(n)) => Value::String(n.to_string()),
+                _ => v.clone(),
+            };
+            map.insert(k.clone(), v);
+            touched = true;
+        }
+    }
+    if !touched {
+        return Ok(cfg.clone());
+    }
+    serde_json::from_value(Value::Object(map)).map_err(|e| {
+        (
+            format!("a matrix parameter does not fit the transformer: {e}"),
+            "parameters named like transformer fields (`preset`, `batch`, `context`, ...) must have that field's type",
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substitution() {
+        let vars: BTreeMap<String, String> = [("bs".to_string(), "8".to_string())].into_iter().collect();
+        assert_eq!(substitute("--batch {{bs}} {{ bs }}", &vars).unwrap(), "--batch 8 8");
+        assert_eq!(substitute("awk '{print $1}' {x}", &vars).unwrap(), "awk '{print $1}' {x}");
+        assert!(substitute("{{bz}}", &vars).unwrap_err().0.contains("unknown placeholder `{{bz}}`"));
+    }
+
+    #[test]
+    fn ids_are_stable_and_safe() {
+        let params: BTreeMap<String, Value> =
+            [("preset".to_string(), Value::String("2.7B".into())), ("bs".to_string(), Value::from(8))]
+                .into_iter()
+                .collect();
+        let gpu = GpuSpec::parse("H100:8").unwrap();
+        assert_eq!(cell_id("lm", &gpu, &params), "lm.h100x8.bs-8.preset-2.7b");
+        assert_eq!(cell_id("my bench", &GpuSpec::CPU, &BTreeMap::new()), "my_bench.cpu");
+    }
+}

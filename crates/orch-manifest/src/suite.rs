@@ -1,0 +1,129 @@
+//! The suite manifest as written in YAML. Every struct denies unknown fields:
+//! a typo is an error with its line and column, never a silently ignored key.
+//! `docs/manifest.md` documents each field; keep the two in step.
+
+use crate::gpu::GpuSpec;
+use crate::units::{Bytes, Seconds};
+use orch_protocol::TransformerConfig;
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Suite {
+    /// Suite name: letters, digits, `-`, `_`, `.`.
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Models the suite needs (weights are set up by `orch setup`).
+    #[serde(default)]
+    pub models: Vec<ModelRef>,
+    /// GPU axis of the matrix for every benchmark (default `[none]`).
+    #[serde(default)]
+    pub gpus: Option<Vec<GpuSpec>>,
+    /// Environment for every cell.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of host environment variables passed to every cell as secrets:
+    /// never written to the store or shown.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    #[serde(default)]
+    pub measure: MeasureDef,
+    #[serde(default)]
+    pub logs: LogsDef,
+    /// Memory a cell may use (builtin workloads refuse larger sizes as `oom`).
+    #[serde(default)]
+    pub memory_limit: Option<Bytes>,
+    /// Cells run at once (default 1, so cells never share a GPU).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+    pub benchmarks: Vec<Benchmark>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRef {
+    /// `org/name` on the Hugging Face hub.
+    pub repo: String,
+    /// Branch, tag or commit (default `main`).
+    #[serde(default)]
+    pub revision: Option<String>,
+    #[serde(default)]
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// `model` (default), `dataset` or `space`.
+    #[serde(default)]
+    pub repo_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasureDef {
+    #[serde(default)]
+    pub warmup: Option<u32>,
+    #[serde(default)]
+    pub repetitions: Option<u32>,
+    #[serde(default)]
+    pub timeout: Option<Seconds>,
+    #[serde(default)]
+    pub kill_grace: Option<Seconds>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsDef {
+    /// Bytes kept from the start of each stream.
+    #[serde(default)]
+    pub head: Option<Bytes>,
+    /// Bytes kept from the end of each stream.
+    #[serde(default)]
+    pub tail: Option<Bytes>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Benchmark {
+    pub name: Spanned<String>,
+    pub workload: Spanned<WorkloadDef>,
+    /// Named parameters, each a list of values; cells are the cartesian
+    /// product (times the GPU list).
+    #[serde(default)]
+    pub matrix: Option<Spanned<BTreeMap<String, Vec<serde_json::Value>>>>,
+    /// Combinations to leave out: each entry matches cells whose parameters
+    /// (and `gpu`) equal all of its values.
+    #[serde(default)]
+    pub exclude: Vec<BTreeMap<String, serde_json::Value>>,
+    /// Overrides the suite's GPU list for this benchmark.
+    #[serde(default)]
+    pub gpus: Option<Vec<GpuSpec>>,
+    #[serde(default)]
+    pub measure: MeasureDef,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub memory_limit: Option<Bytes>,
+}
+
+/// Exactly one of `command`, `shell`, `transformer`, `noop`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadDef {
+    /// Program and arguments (no shell).
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// A script run with `sh -c`.
+    #[serde(default)]
+    pub shell: Option<String>,
+    /// Working directory of `command`/`shell` (relative: to the manifest's folder).
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// The builtin decoder-only transformer benchmark.
+    #[serde(default)]
+    pub transformer: Option<TransformerConfig>,
+    /// A workload that does nothing (per-cell overhead).
+    #[serde(default)]
+    pub noop: Option<bool>,
+}

@@ -1,0 +1,138 @@
+use orch_manifest::{load_str, ExpandOptions, GpuSpec, ManifestError};
+use orch_protocol::{BuiltinWorkload, Workload};
+use std::path::Path;
+
+fn load(text: &str) -> Result<orch_manifest::Plan, ManifestError> {
+    load_str(text, Path::new("suite.yaml"), &ExpandOptions::default())
+}
+
+const GOOD: &str = r#"
+name: sweep
+gpus: [H100, "a100-80gb:2"]
+measure:
+  warmup: 1
+  repetitions: 3
+  timeout: 5m
+env:
+  SUITE: "1"
+benchmarks:
+  - name: lm
+    workload:
+      transformer:
+        context: 64
+        batch: 2
+    matrix:
+      preset: [nano, tiny]
+      pass: [forward, train]
+    exclude:
+      - {preset: tiny, gpu: "A100-80GB:2"}
+  - name: hello
+    gpus: [none]
+    env:
+      WHO: "{{cell}}"
+    workload:
+      command: [echo, "bs={{gpu_count}}"]
+"#;
+
+#[test]
+fn expands_matrix_with_stable_ids() {
+    let plan = load(GOOD).unwrap();
+    let ids: Vec<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            "lm.h100.pass-forward.preset-nano",
+            "lm.h100.pass-forward.preset-tiny",
+            "lm.h100.pass-train.preset-nano",
+            "lm.h100.pass-train.preset-tiny",
+            "lm.a100-80gbx2.pass-forward.preset-nano",
+            "lm.a100-80gbx2.pass-train.preset-nano",
+            "hello.cpu",
+        ]
+    );
+    let again = load(GOOD).unwrap();
+    assert_eq!(plan, again);
+    let lm = &plan.cells[1];
+    assert_eq!(lm.task.measure.repetitions, 3);
+    assert_eq!(lm.task.measure.timeout_s, 300.0);
+    match &lm.task.workload {
+        Workload::Builtin(BuiltinWorkload::Transformer(t)) => {
+            assert_eq!(t.preset.as_deref(), Some("tiny"));
+            assert_eq!(t.context, Some(64));
+        }
+        w => panic!("unexpected {w:?}"),
+    }
+    let hello = plan.cells.last().unwrap();
+    assert_eq!(hello.task.env.get("WHO").map(String::as_str), Some("hello.cpu"));
+    assert_eq!(hello.task.env.get("SUITE").map(String::as_str), Some("1"));
+    match &hello.task.workload {
+        Workload::Command(c) => assert_eq!(c.argv, vec!["echo", "bs=0"]),
+        w => panic!("unexpected {w:?}"),
+    }
+}
+
+#[test]
+fn gpu_override_replaces_every_list() {
+    let opts = ExpandOptions {
+        gpus: Some(GpuSpec::parse_list("L4:2").unwrap()),
+    };
+    let plan = load_str(GOOD, Path::new("suite.yaml"), &opts).unwrap();
+    assert!(plan.cells.iter().all(|c| c.gpu.to_string() == "L4:2"));
+    assert!(plan.cells.iter().any(|c| c.id == "hello.l4x2"));
+}
+
+fn err(text: &str) -> String {
+    load(text).unwrap_err().to_string()
+}
+
+#[test]
+fn unknown_field_names_field_line_and_hint() {
+    let text = "name: s\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n    measure:\n      warmpu: 3\n";
+    let e = load(text).unwrap_err();
+    assert_eq!(e.line(), Some(7), "{e}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("suite.yaml:7:"), "{msg}");
+    assert!(msg.contains("unknown field `warmpu`"), "{msg}");
+    assert!(msg.contains("hint: did you mean `warmup`?"), "{msg}");
+}
+
+#[test]
+fn wrong_type_and_bad_gpu_are_located() {
+    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n    measure: {warmup: lots}\n");
+    assert!(e.starts_with("suite.yaml:5:"), "{e}");
+    let e = err("name: s\ngpus: [H100, X9000:2]\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n");
+    assert!(e.starts_with("suite.yaml:2:"), "{e}");
+    assert!(e.contains("unknown GPU type `X9000`") && e.contains("H100"), "{e}");
+    assert!(e.contains("hint: GPU specs are"), "{e}");
+    let e = err("name: s\ngpus: [\"H100:0\"]\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n");
+    assert!(e.contains("invalid GPU count `0`"), "{e}");
+}
+
+#[test]
+fn semantic_errors_are_located() {
+    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n      shell: echo\n");
+    assert!(e.starts_with("suite.yaml:5:") || e.starts_with("suite.yaml:4:"), "{e}");
+    assert!(e.contains("several workloads"), "{e}");
+    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {shell: 'echo {{sise}}'}\n    matrix: {size: [1]}\n");
+    assert!(e.contains("unknown placeholder `{{sise}}`"), "{e}");
+    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n  - name: a\n    workload: {noop: true}\n");
+    assert!(e.starts_with("suite.yaml:5:"), "{e}");
+    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {transformer: {}}\n    matrix: {batch: [big]}\n");
+    assert!(e.contains("does not fit the transformer"), "{e}");
+    let e = err("name: bad name\nbenchmarks: []\n");
+    assert!(e.starts_with("suite.yaml:1:"), "{e}");
+}
+
+#[test]
+fn shipped_manifests_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) == Some("yaml") {
+            orch_manifest::load(&path, &ExpandOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 1);
+}

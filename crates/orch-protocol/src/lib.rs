@@ -1,0 +1,386 @@
+//! The contract between the host (`orch`) and the agent (`orch-agent`).
+//!
+//! The host hands the agent a [`TaskSpec`] (one cell's work) as a JSON file. The
+//! agent writes [`Event`]s as JSON lines on its stdout while it works, the
+//! workload's logs into its output folder, and finally a [`CellResult`]
+//! (also sent as the last event). Everything here is plain data: no IO.
+//!
+//! Versioning: [`PROTOCOL_VERSION`] is bumped on any incompatible change. The
+//! agent refuses a task whose version it does not speak, so an old agent baked
+//! into an image fails loudly instead of misreading a newer task.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the task/event/result schema.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Environment variable through which a command workload finds where to write
+/// its metrics JSON.
+pub const METRICS_FILE_ENV: &str = "ORCH_METRICS_FILE";
+/// Prefix of a stdout line that carries metrics: `ORCH_METRIC name=value [name=value ...]`.
+pub const METRIC_LINE_PREFIX: &str = "ORCH_METRIC";
+/// Prefix of a stdout line that marks a phase change: `ORCH_PHASE warmup|measure|teardown`.
+pub const PHASE_LINE_PREFIX: &str = "ORCH_PHASE";
+
+/// One cell's work, as handed to the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub version: u32,
+    pub run_id: String,
+    pub cell_id: String,
+    /// The GPU request in normalised form (`H100:8`, `none`).
+    pub gpu: String,
+    /// Matrix parameters of this cell, for the record and for `ORCH_PARAM_*`.
+    #[serde(default)]
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Environment added to the workload (already merged suite/benchmark/cell).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of variables in `env` whose values are secrets: never logged.
+    #[serde(default)]
+    pub secret_env: Vec<String>,
+    pub workload: Workload,
+    pub measure: Measure,
+    #[serde(default)]
+    pub logs: LogLimits,
+    /// Memory the workload may use, in bytes (builtin workloads refuse sizes
+    /// that do not fit and report `oom`). `None`: what the machine has.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Workload {
+    /// Any program: argv, with stdout/stderr captured.
+    Command(CommandWorkload),
+    /// A workload compiled into the agent.
+    Builtin(BuiltinWorkload),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandWorkload {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BuiltinWorkload {
+    Transformer(TransformerConfig),
+    /// Does nothing and succeeds: used to measure per-cell overhead.
+    Noop,
+}
+
+/// Decoder-only transformer with random weights. `preset` fills the sizes;
+/// any explicit size overrides the preset.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformerConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_ff: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
+    /// `forward` or `train` (forward + backward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass: Option<Pass>,
+    /// `f32` (default on CPU), `bf16`, `f16`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// `cpu` or `cuda` (default: `cuda` when the cell asks for a GPU and the
+    /// agent was built with CUDA, else `cpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    Forward,
+    Train,
+}
+
+/// Measurement protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measure {
+    /// Warm-up steps, not measured.
+    pub warmup: u32,
+    /// Measured steps.
+    pub repetitions: u32,
+    /// Wall-clock limit for the whole cell, in seconds.
+    pub timeout_s: f64,
+    /// Grace period between SIGTERM and SIGKILL on stop, in seconds.
+    #[serde(default = "default_grace")]
+    pub kill_grace_s: f64,
+}
+
+fn default_grace() -> f64 {
+    5.0
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Measure {
+            warmup: 2,
+            repetitions: 5,
+            timeout_s: 600.0,
+            kill_grace_s: default_grace(),
+        }
+    }
+}
+
+/// How much of a huge log is kept: the first `head_bytes` and the last
+/// `tail_bytes`; what lies between is dropped and the drop recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogLimits {
+    pub head_bytes: u64,
+    pub tail_bytes: u64,
+}
+
+impl Default for LogLimits {
+    fn default() -> Self {
+        LogLimits {
+            head_bytes: 8 << 20,
+            tail_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Final state of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Succeeded,
+    Failed,
+    Oom,
+    Timeout,
+    Cancelled,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Oom => "oom",
+            Status::Timeout => "timeout",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// A finished cell is never run again by `--resume`. A cancelled cell
+    /// did not finish its work, so it is.
+    pub fn is_finished(self) -> bool {
+        !matches!(self, Status::Cancelled)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Named wall-clock phases of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// From the agent's start until the workload is ready (process spawned,
+    /// model built).
+    Start,
+    Warmup,
+    Measure,
+    Teardown,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Start => "start",
+            Phase::Warmup => "warmup",
+            Phase::Measure => "measure",
+            Phase::Teardown => "teardown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Phase> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "start" => Some(Phase::Start),
+            "warmup" | "warm-up" | "warm_up" => Some(Phase::Warmup),
+            "measure" => Some(Phase::Measure),
+            "teardown" => Some(Phase::Teardown),
+            _ => None,
+        }
+    }
+}
+
+/// Why a cell did not succeed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    /// Short machine-readable cause (`exit_code`, `signal`, `oom`, `timeout`,
+    /// `cancelled`, `spawn`, `agent_crashed`, `workload_error`).
+    pub kind: String,
+    /// One-line human message.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+}
+
+/// Per-stream capture facts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Bytes the workload wrote.
+    pub bytes: u64,
+    /// Bytes dropped from the middle because the stream was over the limits.
+    pub truncated_bytes: u64,
+}
+
+/// What the agent reports for one cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellResult {
+    pub version: u32,
+    pub cell_id: String,
+    pub status: Status,
+    /// Numbers the workload measured (name -> value).
+    pub metrics: BTreeMap<String, f64>,
+    /// Wall-clock seconds per phase.
+    pub timings: BTreeMap<Phase, f64>,
+    pub failure: Option<Failure>,
+    #[serde(default)]
+    pub stdout: StreamInfo,
+    #[serde(default)]
+    pub stderr: StreamInfo,
+    /// Facts about what ran (model parameters, device, dtype, agent version...).
+    #[serde(default)]
+    pub info: BTreeMap<String, serde_json::Value>,
+}
+
+impl CellResult {
+    pub fn new(cell_id: &str, status: Status) -> Self {
+        CellResult {
+            version: PROTOCOL_VERSION,
+            cell_id: cell_id.to_string(),
+            status,
+            metrics: BTreeMap::new(),
+            timings: BTreeMap::new(),
+            failure: None,
+            stdout: StreamInfo::default(),
+            stderr: StreamInfo::default(),
+            info: BTreeMap::new(),
+        }
+    }
+
+    pub fn failed(cell_id: &str, status: Status, kind: &str, message: impl Into<String>) -> Self {
+        let mut r = CellResult::new(cell_id, status);
+        r.failure = Some(Failure {
+            kind: kind.to_string(),
+            message: message.into(),
+            exit_code: None,
+            signal: None,
+        });
+        r
+    }
+}
+
+/// A line of the agent's event stream (its stdout, JSON lines).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The agent accepted the task.
+    Started {
+        cell_id: String,
+        agent_version: String,
+        pid: u32,
+    },
+    /// A phase began; `t` is seconds since the agent started.
+    Phase { phase: Phase, t: f64 },
+    /// Progress inside a phase (steps done of total).
+    Progress { phase: Phase, done: u64, total: u64 },
+    /// A free-form note worth showing live.
+    Message { text: String },
+    /// The last event: the cell's result.
+    Result { result: CellResult },
+}
+
+impl Event {
+    /// One JSON line (no newline).
+    pub fn to_line(&self) -> String {
+        // Serialising these plain data types cannot fail: every map key is a
+        // string and no value is a non-finite float written by serde_json's
+        // float path (it writes `null` for those).
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_round_trips_and_rejects_unknown_fields() {
+        let task = TaskSpec {
+            version: PROTOCOL_VERSION,
+            run_id: "r".into(),
+            cell_id: "c".into(),
+            gpu: "none".into(),
+            params: BTreeMap::new(),
+            env: BTreeMap::new(),
+            secret_env: vec![],
+            workload: Workload::Builtin(BuiltinWorkload::Transformer(TransformerConfig {
+                preset: Some("nano".into()),
+                ..Default::default()
+            })),
+            measure: Measure::default(),
+            logs: LogLimits::default(),
+            memory_limit_bytes: None,
+        };
+        let json = serde_json::to_string(&task).unwrap();
+        let back: TaskSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(task, back);
+        let bad = json.replacen("\"run_id\"", "\"bogus\":1,\"run_id\"", 1);
+        assert!(serde_json::from_str::<TaskSpec>(&bad).is_err());
+    }
+
+    #[test]
+    fn event_lines_are_tagged() {
+        let e = Event::Phase {
+            phase: Phase::Warmup,
+            t: 1.5,
+        };
+        assert_eq!(e.to_line(), r#"{"event":"phase","phase":"warmup","t":1.5}"#);
+        let r = Event::Result {
+            result: CellResult::new("c", Status::Oom),
+        };
+        let back: Event = serde_json::from_str(&r.to_line()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn cancelled_is_not_finished() {
+        assert!(!Status::Cancelled.is_finished());
+        assert!(Status::Failed.is_finished());
+        assert!(Status::Oom.is_finished());
+    }
+}
