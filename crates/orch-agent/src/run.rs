@@ -63,6 +63,13 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         }
     };
     result.timings = ctx.take_timings();
+    // Every cell has both logs, even a builtin workload that wrote none.
+    for name in ["stdout.log", "stderr.log"] {
+        let path = out_dir.join(name);
+        if !path.exists() {
+            let _ = std::fs::File::create(path);
+        }
+    }
     result.info.insert("agent_version".into(), AGENT_VERSION.into());
     if let Some(host) = hostname() {
         result.info.insert("hostname".into(), host.into());

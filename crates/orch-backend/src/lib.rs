@@ -1,1 +1,103 @@
+//! Backends: where a cell's agent runs.
+//!
+//! One trait, [`Backend`], for all of them. A backend's job is narrow: given a
+//! cell's task, get `orch-agent` running it somewhere, relay the agent's events
+//! while it runs, bring back its result, and leave nothing behind. It knows
+//! nothing of manifests, matrices or the store's layout beyond the cell folder
+//! it is handed.
+//!
+//! | backend      | a cell is                        | weights            | agent delivered by            | status |
+//! |--------------|----------------------------------|--------------------|-------------------------------|--------|
+//! | `local`      | a child process                  | a host folder      | the `orch` binary itself      | built  |
+//! | `docker`     | a container (Engine API)         | a named volume     | bind-mounted static binary    | planned |
+//! | `kubernetes` | a Job                            | a PVC              | an init container             | planned |
+//! | `modal`      | a sandbox (official client)      | a Modal volume     | copied into the sandbox image | planned |
 
+pub mod fake;
+pub mod local;
+
+use async_trait::async_trait;
+use orch_protocol::{CellResult, Event, TaskSpec};
+use std::path::PathBuf;
+use tokio::sync::{mpsc, watch};
+
+/// The backends orch has or will have, by name.
+pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal"];
+
+/// Everything a backend needs to run one cell.
+#[derive(Debug, Clone)]
+pub struct CellLaunch {
+    pub task: TaskSpec,
+    /// Host folder for this cell: the backend puts `task.json`, the logs
+    /// (`stdout.log`, `stderr.log`, `agent.log`) and `events.jsonl` here.
+    pub cell_dir: PathBuf,
+    /// Secret environment (name, value): handed to the agent's environment,
+    /// never written to disk.
+    pub secrets: Vec<(String, String)>,
+}
+
+/// An agent event, tagged with its cell.
+#[derive(Debug, Clone)]
+pub struct CellEvent {
+    pub cell_id: String,
+    pub event: Event,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend cannot be used here (missing binary, engine, credentials).
+    #[error("backend `{backend}` is not usable: {message}\nhint: {hint}")]
+    Unavailable {
+        backend: &'static str,
+        message: String,
+        hint: String,
+    },
+    /// The backend named is designed but not built yet.
+    #[error("backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default)")]
+    NotBuilt(String),
+    #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes and modal")]
+    Unknown(String),
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        source: std::io::Error,
+    },
+}
+
+impl BackendError {
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, BackendError::Unavailable { .. } | BackendError::NotBuilt(_) | BackendError::Unknown(_))
+    }
+}
+
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Check, before any cell starts, that cells can run here.
+    async fn preflight(&self) -> Result<(), BackendError>;
+
+    /// Run one cell to its end and return the agent's result. Agent events are
+    /// sent on `events` as they arrive. When `cancel` turns true the backend
+    /// asks the agent to stop; the result is then `cancelled` (or whatever the
+    /// cell reached first). A cell whose agent dies is a failed result, not an
+    /// error: errors are for the backend itself failing.
+    async fn run_cell(
+        &self,
+        launch: CellLaunch,
+        events: mpsc::UnboundedSender<CellEvent>,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<CellResult, BackendError>;
+
+    /// Remove whatever a run left behind (containers, jobs, sandboxes).
+    async fn cleanup(&self, run_id: &str) -> Result<(), BackendError>;
+}
+
+/// Check a backend name: `Ok` for those built, a clear error for the others.
+pub fn check_name(name: &str) -> Result<(), BackendError> {
+    match name {
+        "local" => Ok(()),
+        n if BACKENDS.contains(&n) => Err(BackendError::NotBuilt(n.to_string())),
+        n => Err(BackendError::Unknown(n.to_string())),
+    }
+}

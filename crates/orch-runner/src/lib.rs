@@ -1,1 +1,165 @@
+//! Runs the cells of a stored run on a backend.
+//!
+//! - at most `concurrency` cells at once, launched in plan order;
+//! - each finished cell is recorded in the store the moment it ends (so a
+//!   crash of `orch` loses no finished cell);
+//! - on cancel, no new cell starts, running ones are stopped by their backend
+//!   and recorded `cancelled`;
+//! - a backend error for one cell is that cell's failure, never the sweep's end.
+
+use chrono::Utc;
+use orch_backend::{Backend, CellEvent, CellLaunch};
+use orch_manifest::CellPlan;
+use orch_protocol::{CellResult, Status};
+use orch_store::{CellRecord, Run, RunState, StoreError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// What the runner reports while it works.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// The cells this invocation will run (after skipping finished ones).
+    Planned { total: usize, skipped: usize },
+    CellStarted { cell_id: String, attempt: u32 },
+    Agent(CellEvent),
+    CellFinished(Box<CellRecord>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Backend(#[from] orch_backend::BackendError),
+    #[error("a cell task failed to complete: {0}")]
+    Join(String),
+}
+
+pub struct RunnerOptions {
+    pub concurrency: usize,
+    /// Secret environment handed to every cell.
+    pub secrets: Vec<(String, String)>,
+}
+
+/// How an invocation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub counts: BTreeMap<Status, usize>,
+    /// Cells that were not started because of a cancel.
+    pub not_started: usize,
+    pub cancelled: bool,
+}
+
+impl Outcome {
+    /// True when every cell of this invocation succeeded.
+    pub fn all_succeeded(&self) -> bool {
+        !self.cancelled && self.not_started == 0 && self.counts.keys().all(|s| *s == Status::Succeeded)
+    }
+}
+
+/// Run every unfinished cell of `run` on `backend`.
+pub async fn execute(
+    run: &mut Run,
+    backend: Arc<dyn Backend>,
+    opts: RunnerOptions,
+    progress: mpsc::UnboundedSender<Progress>,
+    cancel: watch::Receiver<bool>,
+) -> Result<Outcome, RunnerError> {
+    backend.preflight().await?;
+    let todo: Vec<String> = run.unfinished_cells()?;
+    let skipped = run.plan.cells.len() - todo.len();
+    let _ = progress.send(Progress::Planned {
+        total: todo.len(),
+        skipped,
+    });
+    let cells: Vec<CellPlan> = run.plan.cells.iter().filter(|c| todo.contains(&c.id)).cloned().collect();
+
+    let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<CellEvent>();
+    let forward = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            while let Some(e) = ev_rx.recv().await {
+                let _ = progress.send(Progress::Agent(e));
+            }
+        })
+    };
+    // Cell tasks only use the run's folder and plan, which do not change.
+    let run_shared = Arc::new(run.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut not_started = 0;
+    let mut cancel_wait = cancel.clone();
+    for (i, cell) in cells.iter().enumerate() {
+        let permit = tokio::select! {
+            p = semaphore.clone().acquire_owned() => p.map_err(|e| RunnerError::Join(e.to_string()))?,
+            _ = cancel_wait.wait_for(|c| *c) => { not_started = cells.len() - i; break; }
+        };
+        if *cancel.borrow() {
+            not_started = cells.len() - i;
+            break;
+        }
+        let backend = backend.clone();
+        let ev_tx = ev_tx.clone();
+        let cancel = cancel.clone();
+        let progress = progress.clone();
+        let secrets = opts.secrets.clone();
+        let cell = cell.clone();
+        let handle = run_shared.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let (dir, attempt) = handle.prepare_cell(&cell.id)?;
+            let _ = progress.send(Progress::CellStarted {
+                cell_id: cell.id.clone(),
+                attempt,
+            });
+            let started = Utc::now();
+            let launch = CellLaunch {
+                task: cell.task.clone(),
+                cell_dir: dir,
+                secrets,
+            };
+            let result = match backend.run_cell(launch, ev_tx, cancel).await {
+                Ok(r) => r,
+                Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+            };
+            let record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
+            handle.finish_cell(&record)?;
+            let _ = progress.send(Progress::CellFinished(Box::new(record.clone())));
+            Ok::<Status, RunnerError>(record.status)
+        });
+    }
+    drop(ev_tx);
+    let mut counts = BTreeMap::new();
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(status)) => *counts.entry(status).or_insert(0) += 1,
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(RunnerError::Join(e.to_string()));
+            }
+        }
+    }
+    let _ = forward.await;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let cancelled = *cancel.borrow();
+    let all_done = run.unfinished_cells()?.is_empty();
+    run.set_state(if all_done {
+        RunState::Complete
+    } else if cancelled {
+        RunState::Interrupted
+    } else {
+        RunState::Running
+    })?;
+    Ok(Outcome {
+        counts,
+        not_started,
+        cancelled,
+    })
+}
 

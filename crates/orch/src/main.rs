@@ -1,1 +1,31 @@
-fn main() {}
+//! `orch`: the thin binary. Parsing in `cli`, behaviour in `commands`.
+
+mod cli;
+mod commands;
+mod error;
+mod output;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    if let cli::Command::Agent { args } = &cli.command {
+        std::process::exit(orch_agent::run::main_with_args(args));
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = match runtime.block_on(commands::dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            let code = error::exit_code(&e);
+            eprintln!("error: {}", error::render(&e));
+            code
+        }
+    };
+    std::process::exit(code);
+}

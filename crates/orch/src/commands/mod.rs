@@ -1,0 +1,18 @@
+mod logs;
+mod ls;
+mod run;
+mod show;
+
+use crate::cli::{Cli, Command};
+
+/// Run a command; `Ok` carries the exit code.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let store = orch_store::Store::new(&cli.store);
+    match cli.command {
+        Command::Run(args) => run::run(&store, args).await,
+        Command::Ls(args) => ls::ls(&store, args),
+        Command::Show(args) => show::show(&store, args),
+        Command::Logs(args) => logs::logs(&store, args),
+        Command::Agent { .. } => unreachable!("handled in main before the runtime starts"),
+    }
+}

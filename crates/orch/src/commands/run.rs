@@ -1,0 +1,124 @@
+use crate::cli::RunArgs;
+use crate::error::user;
+use crate::output::{self, Reporter};
+use anyhow::Context;
+use orch_backend::local::{AgentCommand, LocalBackend};
+use orch_backend::Backend;
+use orch_manifest::{ExpandOptions, GpuSpec};
+use orch_runner::{execute, RunnerOptions};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32> {
+    orch_backend::check_name(&args.backend)?;
+    let mut run = match (&args.resume, &args.file) {
+        (Some(id), _) => {
+            if args.gpu.is_some() {
+                return Err(user(
+                    "`--gpu` cannot change a run being resumed\nhint: start a new run with `-f FILE --gpu ...`",
+                ));
+            }
+            let mut run = store.open_run(id)?;
+            if run.meta.backend != args.backend {
+                return Err(user(format!(
+                    "run `{}` was made on backend `{}`, not `{}`\nhint: resume it with `--backend {}`",
+                    run.id(),
+                    run.meta.backend,
+                    args.backend,
+                    run.meta.backend
+                )));
+            }
+            run.note_resume()?;
+            run
+        }
+        (None, Some(file)) => {
+            let gpus = match &args.gpu {
+                Some(text) => Some(GpuSpec::parse_list(text).map_err(|e| {
+                    user(format!(
+                        "`--gpu {text}`: {e}\nhint: write `TYPE[:COUNT]` specs separated by commas, e.g. `--gpu H100:8,L4`"
+                    ))
+                })?),
+                None => None,
+            };
+            let plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+            let argv: Vec<String> = std::env::args().collect();
+            let env = orch_store::host_environment(file, argv);
+            store.create_run(&plan, &text, &args.backend, env)?
+        }
+        (None, None) => return Err(user("`orch run` needs `-f FILE` or `--resume RUN`\nhint: `orch run -f manifests/quickstart.yaml`")),
+    };
+    if let Some(0) = args.jobs {
+        return Err(user("`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time"));
+    }
+    let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
+
+    let mut secrets = Vec::new();
+    for name in &run.plan.secrets {
+        match std::env::var(name) {
+            Ok(v) => secrets.push((name.clone(), v)),
+            Err(_) => eprintln!("warning: secret `{name}` is not set in the environment; cells run without it"),
+        }
+    }
+
+    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(AgentCommand::from_env_or_self(&["agent"])?));
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    tokio::spawn(watch_signals(cancel_tx));
+
+    let reporter = Reporter::new(run.id(), store.root(), run.plan.cells.len(), args.resume.is_some());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let report_task = tokio::spawn(async move {
+        let mut reporter = reporter;
+        while let Some(p) = rx.recv().await {
+            reporter.handle(p);
+        }
+        reporter.finish();
+    });
+    let outcome = execute(&mut run, backend, RunnerOptions { concurrency, secrets }, tx, cancel_rx).await;
+    let _ = report_task.await;
+    let outcome = outcome?;
+
+    let record = run.record()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", output::run_text(&record, run.dir()));
+    }
+    if outcome.cancelled {
+        eprintln!(
+            "interrupted: finished cells are stored; `orch run --resume {}` runs the rest",
+            run.id()
+        );
+        return Ok(130);
+    }
+    Ok(if record.cells.iter().all(|c| c.status == "succeeded") { 0 } else { 1 })
+}
+
+/// First Ctrl-C (or SIGTERM): stop cleanly, recording running cells
+/// `cancelled`. Second: leave at once (agents die with us).
+async fn watch_signals(cancel: watch::Sender<bool>) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut count = 0;
+    loop {
+        let term_fut = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term_fut => {}
+        }
+        count += 1;
+        if count == 1 {
+            eprintln!("\nstopping: running cells are being stopped and recorded `cancelled` (Ctrl-C again to quit at once)");
+            let _ = cancel.send(true);
+        } else {
+            eprintln!("quitting at once");
+            std::process::exit(130);
+        }
+    }
+}

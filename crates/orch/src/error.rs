@@ -1,0 +1,47 @@
+//! Exit codes: 2 for what the user must fix, 1 for internal failures.
+
+use std::fmt;
+
+/// An error the user must fix (bad argument, missing file...). Its text
+/// carries a `hint:` line.
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl fmt::Display for UserError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+pub fn user(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UserError(msg.into()))
+}
+
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if cause.is::<UserError>() || cause.is::<orch_manifest::ManifestError>() {
+            return 2;
+        }
+        if let Some(s) = cause.downcast_ref::<orch_store::StoreError>() {
+            return if s.is_user_error() { 2 } else { 1 };
+        }
+        if let Some(b) = cause.downcast_ref::<orch_backend::BackendError>() {
+            return if b.is_user_error() { 2 } else { 1 };
+        }
+        if let Some(orch_runner::RunnerError::Backend(b)) = cause.downcast_ref::<orch_runner::RunnerError>() {
+            return if b.is_user_error() { 2 } else { 1 };
+        }
+    }
+    1
+}
+
+/// The error and its causes, one per line.
+pub fn render(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        out.push_str(&format!("\n  caused by: {cause}"));
+    }
+    out
+}

@@ -1,0 +1,202 @@
+//! What people read: live progress, tables, run summaries.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use orch_protocol::{Event, Phase};
+use orch_runner::Progress;
+use orch_store::RunRecord;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::Path;
+
+/// Live progress: a bar on a terminal, plain lines otherwise (both on stderr).
+pub struct Reporter {
+    bar: Option<ProgressBar>,
+    total: usize,
+    done: usize,
+    running: BTreeMap<String, String>,
+}
+
+impl Reporter {
+    pub fn new(run_id: &str, store: &Path, cells: usize, resumed: bool) -> Reporter {
+        let verb = if resumed { "resuming" } else { "run" };
+        eprintln!("{verb} {run_id} ({cells} cells) in {}", store.join(run_id).display());
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::with_draw_target(Some(cells as u64), ProgressDrawTarget::stderr());
+            // The template is a constant known to be valid.
+            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            b.set_style(style);
+            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b
+        });
+        Reporter {
+            bar,
+            total: cells,
+            done: 0,
+            running: BTreeMap::new(),
+        }
+    }
+
+    fn line(&self, text: String) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    fn refresh(&self) {
+        if let Some(b) = &self.bar {
+            b.set_position(self.done as u64);
+            let msg: Vec<String> = self.running.iter().map(|(c, s)| format!("{c} {s}")).collect();
+            b.set_message(msg.join(" | "));
+        }
+    }
+
+    pub fn handle(&mut self, p: Progress) {
+        match p {
+            Progress::Planned { total, skipped } => {
+                self.total = total + skipped;
+                self.done = skipped;
+                if skipped > 0 {
+                    self.line(format!("{skipped} cells already finished; running {total}"));
+                }
+            }
+            Progress::CellStarted { cell_id, attempt } => {
+                let again = if attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
+                if self.bar.is_none() {
+                    self.line(format!("[{}/{}] start {cell_id}{again}", self.done + 1, self.total));
+                }
+                self.running.insert(cell_id, "start".into());
+            }
+            Progress::Agent(e) => {
+                let state = match &e.event {
+                    Event::Phase { phase, .. } => Some(phase.as_str().to_string()),
+                    Event::Progress { phase, done, total } => Some(format!("{} {done}/{total}", phase.as_str())),
+                    Event::Message { text } => {
+                        self.line(format!("  {}: {text}", e.cell_id));
+                        None
+                    }
+                    _ => None,
+                };
+                if let Some(s) = state {
+                    if self.bar.is_none() {
+                        if let Event::Phase { phase, .. } = &e.event {
+                            if *phase != Phase::Start {
+                                self.line(format!("  {} {}", e.cell_id, s));
+                            }
+                        }
+                    }
+                    self.running.insert(e.cell_id, s);
+                }
+            }
+            Progress::CellFinished(r) => {
+                self.done += 1;
+                self.running.remove(&r.id);
+                let mut text = format!("[{}/{}] {} {} ({:.1}s)", self.done, self.total, r.status, r.id, r.duration_s);
+                if let Some(m) = headline_metrics(&r.metrics) {
+                    text.push_str(&format!(" {m}"));
+                }
+                if let Some(f) = &r.failure {
+                    text.push_str(&format!("\n    {}: {}", f.kind, f.message));
+                }
+                self.line(text);
+            }
+        }
+        self.refresh();
+    }
+
+    pub fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// The two or three numbers worth a glance.
+fn headline_metrics(m: &BTreeMap<String, f64>) -> Option<String> {
+    let preferred = ["step_time_mean_ms", "step_time_cv_pct", "tokens_per_s", "params"];
+    let mut parts: Vec<String> = preferred
+        .iter()
+        .filter_map(|k| m.get(*k).map(|v| format!("{k}={}", fmt_num(*v))))
+        .collect();
+    if parts.is_empty() {
+        parts = m.iter().take(3).map(|(k, v)| format!("{k}={}", fmt_num(*v))).collect();
+    }
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+pub fn fmt_num(v: f64) -> String {
+    if v != 0.0 && (v.abs() >= 1e6 || v.abs() < 1e-3) {
+        format!("{v:.3e}")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+pub fn counts_text(counts: &BTreeMap<String, usize>) -> String {
+    counts.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Left-aligned columns.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut push = |cells: Vec<&str>| {
+        let line: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{:<w$}", c, w = widths.get(i).copied().unwrap_or(0)))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    };
+    push(header.to_vec());
+    for r in rows {
+        push(r.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// `orch show` and the end of `orch run`.
+pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
+    let mut out = format!(
+        "run {}  suite {}  backend {}  {}\n",
+        rec.id,
+        rec.suite,
+        rec.backend,
+        format!("{:?}", rec.state).to_lowercase()
+    );
+    let rows: Vec<Vec<String>> = rec
+        .cells
+        .iter()
+        .map(|c| {
+            vec![
+                c.id.clone(),
+                c.status.clone(),
+                c.gpu.clone(),
+                c.duration_s.map(|d| format!("{d:.1}s")).unwrap_or_default(),
+                headline_metrics(&c.metrics).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["CELL", "STATUS", "GPU", "TIME", "METRICS"], &rows));
+    let failures: Vec<_> = rec.cells.iter().filter_map(|c| c.failure.as_ref().map(|f| (c, f))).collect();
+    if !failures.is_empty() {
+        out.push_str("\nfailures:\n");
+        for (c, f) in failures {
+            out.push_str(&format!("  {} ({}): {}\n", c.id, f.kind, f.message));
+        }
+        out.push_str(&format!("logs: orch logs {}\n", rec.id));
+    }
+    out.push_str(&format!("{} — stored in {}\n", counts_text(&rec.counts), dir.display()));
+    out
+}
