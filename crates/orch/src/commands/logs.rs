@@ -31,7 +31,7 @@ pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
     let headers = cells.len() > 1 || streams.len() > 1;
     for cell in cells {
         if let Some(f) = &cell.failure {
-            writeln!(out, "# {} {}: {} ({})", cell.id, cell.status, f.message, f.kind)?;
+            eprintln!("# {} {}: {} ({})", cell.id, cell.status, f.message, f.kind);
         }
         for s in &streams {
             let path = run.log_path(&cell.id, s.file_stem())?;
