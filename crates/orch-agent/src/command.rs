@@ -143,7 +143,12 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             Err(e) => {
                 kill_group(pgid, libc::SIGKILL);
                 let _ = child.wait();
-                return CellResult::failed(cell, Status::Failed, "agent_io", format!("cannot wait for the command: {e}"));
+                return CellResult::failed(
+                    cell,
+                    Status::Failed,
+                    "agent_io",
+                    format!("cannot wait for the command: {e}"),
+                );
             }
         }
         if ended_by.is_none() {
@@ -154,7 +159,10 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             }
             if ended_by.is_some() {
                 ctx.message(match ended_by {
-                    Some(Status::Timeout) => format!("timeout after {:.0}s: stopping the command", task.measure.timeout_s),
+                    Some(Status::Timeout) => format!(
+                        "timeout after {:.0}s: stopping the command",
+                        task.measure.timeout_s
+                    ),
                     _ => "stop requested: stopping the command".to_string(),
                 });
                 break terminate(&mut child, pgid, task.measure.kill_grace_s);
@@ -200,7 +208,9 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let mut result = CellResult::new(cell, Status::Succeeded);
     result.stdout = out_info;
     result.stderr = err_info;
-    result.info.insert("argv0".into(), serde_json::Value::String(program.clone()));
+    result
+        .info
+        .insert("argv0".into(), serde_json::Value::String(program.clone()));
 
     match read_metrics_file(&metrics_path) {
         Ok(Some(m)) => metrics.extend(m),
@@ -237,7 +247,10 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         let tail = last_line(&out_dir.join("stderr.log"));
         let (kind, mut message) = match (exit_code, signal) {
             (Some(code), _) => ("exit_code", format!("command exited with code {code}")),
-            (None, Some(sig)) => ("signal", format!("command killed by signal {sig} ({})", signal_name(sig))),
+            (None, Some(sig)) => (
+                "signal",
+                format!("command killed by signal {sig} ({})", signal_name(sig)),
+            ),
             _ => ("exit_code", "command ended abnormally".to_string()),
         };
         if let Some(t) = tail {
@@ -303,7 +316,11 @@ fn kill_group(pgid: i32, sig: i32) {
 }
 
 /// Copy a pipe into its capture; on stdout, also scan lines for markers.
-fn pump(mut src: impl Read, mut cap: Capture, notes: Option<mpsc::Sender<Note>>) -> std::io::Result<StreamInfo> {
+fn pump(
+    mut src: impl Read,
+    mut cap: Capture,
+    notes: Option<mpsc::Sender<Note>>,
+) -> std::io::Result<StreamInfo> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
     let mut line_too_long = false;
@@ -340,7 +357,9 @@ fn pump(mut src: impl Read, mut cap: Capture, notes: Option<mpsc::Sender<Note>>)
 }
 
 fn scan_line(line: &[u8], tx: &mpsc::Sender<Note>) {
-    let Ok(text) = std::str::from_utf8(line) else { return };
+    let Ok(text) = std::str::from_utf8(line) else {
+        return;
+    };
     for note in parse_marker_line(text) {
         let _ = tx.send(note);
     }
@@ -410,7 +429,11 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>)
                 }
             }
             for (k, v) in map {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 flatten(&key, v, out);
             }
         }
@@ -420,7 +443,13 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>)
 
 fn env_name(k: &str) -> String {
     k.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -474,7 +503,10 @@ mod tests {
             })
             .collect();
         assert_eq!(got, vec![("tokens_per_s".into(), 123.5), ("loss".into(), 0.25)]);
-        assert!(matches!(parse_marker_line("ORCH_PHASE warmup")[..], [Note::Phase(Phase::Warmup)]));
+        assert!(matches!(
+            parse_marker_line("ORCH_PHASE warmup")[..],
+            [Note::Phase(Phase::Warmup)]
+        ));
         assert!(parse_marker_line("ORCH_PHASEwarmup").is_empty());
         assert!(parse_marker_line("ORCH_METRICS a=1").is_empty());
         assert!(parse_marker_line("say ORCH_METRIC a=1").is_empty());
@@ -484,7 +516,11 @@ mod tests {
     fn metrics_file_flattening() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.json");
-        std::fs::write(&p, r#"{"a": 1, "b": {"c": 2.5, "d": "x"}, "e": {"value": 7, "unit": "ms"}}"#).unwrap();
+        std::fs::write(
+            &p,
+            r#"{"a": 1, "b": {"c": 2.5, "d": "x"}, "e": {"value": 7, "unit": "ms"}}"#,
+        )
+        .unwrap();
         let m = read_metrics_file(&p).unwrap().unwrap();
         assert_eq!(m.get("a"), Some(&1.0));
         assert_eq!(m.get("b.c"), Some(&2.5));

@@ -2,7 +2,9 @@
 
 use crate::ctx::Ctx;
 use crate::{command, transformer, AGENT_VERSION};
-use orch_protocol::{BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, PROTOCOL_VERSION};
+use orch_protocol::{
+    BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, PROTOCOL_VERSION,
+};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -15,7 +17,10 @@ pub enum AgentError {
     #[error("cannot read the task file `{path}`: {source}")]
     ReadTask { path: PathBuf, source: std::io::Error },
     #[error("the task file `{path}` is not a valid task: {source}\nhint: the task file is written by `orch`; is this agent the same version as `orch`?")]
-    ParseTask { path: PathBuf, source: serde_json::Error },
+    ParseTask {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("task protocol version {got} is not supported by this agent (speaks {want})\nhint: use an `orch-agent` of the same release as `orch`")]
     Version { got: u32, want: u32 },
     #[error("cannot use the output folder `{path}`: {source}")]
@@ -59,7 +64,12 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            CellResult::failed(&task.cell_id, Status::Failed, "agent_panic", format!("the workload panicked: {msg}"))
+            CellResult::failed(
+                &task.cell_id,
+                Status::Failed,
+                "agent_panic",
+                format!("the workload panicked: {msg}"),
+            )
         }
     };
     result.timings = ctx.take_timings();
@@ -173,7 +183,10 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     let result = run_task(&task, &out_dir, &mut ctx);
     let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
     if let Err(source) = write_atomic(&out_dir.join("result.json"), &json) {
-        return Err(AgentError::OutDir { path: out_dir, source });
+        return Err(AgentError::OutDir {
+            path: out_dir,
+            source,
+        });
     }
     ctx.emit(Event::Result { result });
     Ok(0)

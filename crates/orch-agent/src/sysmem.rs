@@ -25,7 +25,14 @@ pub fn available_bytes() -> Option<u64> {
     let avail = meminfo.as_deref().and_then(|m| {
         m.lines()
             .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| l["MemAvailable:".len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|l| {
+                l["MemAvailable:".len()..]
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
             .map(|k| k * 1024)
     });
     let cgroup = cgroup_room();

@@ -78,11 +78,7 @@ struct Resolved {
 }
 
 fn known_presets() -> String {
-    PRESETS
-        .iter()
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(", ")
+    PRESETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
 }
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -181,9 +177,7 @@ fn resolve(cfg: &TransformerConfig, task: &TaskSpec) -> Result<Resolved, String>
         ));
     }
     if u32::try_from(vocab).is_err() {
-        return Err(format!(
-            "transformer `vocab` ({vocab}) must fit in 32 bits"
-        ));
+        return Err(format!("transformer `vocab` ({vocab}) must fit in 32 bits"));
     }
     let device = match cfg.device.as_deref() {
         Some(s) => parse_device(s)?,
@@ -449,10 +443,7 @@ impl Model {
 
     /// Every parameter tensor, named.
     fn params(&self) -> Vec<(String, &Tensor)> {
-        let mut out = vec![
-            ("wte".to_string(), &self.wte),
-            ("wpe".to_string(), &self.wpe),
-        ];
+        let mut out = vec![("wte".to_string(), &self.wte), ("wpe".to_string(), &self.wpe)];
         for (i, b) in self.blocks.iter().enumerate() {
             for (n, t) in [
                 ("ln1_g", &b.ln1_g),
@@ -488,10 +479,7 @@ impl Model {
         let qkv = linear(h, &blk.w_qkv, &blk.b_qkv)?.reshape((b, t, 3, nh, hd))?;
         // [b, nh, t, hd] each.
         let part = |i: usize| -> candle_core::Result<Tensor> {
-            qkv.narrow(2, i, 1)?
-                .squeeze(2)?
-                .transpose(1, 2)?
-                .contiguous()
+            qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous()
         };
         let scale = 1.0 / (hd as f64).sqrt();
         let q = part(0)?.affine(scale, 0.0)?;
@@ -556,11 +544,7 @@ fn make_inputs(r: &Resolved, device: &Device) -> candle_core::Result<Inputs> {
 
 /// One step: forward, plus loss and backward when training. Returns the
 /// gradients (training only).
-fn step(
-    model: &Model,
-    inputs: &Inputs,
-    r: &Resolved,
-) -> candle_core::Result<Option<GradStore>> {
+fn step(model: &Model, inputs: &Inputs, r: &Resolved) -> candle_core::Result<Option<GradStore>> {
     let logits = model.forward(&inputs.tokens, r.batch, r.context)?;
     if !r.train() {
         return Ok(None);
@@ -619,9 +603,7 @@ fn bench(
     for i in 0..warmup {
         if ctx.stop_requested() {
             ctx.enter(Phase::Teardown);
-            return Ok(Outcome::Cancelled {
-                phase: Phase::Warmup,
-            });
+            return Ok(Outcome::Cancelled { phase: Phase::Warmup });
         }
         drop(step(&model, &inputs, r).map_err(at("warm-up"))?);
         device.synchronize().map_err(at("warm-up"))?;
@@ -963,7 +945,9 @@ mod tests {
         // Near ln(50) with small random weights.
         assert!((loss - 50f32.ln()).abs() < 0.5, "loss {loss}");
 
-        let grads = step(&model, &inputs, &r).unwrap().expect("train step gives grads");
+        let grads = step(&model, &inputs, &r)
+            .unwrap()
+            .expect("train step gives grads");
         for (name, t) in model.params() {
             let g = grads.get(t).unwrap_or_else(|| panic!("no gradient for {name}"));
             assert_eq!(g.dims(), t.dims(), "{name}");
@@ -1024,7 +1008,15 @@ mod tests {
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|e| matches!(e, Event::Progress { phase: Phase::Measure, .. }))
+                .filter(|e| {
+                    matches!(
+                        e,
+                        Event::Progress {
+                            phase: Phase::Measure,
+                            ..
+                        }
+                    )
+                })
                 .count();
             assert_eq!(measured, 2);
         }
@@ -1047,7 +1039,11 @@ mod tests {
         assert_eq!(res.status, Status::Oom);
         let failure = res.failure.unwrap();
         assert_eq!(failure.kind, "oom");
-        assert!(failure.message.starts_with("model needs about "), "{}", failure.message);
+        assert!(
+            failure.message.starts_with("model needs about "),
+            "{}",
+            failure.message
+        );
         assert_eq!(res.info["available_bytes"], json!(1024));
         assert!(res.info["estimated_bytes"].as_u64().unwrap() > 1024);
         // Nothing was built: no phase was entered, no message sent.
@@ -1062,6 +1058,42 @@ mod tests {
         assert_eq!(res.status, Status::Cancelled);
         assert_eq!(res.failure.unwrap().kind, "cancelled");
         assert!(events.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn attention_is_causal() {
+        let cfg = tiny(Pass::Forward);
+        let r = resolve(&cfg, &task(&cfg)).unwrap();
+        let model = Model::build(&r, &Device::Cpu).unwrap();
+        let inputs = make_inputs(&r, &Device::Cpu).unwrap();
+        let mut changed = inputs.tokens.to_vec1::<u32>().unwrap();
+        let t = r.context;
+        // Change the last token of every sequence.
+        for s in 0..r.batch {
+            let i = s * t + t - 1;
+            changed[i] = (changed[i] + 1) % r.vocab as u32;
+        }
+        let changed = Tensor::from_vec(changed, r.tokens(), &Device::Cpu).unwrap();
+        let a = model.forward(&inputs.tokens, r.batch, t).unwrap();
+        let b = model.forward(&changed, r.batch, t).unwrap();
+        let a = a
+            .reshape((r.batch, t, r.vocab))
+            .unwrap()
+            .to_vec3::<f32>()
+            .unwrap();
+        let b = b
+            .reshape((r.batch, t, r.vocab))
+            .unwrap()
+            .to_vec3::<f32>()
+            .unwrap();
+        for s in 0..r.batch {
+            assert_eq!(
+                a[s][..t - 1],
+                b[s][..t - 1],
+                "earlier positions saw a later token"
+            );
+            assert_ne!(a[s][t - 1], b[s][t - 1]);
+        }
     }
 
     #[test]

@@ -53,20 +53,22 @@ pub enum BackendError {
         hint: String,
     },
     /// The backend named is designed but not built yet.
-    #[error("backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default)")]
+    #[error(
+        "backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default)"
+    )]
     NotBuilt(String),
     #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes and modal")]
     Unknown(String),
     #[error("{action}: {source}")]
-    Io {
-        action: String,
-        source: std::io::Error,
-    },
+    Io { action: String, source: std::io::Error },
 }
 
 impl BackendError {
     pub fn is_user_error(&self) -> bool {
-        matches!(self, BackendError::Unavailable { .. } | BackendError::NotBuilt(_) | BackendError::Unknown(_))
+        matches!(
+            self,
+            BackendError::Unavailable { .. } | BackendError::NotBuilt(_) | BackendError::Unknown(_)
+        )
     }
 }
 

@@ -133,12 +133,18 @@ impl Backend for LocalBackend {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|source| io_err(format!("start the agent `{}`", self.agent.program.display()), source))?;
+        let mut child = cmd.spawn().map_err(|source| {
+            io_err(
+                format!("start the agent `{}`", self.agent.program.display()),
+                source,
+            )
+        })?;
         let pid = child.id();
         let Some(stdout) = child.stdout.take() else {
-            return Err(io_err("read the agent's stdout".into(), std::io::Error::other("no pipe")));
+            return Err(io_err(
+                "read the agent's stdout".into(),
+                std::io::Error::other("no pipe"),
+            ));
         };
         let mut lines = BufReader::new(stdout).lines();
 
@@ -226,15 +232,33 @@ fn signal(pid: Option<u32>, sig: i32) {
 }
 
 /// A result for an agent that ended without reporting one.
-fn agent_died(cell_id: &str, dir: &Path, exit: std::process::ExitStatus, by_host: Option<Status>) -> CellResult {
+fn agent_died(
+    cell_id: &str,
+    dir: &Path,
+    exit: std::process::ExitStatus,
+    by_host: Option<Status>,
+) -> CellResult {
     use std::os::unix::process::ExitStatusExt;
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().filter(|l| !l.trim().is_empty()).take(3).collect();
+    let tail: Vec<&str> = log
+        .lines()
+        .rev()
+        .filter(|l| !l.trim().is_empty())
+        .take(3)
+        .collect();
     let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
     let alloc_failed = log.contains("memory allocation of") && log.contains("failed");
     let (status, kind, message) = match by_host {
-        Some(Status::Timeout) => (Status::Timeout, "timeout", "the agent did not finish in time and was killed".to_string()),
-        Some(_) => (Status::Cancelled, "cancelled", "the agent was stopped".to_string()),
+        Some(Status::Timeout) => (
+            Status::Timeout,
+            "timeout",
+            "the agent did not finish in time and was killed".to_string(),
+        ),
+        Some(_) => (
+            Status::Cancelled,
+            "cancelled",
+            "the agent was stopped".to_string(),
+        ),
         None if alloc_failed => (Status::Oom, "oom", format!("the agent ran out of memory: {tail}")),
         None => (
             Status::Failed,
@@ -246,7 +270,11 @@ fn agent_died(cell_id: &str, dir: &Path, exit: std::process::ExitStatus, by_host
                     (None, Some(s)) => format!("signal {s}"),
                     _ => "unknown status".into(),
                 },
-                if tail.is_empty() { String::new() } else { format!(": {tail}") }
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {tail}")
+                }
             ),
         ),
     };

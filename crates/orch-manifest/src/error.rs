@@ -56,7 +56,12 @@ impl fmt::Display for Located<'_> {
 }
 
 impl ManifestError {
-    pub fn invalid(path: &std::path::Path, pos: Option<Pos>, message: impl Into<String>, hint: impl Into<String>) -> Self {
+    pub fn invalid(
+        path: &std::path::Path,
+        pos: Option<Pos>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
         ManifestError::Invalid {
             path: path.to_path_buf(),
             pos,
@@ -135,7 +140,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
         }
         prev = cur;
     }

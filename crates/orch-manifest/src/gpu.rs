@@ -16,20 +16,54 @@ pub struct GpuType {
 
 /// Every known GPU type. Aliases are in [`ALIASES`].
 pub const KNOWN_GPUS: &[GpuType] = &[
-    GpuType { name: "T4", memory_gib: 16 },
-    GpuType { name: "L4", memory_gib: 24 },
-    GpuType { name: "A10G", memory_gib: 24 },
-    GpuType { name: "A10", memory_gib: 24 },
-    GpuType { name: "L40S", memory_gib: 48 },
-    GpuType { name: "A100-40GB", memory_gib: 40 },
-    GpuType { name: "A100-80GB", memory_gib: 80 },
-    GpuType { name: "H100", memory_gib: 80 },
-    GpuType { name: "H200", memory_gib: 141 },
-    GpuType { name: "B200", memory_gib: 180 },
+    GpuType {
+        name: "T4",
+        memory_gib: 16,
+    },
+    GpuType {
+        name: "L4",
+        memory_gib: 24,
+    },
+    GpuType {
+        name: "A10G",
+        memory_gib: 24,
+    },
+    GpuType {
+        name: "A10",
+        memory_gib: 24,
+    },
+    GpuType {
+        name: "L40S",
+        memory_gib: 48,
+    },
+    GpuType {
+        name: "A100-40GB",
+        memory_gib: 40,
+    },
+    GpuType {
+        name: "A100-80GB",
+        memory_gib: 80,
+    },
+    GpuType {
+        name: "H100",
+        memory_gib: 80,
+    },
+    GpuType {
+        name: "H200",
+        memory_gib: 141,
+    },
+    GpuType {
+        name: "B200",
+        memory_gib: 180,
+    },
 ];
 
 /// Other spellings accepted for a known type (lowercase alias, name).
-pub const ALIASES: &[(&str, &str)] = &[("a100", "A100-40GB"), ("h100-80gb", "H100"), ("a10g-24gb", "A10G")];
+pub const ALIASES: &[(&str, &str)] = &[
+    ("a100", "A100-40GB"),
+    ("h100-80gb", "H100"),
+    ("a10g-24gb", "A10G"),
+];
 
 /// Most GPUs one cell may ask for (one node).
 pub const MAX_GPUS_PER_CELL: u32 = 8;
@@ -98,7 +132,10 @@ impl GpuSpec {
                 }
             },
         };
-        Ok(GpuSpec { gpu: Some(gpu), count })
+        Ok(GpuSpec {
+            gpu: Some(gpu),
+            count,
+        })
     }
 
     /// Parse a comma-separated list (`--gpu H100:8,A100-80GB:2`).
@@ -175,11 +212,26 @@ mod tests {
     #[test]
     fn rejects_bad_specs() {
         let e = GpuSpec::parse("H1000").unwrap_err().to_string();
-        assert!(e.contains("unknown GPU type `H1000`") && e.contains("A100-80GB"), "{e}");
-        assert!(matches!(GpuSpec::parse("H100:0"), Err(GpuSpecError::BadCount { .. })));
-        assert!(matches!(GpuSpec::parse("H100:9"), Err(GpuSpecError::BadCount { .. })));
-        assert!(matches!(GpuSpec::parse("H100:x"), Err(GpuSpecError::BadCount { .. })));
-        assert!(matches!(GpuSpec::parse("none:2"), Err(GpuSpecError::BadCount { .. })));
+        assert!(
+            e.contains("unknown GPU type `H1000`") && e.contains("A100-80GB"),
+            "{e}"
+        );
+        assert!(matches!(
+            GpuSpec::parse("H100:0"),
+            Err(GpuSpecError::BadCount { .. })
+        ));
+        assert!(matches!(
+            GpuSpec::parse("H100:9"),
+            Err(GpuSpecError::BadCount { .. })
+        ));
+        assert!(matches!(
+            GpuSpec::parse("H100:x"),
+            Err(GpuSpecError::BadCount { .. })
+        ));
+        assert!(matches!(
+            GpuSpec::parse("none:2"),
+            Err(GpuSpecError::BadCount { .. })
+        ));
         assert!(matches!(GpuSpec::parse(""), Err(GpuSpecError::Empty)));
         assert_eq!(GpuSpec::parse_list("H100:8,L4").unwrap().len(), 2);
     }

@@ -5,7 +5,8 @@ use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
 use crate::suite::{Benchmark, MeasureDef, ModelRef, Suite, WorkloadDef};
 use orch_protocol::{
-    BuiltinWorkload, CommandWorkload, LogLimits, Measure, TaskSpec, TransformerConfig, Workload, PROTOCOL_VERSION,
+    BuiltinWorkload, CommandWorkload, LogLimits, Measure, TaskSpec, TransformerConfig, Workload,
+    PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -59,7 +60,8 @@ const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark"];
 
 /// Transformer fields a matrix parameter of the same name overrides.
 const TRANSFORMER_FIELDS: &[&str] = &[
-    "preset", "d_model", "layers", "heads", "d_ff", "context", "batch", "vocab", "pass", "dtype", "device", "seed",
+    "preset", "d_model", "layers", "heads", "d_ff", "context", "batch", "vocab", "pass", "dtype", "device",
+    "seed",
 ];
 
 pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<Plan, ManifestError> {
@@ -67,23 +69,47 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
     let name_pos = Pos::from_loc(suite.name.referenced);
     check_name(&suite.name.value).map_err(|m| invalid(name_pos, format!("suite `name`: {m}"), NAME_HINT))?;
     if suite.benchmarks.is_empty() {
-        return Err(invalid(None, "the suite has no `benchmarks`".into(), "add at least one benchmark; see manifests/quickstart.yaml"));
+        return Err(invalid(
+            None,
+            "the suite has no `benchmarks`".into(),
+            "add at least one benchmark; see manifests/quickstart.yaml",
+        ));
     }
     for s in &suite.secrets {
         if !is_env_name(s) {
-            return Err(invalid(None, format!("`secrets`: `{s}` is not an environment variable name"), "list names such as `HF_TOKEN`, not values"));
+            return Err(invalid(
+                None,
+                format!("`secrets`: `{s}` is not an environment variable name"),
+                "list names such as `HF_TOKEN`, not values",
+            ));
         }
     }
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
+    let base_dir = if base_dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        base_dir
+    };
     let base_dir = std::fs::canonicalize(&base_dir).unwrap_or(base_dir);
     let concurrency = suite.concurrency.unwrap_or(1);
     if concurrency == 0 {
-        return Err(invalid(None, "`concurrency` must be at least 1".into(), "use 1 to run one cell at a time"));
+        return Err(invalid(
+            None,
+            "`concurrency` must be at least 1".into(),
+            "use 1 to run one cell at a time",
+        ));
     }
     let logs = LogLimits {
-        head_bytes: suite.logs.head.map(|b| b.0).unwrap_or(LogLimits::default().head_bytes),
-        tail_bytes: suite.logs.tail.map(|b| b.0).unwrap_or(LogLimits::default().tail_bytes),
+        head_bytes: suite
+            .logs
+            .head
+            .map(|b| b.0)
+            .unwrap_or(LogLimits::default().head_bytes),
+        tail_bytes: suite
+            .logs
+            .tail
+            .map(|b| b.0)
+            .unwrap_or(LogLimits::default().tail_bytes),
     };
 
     let mut cells = Vec::new();
@@ -94,7 +120,11 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         let bname = bench.name.value.clone();
         check_name(&bname).map_err(|m| invalid(bpos, format!("benchmark `name`: {m}"), NAME_HINT))?;
         if !seen_bench.insert(bname.clone()) {
-            return Err(invalid(bpos, format!("two benchmarks are named `{bname}`"), "give each benchmark its own name"));
+            return Err(invalid(
+                bpos,
+                format!("two benchmarks are named `{bname}`"),
+                "give each benchmark its own name",
+            ));
         }
         let wpos = Pos::from_loc(bench.workload.referenced);
         let workload = base_workload(&bench.workload.value, &base_dir)
@@ -107,9 +137,14 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
             .or_else(|| suite.gpus.clone())
             .unwrap_or_else(|| vec![GpuSpec::CPU]);
         if gpus.is_empty() {
-            return Err(invalid(bpos, format!("benchmark `{bname}`: the GPU list is empty"), "write `gpus: [none]` for CPU only"));
+            return Err(invalid(
+                bpos,
+                format!("benchmark `{bname}`: the GPU list is empty"),
+                "write `gpus: [none]` for CPU only",
+            ));
         }
-        let combos = matrix_combos(bench).map_err(|(pos, m, h)| invalid(pos.or(bpos), format!("benchmark `{bname}`: {m}"), h))?;
+        let combos = matrix_combos(bench)
+            .map_err(|(pos, m, h)| invalid(pos.or(bpos), format!("benchmark `{bname}`: {m}"), h))?;
         let memory_limit = bench.memory_limit.or(suite.memory_limit).map(|b| b.0);
         let mut env = suite.env.clone();
         env.extend(bench.env.clone());
@@ -121,7 +156,11 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                 }
                 let id = cell_id(&bname, gpu, params);
                 if let Some(other) = seen_ids.insert(id.clone(), bname.clone()) {
-                    return Err(invalid(bpos, format!("two cells get the id `{id}` (benchmarks `{other}` and `{bname}`)"), "make parameter values differ by more than case or punctuation"));
+                    return Err(invalid(
+                        bpos,
+                        format!("two cells get the id `{id}` (benchmarks `{other}` and `{bname}`)"),
+                        "make parameter values differ by more than case or punctuation",
+                    ));
                 }
                 let vars = template_vars(params, gpu, &id, &bname);
                 let workload = instantiate(&workload, params, &vars)
@@ -154,7 +193,11 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         }
     }
     if cells.is_empty() {
-        return Err(invalid(None, "the matrix expands to no cells (everything is excluded)".into(), "check the `exclude` lists"));
+        return Err(invalid(
+            None,
+            "the matrix expands to no cells (everything is excluded)".into(),
+            "check the `exclude` lists",
+        ));
     }
     Ok(Plan {
         suite: suite.name.value,
@@ -173,7 +216,10 @@ fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("is empty".into());
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
         return Err(format!("`{name}` contains `{c}`"));
     }
     Ok(())
@@ -188,9 +234,20 @@ fn is_env_name(s: &str) -> bool {
 fn merge_measure(suite: &MeasureDef, bench: &MeasureDef) -> Measure {
     Measure {
         warmup: bench.warmup.or(suite.warmup).unwrap_or(DEFAULT_WARMUP),
-        repetitions: bench.repetitions.or(suite.repetitions).unwrap_or(DEFAULT_REPETITIONS),
-        timeout_s: bench.timeout.or(suite.timeout).map(|s| s.0).unwrap_or(DEFAULT_TIMEOUT_S),
-        kill_grace_s: bench.kill_grace.or(suite.kill_grace).map(|s| s.0).unwrap_or(DEFAULT_KILL_GRACE_S),
+        repetitions: bench
+            .repetitions
+            .or(suite.repetitions)
+            .unwrap_or(DEFAULT_REPETITIONS),
+        timeout_s: bench
+            .timeout
+            .or(suite.timeout)
+            .map(|s| s.0)
+            .unwrap_or(DEFAULT_TIMEOUT_S),
+        kill_grace_s: bench
+            .kill_grace
+            .or(suite.kill_grace)
+            .map(|s| s.0)
+            .unwrap_or(DEFAULT_KILL_GRACE_S),
     }
 }
 
@@ -212,7 +269,14 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         let msg = if given.is_empty() {
             "no workload given".to_string()
         } else {
-            format!("several workloads given ({})", given.iter().map(|g| format!("`{g}`")).collect::<Vec<_>>().join(", "))
+            format!(
+                "several workloads given ({})",
+                given
+                    .iter()
+                    .map(|g| format!("`{g}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         };
         return Err((msg, HINT));
     }
@@ -231,15 +295,23 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         "command" => {
             let argv = w.command.clone().unwrap_or_default();
             if argv.is_empty() || argv[0].is_empty() {
-                return Err(("`command` is empty".into(), "write the program and its arguments: `command: [python, bench.py]`"));
+                return Err((
+                    "`command` is empty".into(),
+                    "write the program and its arguments: `command: [python, bench.py]`",
+                ));
             }
-            Workload::Command(CommandWorkload { argv, workdir: workdir() })
+            Workload::Command(CommandWorkload {
+                argv,
+                workdir: workdir(),
+            })
         }
         "shell" => Workload::Command(CommandWorkload {
             argv: vec!["sh".into(), "-c".into(), w.shell.clone().unwrap_or_default()],
             workdir: workdir(),
         }),
-        "transformer" => Workload::Builtin(BuiltinWorkload::Transformer(w.transformer.clone().unwrap_or_default())),
+        "transformer" => Workload::Builtin(BuiltinWorkload::Transformer(
+            w.transformer.clone().unwrap_or_default(),
+        )),
         _ => Workload::Builtin(BuiltinWorkload::Noop),
     })
 }
@@ -254,19 +326,42 @@ fn matrix_combos(bench: &Benchmark) -> Result<Vec<BTreeMap<String, Value>>, LocM
     let mut combos = vec![BTreeMap::new()];
     for (key, values) in &matrix.value {
         if key == "gpu" || key == "gpus" {
-            return Err((pos, "`matrix` may not have a `gpu` key".into(), "list GPUs under `gpus:` (suite or benchmark); they form the matrix's GPU axis"));
+            return Err((
+                pos,
+                "`matrix` may not have a `gpu` key".into(),
+                "list GPUs under `gpus:` (suite or benchmark); they form the matrix's GPU axis",
+            ));
         }
         if BUILTIN_VARS.contains(&key.as_str()) {
-            return Err((pos, format!("`matrix` key `{key}` is reserved"), "rename the parameter"));
+            return Err((
+                pos,
+                format!("`matrix` key `{key}` is reserved"),
+                "rename the parameter",
+            ));
         }
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err((pos, format!("`matrix` key `{key}` is not a valid name"), "parameter names use letters, digits and `_`"));
+            return Err((
+                pos,
+                format!("`matrix` key `{key}` is not a valid name"),
+                "parameter names use letters, digits and `_`",
+            ));
         }
         if values.is_empty() {
-            return Err((pos, format!("`matrix.{key}` has no values"), "give at least one value, or remove the key"));
+            return Err((
+                pos,
+                format!("`matrix.{key}` has no values"),
+                "give at least one value, or remove the key",
+            ));
         }
-        if let Some(v) = values.iter().find(|v| v.is_array() || v.is_object() || v.is_null()) {
-            return Err((pos, format!("`matrix.{key}` has a value that is not a scalar: {v}"), "matrix values are strings, numbers or booleans"));
+        if let Some(v) = values
+            .iter()
+            .find(|v| v.is_array() || v.is_object() || v.is_null())
+        {
+            return Err((
+                pos,
+                format!("`matrix.{key}` has a value that is not a scalar: {v}"),
+                "matrix values are strings, numbers or booleans",
+            ));
         }
         let mut next = Vec::with_capacity(combos.len() * values.len());
         for c in &combos {
@@ -281,7 +376,11 @@ fn matrix_combos(bench: &Benchmark) -> Result<Vec<BTreeMap<String, Value>>, LocM
     for ex in &bench.exclude {
         for k in ex.keys() {
             if k != "gpu" && !matrix.value.contains_key(k) {
-                return Err((pos, format!("`exclude` names `{k}`, which is not a matrix parameter"), "exclude entries use matrix keys (and `gpu`)"));
+                return Err((
+                    pos,
+                    format!("`exclude` names `{k}`, which is not a matrix parameter"),
+                    "exclude entries use matrix keys (and `gpu`)",
+                ));
             }
         }
     }
@@ -295,7 +394,10 @@ fn excluded(exclude: &[BTreeMap<String, Value>], gpu: &GpuSpec, params: &BTreeMa
                 let text = scalar_text(v);
                 GpuSpec::parse(&text).map(|g| g == *gpu).unwrap_or(false)
             } else {
-                params.get(k).map(|p| scalar_text(p) == scalar_text(v)).unwrap_or(false)
+                params
+                    .get(k)
+                    .map(|p| scalar_text(p) == scalar_text(v))
+                    .unwrap_or(false)
             }
         })
     })
@@ -318,12 +420,24 @@ pub fn cell_id(bench: &str, gpu: &GpuSpec, params: &BTreeMap<String, Value>) -> 
         id.push_str(&scalar_text(v));
     }
     id.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
-fn template_vars(params: &BTreeMap<String, Value>, gpu: &GpuSpec, id: &str, bench: &str) -> BTreeMap<String, String> {
-    let mut vars: BTreeMap<String, String> = params.iter().map(|(k, v)| (k.clone(), scalar_text(v))).collect();
+fn template_vars(
+    params: &BTreeMap<String, Value>,
+    gpu: &GpuSpec,
+    id: &str,
+    bench: &str,
+) -> BTreeMap<String, String> {
+    let mut vars: BTreeMap<String, String> =
+        params.iter().map(|(k, v)| (k.clone(), scalar_text(v))).collect();
     vars.insert("gpu".into(), gpu.to_string());
     vars.insert("gpu_count".into(), gpu.count.to_string());
     vars.insert("cell".into(), id.to_string());
@@ -349,7 +463,10 @@ fn substitute(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Msg
                 return Err((
                     format!(
                         "unknown placeholder `{{{{{name}}}}}`; known: {}",
-                        vars.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                        vars.keys()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                     "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`",
                 ))
@@ -361,10 +478,18 @@ fn substitute(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Msg
     Ok(out)
 }
 
-fn instantiate(w: &Workload, params: &BTreeMap<String, Value>, vars: &BTreeMap<String, String>) -> Result<Workload, Msg> {
+fn instantiate(
+    w: &Workload,
+    params: &BTreeMap<String, Value>,
+    vars: &BTreeMap<String, String>,
+) -> Result<Workload, Msg> {
     Ok(match w {
         Workload::Command(c) => Workload::Command(CommandWorkload {
-            argv: c.argv.iter().map(|a| substitute(a, vars)).collect::<Result<_, _>>()?,
+            argv: c
+                .argv
+                .iter()
+                .map(|a| substitute(a, vars))
+                .collect::<Result<_, _>>()?,
             workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
         }),
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => {
@@ -375,7 +500,10 @@ fn instantiate(w: &Workload, params: &BTreeMap<String, Value>, vars: &BTreeMap<S
 }
 
 /// Matrix parameters named like a transformer field set that field.
-fn override_transformer(cfg: &TransformerConfig, params: &BTreeMap<String, Value>) -> Result<TransformerConfig, Msg> {
+fn override_transformer(
+    cfg: &TransformerConfig,
+    params: &BTreeMap<String, Value>,
+) -> Result<TransformerConfig, Msg> {
     let mut map = match serde_json::to_value(cfg) {
         Ok(Value::Object(m)) => m,
         _ => serde_json::Map::new(),
@@ -410,19 +538,33 @@ mod tests {
     #[test]
     fn substitution() {
         let vars: BTreeMap<String, String> = [("bs".to_string(), "8".to_string())].into_iter().collect();
-        assert_eq!(substitute("--batch {{bs}} {{ bs }}", &vars).unwrap(), "--batch 8 8");
-        assert_eq!(substitute("awk '{print $1}' {x}", &vars).unwrap(), "awk '{print $1}' {x}");
-        assert!(substitute("{{bz}}", &vars).unwrap_err().0.contains("unknown placeholder `{{bz}}`"));
+        assert_eq!(
+            substitute("--batch {{bs}} {{ bs }}", &vars).unwrap(),
+            "--batch 8 8"
+        );
+        assert_eq!(
+            substitute("awk '{print $1}' {x}", &vars).unwrap(),
+            "awk '{print $1}' {x}"
+        );
+        assert!(substitute("{{bz}}", &vars)
+            .unwrap_err()
+            .0
+            .contains("unknown placeholder `{{bz}}`"));
     }
 
     #[test]
     fn ids_are_stable_and_safe() {
-        let params: BTreeMap<String, Value> =
-            [("preset".to_string(), Value::String("2.7B".into())), ("bs".to_string(), Value::from(8))]
-                .into_iter()
-                .collect();
+        let params: BTreeMap<String, Value> = [
+            ("preset".to_string(), Value::String("2.7B".into())),
+            ("bs".to_string(), Value::from(8)),
+        ]
+        .into_iter()
+        .collect();
         let gpu = GpuSpec::parse("H100:8").unwrap();
         assert_eq!(cell_id("lm", &gpu, &params), "lm.h100x8.bs-8.preset-2.7b");
-        assert_eq!(cell_id("my bench", &GpuSpec::CPU, &BTreeMap::new()), "my_bench.cpu");
+        assert_eq!(
+            cell_id("my bench", &GpuSpec::CPU, &BTreeMap::new()),
+            "my_bench.cpu"
+        );
     }
 }

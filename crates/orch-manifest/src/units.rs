@@ -40,7 +40,9 @@ pub fn parse_duration(t: &str) -> Result<f64, String> {
     }
     humantime::parse_duration(t)
         .map(|d| d.as_secs_f64())
-        .map_err(|e| format!("invalid duration `{t}` ({e}): write seconds or a duration like `90s`, `10m`, `1h30m`"))
+        .map_err(|e| {
+            format!("invalid duration `{t}` ({e}): write seconds or a duration like `90s`, `10m`, `1h30m`")
+        })
 }
 
 /// A size in bytes.
@@ -70,7 +72,9 @@ impl Serialize for Bytes {
 
 pub fn parse_bytes(t: &str) -> Result<u64, String> {
     let t = t.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let bad = || format!("invalid size `{t}`: write bytes or a size like `512MiB`, `4GiB`, `2GB`");
     let n: f64 = num.parse().map_err(|_| bad())?;

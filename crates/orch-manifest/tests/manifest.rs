@@ -87,7 +87,8 @@ fn err(text: &str) -> String {
 
 #[test]
 fn unknown_field_names_field_line_and_hint() {
-    let text = "name: s\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n    measure:\n      warmpu: 3\n";
+    let text =
+        "name: s\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n    measure:\n      warmpu: 3\n";
     let e = load(text).unwrap_err();
     assert_eq!(e.line(), Some(7), "{e}");
     let msg = e.to_string();
@@ -98,11 +99,15 @@ fn unknown_field_names_field_line_and_hint() {
 
 #[test]
 fn wrong_type_and_bad_gpu_are_located() {
-    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n    measure: {warmup: lots}\n");
+    let e =
+        err("name: s\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n    measure: {warmup: lots}\n");
     assert!(e.starts_with("suite.yaml:5:"), "{e}");
     let e = err("name: s\ngpus: [H100, X9000:2]\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n");
     assert!(e.starts_with("suite.yaml:2:"), "{e}");
-    assert!(e.contains("unknown GPU type `X9000`") && e.contains("H100"), "{e}");
+    assert!(
+        e.contains("unknown GPU type `X9000`") && e.contains("H100"),
+        "{e}"
+    );
     assert!(e.contains("hint: GPU specs are"), "{e}");
     let e = err("name: s\ngpus: [\"H100:0\"]\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n");
     assert!(e.contains("invalid GPU count `0`"), "{e}");
@@ -111,13 +116,18 @@ fn wrong_type_and_bad_gpu_are_located() {
 #[test]
 fn semantic_errors_are_located() {
     let e = err("name: s\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n      shell: echo\n");
-    assert!(e.starts_with("suite.yaml:5:") || e.starts_with("suite.yaml:4:"), "{e}");
+    assert!(
+        e.starts_with("suite.yaml:5:") || e.starts_with("suite.yaml:4:"),
+        "{e}"
+    );
     assert!(e.contains("several workloads"), "{e}");
     let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {shell: 'echo {{sise}}'}\n    matrix: {size: [1]}\n");
     assert!(e.contains("unknown placeholder `{{sise}}`"), "{e}");
     let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n  - name: a\n    workload: {noop: true}\n");
     assert!(e.starts_with("suite.yaml:5:"), "{e}");
-    let e = err("name: s\nbenchmarks:\n  - name: a\n    workload: {transformer: {}}\n    matrix: {batch: [big]}\n");
+    let e = err(
+        "name: s\nbenchmarks:\n  - name: a\n    workload: {transformer: {}}\n    matrix: {batch: [big]}\n",
+    );
     assert!(e.contains("does not fit the transformer"), "{e}");
     let e = err("name: bad name\nbenchmarks: []\n");
     assert!(e.starts_with("suite.yaml:1:"), "{e}");

@@ -70,6 +70,7 @@ pub struct CommandWorkload {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+#[allow(clippy::large_enum_variant)] // built once per cell; boxing buys nothing
 pub enum BuiltinWorkload {
     Transformer(TransformerConfig),
     /// Does nothing and succeeds: used to measure per-cell overhead.

@@ -20,8 +20,14 @@ use tokio::sync::{mpsc, watch, Semaphore};
 #[derive(Debug, Clone)]
 pub enum Progress {
     /// The cells this invocation will run (after skipping finished ones).
-    Planned { total: usize, skipped: usize },
-    CellStarted { cell_id: String, attempt: u32 },
+    Planned {
+        total: usize,
+        skipped: usize,
+    },
+    CellStarted {
+        cell_id: String,
+        attempt: u32,
+    },
     Agent(CellEvent),
     CellFinished(Box<CellRecord>),
 }
@@ -73,7 +79,13 @@ pub async fn execute(
         total: todo.len(),
         skipped,
     });
-    let cells: Vec<CellPlan> = run.plan.cells.iter().filter(|c| todo.contains(&c.id)).cloned().collect();
+    let cells: Vec<CellPlan> = run
+        .plan
+        .cells
+        .iter()
+        .filter(|c| todo.contains(&c.id))
+        .cloned()
+        .collect();
 
     let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<CellEvent>();
@@ -162,4 +174,3 @@ pub async fn execute(
         cancelled,
     })
 }
-

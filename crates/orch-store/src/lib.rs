@@ -33,7 +33,10 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("`{}` is damaged: {source}\nhint: the file was edited or written by another version of orch", path.display())]
-    Corrupt { path: PathBuf, source: serde_json::Error },
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("no run `{id}` in the store `{}`\nhint: `orch ls` lists the runs; pass `--store DIR` if they are elsewhere", store.display())]
     NoSuchRun { id: String, store: PathBuf },
     #[error("`{id}` matches several runs: {}\nhint: give more of the id", matches.join(", "))]
@@ -45,7 +48,10 @@ pub enum StoreError {
 impl StoreError {
     /// True when the user named something that is not there.
     pub fn is_user_error(&self) -> bool {
-        matches!(self, StoreError::NoSuchRun { .. } | StoreError::Ambiguous { .. } | StoreError::NoSuchCell { .. })
+        matches!(
+            self,
+            StoreError::NoSuchRun { .. } | StoreError::Ambiguous { .. } | StoreError::NoSuchCell { .. }
+        )
     }
 }
 
@@ -208,7 +214,13 @@ impl Store {
     }
 
     /// Make a new run folder holding the manifest, the plan and the metadata.
-    pub fn create_run(&self, plan: &Plan, manifest_text: &str, backend: &str, environment: Environment) -> Result<Run> {
+    pub fn create_run(
+        &self,
+        plan: &Plan,
+        manifest_text: &str,
+        backend: &str,
+        environment: Environment,
+    ) -> Result<Run> {
         std::fs::create_dir_all(&self.root).map_err(io("create the store", &self.root))?;
         let now = Utc::now();
         let id = new_run_id(now, &plan.suite);
@@ -243,7 +255,11 @@ impl Store {
         } else if ids.iter().any(|i| i == id) {
             Some(id.to_string())
         } else {
-            let matches: Vec<String> = ids.iter().filter(|i| i.starts_with(id) || i.contains(id)).cloned().collect();
+            let matches: Vec<String> = ids
+                .iter()
+                .filter(|i| i.starts_with(id) || i.contains(id))
+                .cloned()
+                .collect();
             if matches.len() > 1 {
                 return Err(StoreError::Ambiguous {
                     id: id.to_string(),
@@ -434,7 +450,9 @@ impl Run {
             *counts.entry(view.status.clone()).or_insert(0) += 1;
             cells.push(view);
         }
-        let all_done = cells.iter().all(|c| c.status != "pending" && c.status != "cancelled");
+        let all_done = cells
+            .iter()
+            .all(|c| c.status != "pending" && c.status != "cancelled");
         let state = match self.meta.state {
             RunState::Running if all_done => RunState::Complete,
             s => s,
@@ -515,7 +533,10 @@ pub fn host_environment(manifest: &Path, argv: Vec<String>) -> Environment {
 }
 
 fn git_commit(manifest: &Path) -> Option<String> {
-    let dir = manifest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let out = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .current_dir(dir)
@@ -560,12 +581,26 @@ mod tests {
         // The first try dies; the second moves its logs aside.
         let (_, attempt) = run.prepare_cell(&cell.id).unwrap();
         assert_eq!(attempt, 2);
-        assert!(run.dir().join("interrupted").join(format!("{}.1", cell.id)).join("stdout.log").exists());
+        assert!(run
+            .dir()
+            .join("interrupted")
+            .join(format!("{}.1", cell.id))
+            .join("stdout.log")
+            .exists());
 
         let now = Utc::now();
-        let rec = CellRecord::from_result(cell, CellResult::new(&cell.id, Status::Succeeded), now, now, attempt);
+        let rec = CellRecord::from_result(
+            cell,
+            CellResult::new(&cell.id, Status::Succeeded),
+            now,
+            now,
+            attempt,
+        );
         run.finish_cell(&rec).unwrap();
-        assert_eq!(run.unfinished_cells().unwrap(), vec![run.plan.cells[1].id.clone()]);
+        assert_eq!(
+            run.unfinished_cells().unwrap(),
+            vec![run.plan.cells[1].id.clone()]
+        );
 
         let again = store.open_run("latest").unwrap();
         let record = again.record().unwrap();
@@ -574,7 +609,10 @@ mod tests {
         assert_eq!(record.counts.get("pending"), Some(&1));
         let by_prefix = store.open_run(&run.id()[..15]).unwrap();
         assert_eq!(by_prefix.id(), run.id());
-        assert!(matches!(store.open_run("nope"), Err(StoreError::NoSuchRun { .. })));
+        assert!(matches!(
+            store.open_run("nope"),
+            Err(StoreError::NoSuchRun { .. })
+        ));
         assert_eq!(store.list().unwrap().len(), 1);
     }
 
@@ -585,10 +623,19 @@ mod tests {
         let run = store.create_run(&plan(), "", "local", env()).unwrap();
         let now = Utc::now();
         for (c, s) in run.plan.cells.iter().zip([Status::Cancelled, Status::Failed]) {
-            run.finish_cell(&CellRecord::from_result(c, CellResult::new(&c.id, s), now, now, 1))
-                .unwrap();
+            run.finish_cell(&CellRecord::from_result(
+                c,
+                CellResult::new(&c.id, s),
+                now,
+                now,
+                1,
+            ))
+            .unwrap();
         }
-        assert_eq!(run.unfinished_cells().unwrap(), vec![run.plan.cells[0].id.clone()]);
+        assert_eq!(
+            run.unfinished_cells().unwrap(),
+            vec![run.plan.cells[0].id.clone()]
+        );
     }
 
     #[test]
@@ -597,7 +644,10 @@ mod tests {
         let p = tmp.path().join("x.json");
         write_json(&p, &serde_json::json!({"a": 1})).unwrap();
         write_json(&p, &serde_json::json!({"a": 2})).unwrap();
-        let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1);
         let v: serde_json::Value = read_json(&p).unwrap();
         assert_eq!(v["a"], 2);

@@ -4,7 +4,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
-#[command(name = "orch", version, about = "Run GPU benchmark suites and keep every number, log and failure cause")]
+#[command(
+    name = "orch",
+    version,
+    about = "Run GPU benchmark suites and keep every number, log and failure cause"
+)]
 pub struct Cli {
     /// Result store folder
     #[arg(long, global = true, env = "ORCH_STORE", default_value = orch_store::DEFAULT_STORE)]
@@ -34,7 +38,12 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Suite manifest (YAML)
-    #[arg(short = 'f', long = "file", required_unless_present = "resume", conflicts_with = "resume")]
+    #[arg(
+        short = 'f',
+        long = "file",
+        required_unless_present = "resume",
+        conflicts_with = "resume"
+    )]
     pub file: Option<PathBuf>,
     /// GPUs for every cell, replacing the manifest's lists (comma-separated: `H100:8,A100-80GB:2`, `none`)
     #[arg(long)]

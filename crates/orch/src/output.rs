@@ -19,12 +19,16 @@ pub struct Reporter {
 impl Reporter {
     pub fn new(run_id: &str, store: &Path, cells: usize, resumed: bool) -> Reporter {
         let verb = if resumed { "resuming" } else { "run" };
-        eprintln!("{verb} {run_id} ({cells} cells) in {}", store.join(run_id).display());
+        eprintln!(
+            "{verb} {run_id} ({cells} cells) in {}",
+            store.join(run_id).display()
+        );
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::with_draw_target(Some(cells as u64), ProgressDrawTarget::stderr());
             // The template is a constant known to be valid.
-            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style =
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
             b.set_style(style);
             b.enable_steady_tick(std::time::Duration::from_millis(120));
             b
@@ -62,16 +66,26 @@ impl Reporter {
                 }
             }
             Progress::CellStarted { cell_id, attempt } => {
-                let again = if attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
+                let again = if attempt > 1 {
+                    format!(" (attempt {attempt})")
+                } else {
+                    String::new()
+                };
                 if self.bar.is_none() {
-                    self.line(format!("[{}/{}] start {cell_id}{again}", self.done + 1, self.total));
+                    self.line(format!(
+                        "[{}/{}] start {cell_id}{again}",
+                        self.done + 1,
+                        self.total
+                    ));
                 }
                 self.running.insert(cell_id, "start".into());
             }
             Progress::Agent(e) => {
                 let state = match &e.event {
                     Event::Phase { phase, .. } => Some(phase.as_str().to_string()),
-                    Event::Progress { phase, done, total } => Some(format!("{} {done}/{total}", phase.as_str())),
+                    Event::Progress { phase, done, total } => {
+                        Some(format!("{} {done}/{total}", phase.as_str()))
+                    }
                     Event::Message { text } => {
                         self.line(format!("  {}: {text}", e.cell_id));
                         None
@@ -92,7 +106,10 @@ impl Reporter {
             Progress::CellFinished(r) => {
                 self.done += 1;
                 self.running.remove(&r.id);
-                let mut text = format!("[{}/{}] {} {} ({:.1}s)", self.done, self.total, r.status, r.id, r.duration_s);
+                let mut text = format!(
+                    "[{}/{}] {} {} ({:.1}s)",
+                    self.done, self.total, r.status, r.id, r.duration_s
+                );
                 if let Some(m) = headline_metrics(&r.metrics) {
                     text.push_str(&format!(" {m}"));
                 }
@@ -120,7 +137,11 @@ fn headline_metrics(m: &BTreeMap<String, f64>) -> Option<String> {
         .filter_map(|k| m.get(*k).map(|v| format!("{k}={}", fmt_num(*v))))
         .collect();
     if parts.is_empty() {
-        parts = m.iter().take(3).map(|(k, v)| format!("{k}={}", fmt_num(*v))).collect();
+        parts = m
+            .iter()
+            .take(3)
+            .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
+            .collect();
     }
     (!parts.is_empty()).then(|| parts.join(" "))
 }
@@ -136,7 +157,11 @@ pub fn fmt_num(v: f64) -> String {
 }
 
 pub fn counts_text(counts: &BTreeMap<String, usize>) -> String {
-    counts.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+    counts
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Left-aligned columns.
@@ -189,7 +214,11 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         })
         .collect();
     out.push_str(&table(&["CELL", "STATUS", "GPU", "TIME", "METRICS"], &rows));
-    let failures: Vec<_> = rec.cells.iter().filter_map(|c| c.failure.as_ref().map(|f| (c, f))).collect();
+    let failures: Vec<_> = rec
+        .cells
+        .iter()
+        .filter_map(|c| c.failure.as_ref().map(|f| (c, f)))
+        .collect();
     if !failures.is_empty() {
         out.push_str("\nfailures:\n");
         for (c, f) in failures {
@@ -197,6 +226,10 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         }
         out.push_str(&format!("logs: orch logs {}\n", rec.id));
     }
-    out.push_str(&format!("{} — stored in {}\n", counts_text(&rec.counts), dir.display()));
+    out.push_str(&format!(
+        "{} — stored in {}\n",
+        counts_text(&rec.counts),
+        dir.display()
+    ));
     out
 }

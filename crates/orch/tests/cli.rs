@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 fn orch() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE").env_remove("ORCH_AGENT").stdin(Stdio::null());
+    c.env_remove("ORCH_STORE")
+        .env_remove("ORCH_AGENT")
+        .stdin(Stdio::null());
     c
 }
 
@@ -51,8 +53,20 @@ fn quickstart_succeeds_with_metrics() {
     let tmp = tempfile::tempdir().unwrap();
     let manifest = repo().join("manifests/quickstart.yaml");
     let store = tmp.path().join("store");
-    let out = run_ok(&["run", "-f", manifest.to_str().unwrap(), "--store", store.to_str().unwrap(), "--json"]);
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run_ok(&[
+        "run",
+        "-f",
+        manifest.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rec = json(&out);
     let cells = rec["cells"].as_array().unwrap();
     assert!(cells.len() >= 3);
@@ -72,7 +86,13 @@ fn quickstart_succeeds_with_metrics() {
     // `ls --json` and `show --json` agree with the run.
     let ls = json(&run_ok(&["ls", "--json", "--store", store.to_str().unwrap()]));
     assert_eq!(ls[0]["id"], rec["id"]);
-    let show = json(&run_ok(&["show", rec["id"].as_str().unwrap(), "--json", "--store", store.to_str().unwrap()]));
+    let show = json(&run_ok(&[
+        "show",
+        rec["id"].as_str().unwrap(),
+        "--json",
+        "--store",
+        store.to_str().unwrap(),
+    ]));
     assert_eq!(show["cells"], rec["cells"]);
     // The run folder holds the resolved manifest and the environment.
     let dir = store.join(rec["id"].as_str().unwrap());
@@ -87,12 +107,21 @@ fn unknown_field_exits_2_naming_field_and_line() {
         tmp.path(),
         "name: t\nbenchmarks:\n  - name: a\n    workload:\n      noop: true\n    measure:\n      warmpu: 1\n",
     );
-    let out = run_ok(&["run", "-f", m.to_str().unwrap(), "--store", tmp.path().join("s").to_str().unwrap()]);
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        tmp.path().join("s").to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("suite.yaml:7:"), "{err}");
     assert!(err.contains("`warmpu`") && err.contains("hint:"), "{err}");
-    assert!(!tmp.path().join("s").exists(), "nothing is stored for an invalid manifest");
+    assert!(
+        !tmp.path().join("s").exists(),
+        "nothing is stored for an invalid manifest"
+    );
 
     let out = run_ok(&["run", "-f", m.to_str().unwrap(), "--gpu", "H9000"]);
     assert_eq!(out.status.code(), Some(2));
@@ -107,7 +136,14 @@ fn failing_command_is_failed_with_stderr_in_logs() {
         "name: t\nbenchmarks:\n  - name: bad\n    workload:\n      shell: 'echo to-stdout; echo the-cause >&2; exit 3'\n  - name: good\n    workload:\n      noop: true\n",
     );
     let store = tmp.path().join("s");
-    let out = run_ok(&["run", "-f", m.to_str().unwrap(), "--store", store.to_str().unwrap(), "--json"]);
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let rec = json(&out);
     let bad = cell(&rec, "bad.cpu");
@@ -117,7 +153,15 @@ fn failing_command_is_failed_with_stderr_in_logs() {
     assert_eq!(cell(&rec, "good.cpu")["status"], "succeeded", "the sweep goes on");
 
     let id = rec["id"].as_str().unwrap();
-    let logs = run_ok(&["logs", id, "bad.cpu", "--stream", "stderr", "--store", store.to_str().unwrap()]);
+    let logs = run_ok(&[
+        "logs",
+        id,
+        "bad.cpu",
+        "--stream",
+        "stderr",
+        "--store",
+        store.to_str().unwrap(),
+    ]);
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "the-cause\n");
     let all = run_ok(&["logs", id, "--store", store.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&all.stdout);
@@ -148,17 +192,35 @@ benchmarks:
     );
     let store = tmp.path().join("s");
     let started = Instant::now();
-    let out = run_ok(&["run", "-f", m.to_str().unwrap(), "--store", store.to_str().unwrap(), "--json"]);
-    assert!(started.elapsed() < Duration::from_secs(25), "timeout was not enforced");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "timeout was not enforced"
+    );
     assert_eq!(out.status.code(), Some(1));
     let rec = json(&out);
     assert_eq!(cell(&rec, "big.cpu")["status"], "oom");
     assert_eq!(cell(&rec, "slow.cpu")["status"], "timeout");
     let loud = cell(&rec, "loud.cpu");
     assert_eq!(loud["status"], "succeeded");
-    let log = std::fs::read_to_string(store.join(rec["id"].as_str().unwrap()).join("cells/loud.cpu/stdout.log")).unwrap();
+    let log = std::fs::read_to_string(
+        store
+            .join(rec["id"].as_str().unwrap())
+            .join("cells/loud.cpu/stdout.log"),
+    )
+    .unwrap();
     assert!(log.len() < 4096, "log kept {} bytes", log.len());
-    assert!(log.contains("bytes truncated") && log.ends_with("last-line\n"), "{log}");
+    assert!(
+        log.contains("bytes truncated") && log.ends_with("last-line\n"),
+        "{log}"
+    );
 }
 
 fn slow_manifest(dir: &Path) -> PathBuf {
@@ -185,7 +247,13 @@ fn kill_9_then_resume_loses_and_repeats_nothing() {
     let m = slow_manifest(tmp.path());
     let store = tmp.path().join("s");
     let mut child = orch()
-        .args(["run", "-f", m.to_str().unwrap(), "--store", store.to_str().unwrap()])
+        .args([
+            "run",
+            "-f",
+            m.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -202,11 +270,27 @@ fn kill_9_then_resume_loses_and_repeats_nothing() {
     let before = records(&store);
     assert!(before.len() >= 2 && before.len() < 6, "{} finished", before.len());
 
-    let out = run_ok(&["run", "--resume", "latest", "--store", store.to_str().unwrap(), "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_ok(&[
+        "run",
+        "--resume",
+        "latest",
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rec = json(&out);
     assert_eq!(rec["state"], "complete");
-    assert!(rec["cells"].as_array().unwrap().iter().all(|c| c["status"] == "succeeded"));
+    assert!(rec["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["status"] == "succeeded"));
     // Every cell finished before the kill is untouched: same record, not run again.
     let after = records(&store);
     assert_eq!(after.len(), 6);
@@ -222,7 +306,14 @@ fn interrupt_records_cancelled_and_resume_finishes() {
     let m = slow_manifest(tmp.path());
     let store = tmp.path().join("s");
     let child = orch()
-        .args(["run", "-f", m.to_str().unwrap(), "--store", store.to_str().unwrap(), "--json"])
+        .args([
+            "run",
+            "-f",
+            m.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -235,20 +326,44 @@ fn interrupt_records_cancelled_and_resume_finishes() {
     std::thread::sleep(Duration::from_millis(200));
     unsafe_sigint(child.id());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rec = json(&out);
     assert_eq!(rec["state"], "interrupted");
-    let statuses: Vec<&str> = rec["cells"].as_array().unwrap().iter().map(|c| c["status"].as_str().unwrap()).collect();
+    let statuses: Vec<&str> = rec["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
     assert!(statuses.contains(&"cancelled"), "{statuses:?}");
     assert!(statuses.contains(&"pending"), "{statuses:?}");
 
-    let out = run_ok(&["run", "--resume", rec["id"].as_str().unwrap(), "--store", store.to_str().unwrap(), "--json"]);
+    let out = run_ok(&[
+        "run",
+        "--resume",
+        rec["id"].as_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let rec = json(&out);
-    assert!(rec["cells"].as_array().unwrap().iter().all(|c| c["status"] == "succeeded"));
+    assert!(rec["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["status"] == "succeeded"));
 }
 
 fn unsafe_sigint(pid: u32) {
-    let status = Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
 }

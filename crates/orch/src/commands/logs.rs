@@ -36,7 +36,11 @@ pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
         for s in &streams {
             let path = run.log_path(&cell.id, s.file_stem())?;
             if headers {
-                writeln!(out, "==> {} <==", path.strip_prefix(run.dir()).unwrap_or(&path).display())?;
+                writeln!(
+                    out,
+                    "==> {} <==",
+                    path.strip_prefix(run.dir()).unwrap_or(&path).display()
+                )?;
             }
             match std::fs::read(&path) {
                 Ok(bytes) => {
@@ -44,7 +48,8 @@ pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
                     let text = match args.tail {
                         Some(n) => {
                             let lines: Vec<&str> = text.lines().collect();
-                            lines[lines.len().saturating_sub(n)..].join("\n") + if lines.is_empty() { "" } else { "\n" }
+                            lines[lines.len().saturating_sub(n)..].join("\n")
+                                + if lines.is_empty() { "" } else { "\n" }
                         }
                         None => text.into_owned(),
                     };

@@ -25,6 +25,20 @@ pub fn ls(store: &orch_store::Store, args: LsArgs) -> anyhow::Result<i32> {
             ]
         })
         .collect();
-    print!("{}", output::table(&["RUN", "SUITE", "STATE", "BACKEND", "CELLS", "STATUS", "CREATED (UTC)"], &rows));
+    print!(
+        "{}",
+        output::table(
+            &[
+                "RUN",
+                "SUITE",
+                "STATE",
+                "BACKEND",
+                "CELLS",
+                "STATUS",
+                "CREATED (UTC)"
+            ],
+            &rows
+        )
+    );
     Ok(0)
 }

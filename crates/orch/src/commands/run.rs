@@ -41,15 +41,22 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
                 None => None,
             };
             let plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
-            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+            let text =
+                std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
             let env = orch_store::host_environment(file, argv);
             store.create_run(&plan, &text, &args.backend, env)?
         }
-        (None, None) => return Err(user("`orch run` needs `-f FILE` or `--resume RUN`\nhint: `orch run -f manifests/quickstart.yaml`")),
+        (None, None) => {
+            return Err(user(
+                "`orch run` needs `-f FILE` or `--resume RUN`\nhint: `orch run -f manifests/quickstart.yaml`",
+            ))
+        }
     };
     if let Some(0) = args.jobs {
-        return Err(user("`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time"));
+        return Err(user(
+            "`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time",
+        ));
     }
     let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
 
@@ -57,7 +64,9 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
     for name in &run.plan.secrets {
         match std::env::var(name) {
             Ok(v) => secrets.push((name.clone(), v)),
-            Err(_) => eprintln!("warning: secret `{name}` is not set in the environment; cells run without it"),
+            Err(_) => {
+                eprintln!("warning: secret `{name}` is not set in the environment; cells run without it")
+            }
         }
     }
 
@@ -65,7 +74,12 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
-    let reporter = Reporter::new(run.id(), store.root(), run.plan.cells.len(), args.resume.is_some());
+    let reporter = Reporter::new(
+        run.id(),
+        store.root(),
+        run.plan.cells.len(),
+        args.resume.is_some(),
+    );
     let (tx, mut rx) = mpsc::unbounded_channel();
     let report_task = tokio::spawn(async move {
         let mut reporter = reporter;
@@ -74,7 +88,14 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
         }
         reporter.finish();
     });
-    let outcome = execute(&mut run, backend, RunnerOptions { concurrency, secrets }, tx, cancel_rx).await;
+    let outcome = execute(
+        &mut run,
+        backend,
+        RunnerOptions { concurrency, secrets },
+        tx,
+        cancel_rx,
+    )
+    .await;
     let _ = report_task.await;
     let outcome = outcome?;
 
@@ -91,7 +112,11 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
         );
         return Ok(130);
     }
-    Ok(if record.cells.iter().all(|c| c.status == "succeeded") { 0 } else { 1 })
+    Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
+        0
+    } else {
+        1
+    })
 }
 
 /// First Ctrl-C (or SIGTERM): stop cleanly, recording running cells

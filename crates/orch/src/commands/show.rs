@@ -9,5 +9,9 @@ pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
     } else {
         print!("{}", output::run_text(&record, run.dir()));
     }
-    Ok(if record.cells.iter().all(|c| c.status == "succeeded") { 0 } else { 1 })
+    Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
+        0
+    } else {
+        1
+    })
 }
