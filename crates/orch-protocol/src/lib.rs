@@ -49,6 +49,11 @@ pub struct TaskSpec {
     /// that do not fit and report `oom`). `None`: what the machine has.
     #[serde(default)]
     pub memory_limit_bytes: Option<u64>,
+    /// The weights volume as the agent sees it: a Hugging Face hub cache.
+    /// The agent sets `HF_HUB_CACHE` to it and `HF_HUB_OFFLINE=1` for every
+    /// workload, so weights load from it and never from the network.
+    #[serde(default)]
+    pub weights_dir: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -356,6 +361,7 @@ mod tests {
             measure: Measure::default(),
             logs: LogLimits::default(),
             memory_limit_bytes: None,
+            weights_dir: None,
         };
         let json = serde_json::to_string(&task).unwrap();
         let back: TaskSpec = serde_json::from_str(&json).unwrap();

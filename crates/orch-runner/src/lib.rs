@@ -46,6 +46,8 @@ pub struct RunnerOptions {
     pub concurrency: usize,
     /// Secret environment handed to every cell.
     pub secrets: Vec<(String, String)>,
+    /// The weights volume (hub cache) on the backend's side.
+    pub weights_dir: Option<std::path::PathBuf>,
 }
 
 /// How an invocation ended.
@@ -116,6 +118,7 @@ pub async fn execute(
         let cancel = cancel.clone();
         let progress = progress.clone();
         let secrets = opts.secrets.clone();
+        let weights_dir = opts.weights_dir.clone();
         let cell = cell.clone();
         let handle = run_shared.clone();
         tasks.spawn(async move {
@@ -130,6 +133,7 @@ pub async fn execute(
                 task: cell.task.clone(),
                 cell_dir: dir,
                 secrets,
+                weights_dir,
             };
             let result = match backend.run_cell(launch, ev_tx, cancel).await {
                 Ok(r) => r,

@@ -21,6 +21,7 @@ fn opts(concurrency: usize) -> RunnerOptions {
     RunnerOptions {
         concurrency,
         secrets: vec![],
+        weights_dir: None,
     }
 }
 

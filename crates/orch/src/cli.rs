@@ -21,6 +21,10 @@ pub struct Cli {
 pub enum Command {
     /// Run every cell of a suite (or the unfinished cells of an earlier run)
     Run(RunArgs),
+    /// Download the suite's model weights once into the weights volume (hub cache layout)
+    Setup(SetupArgs),
+    /// Expand the matrix and check what a run needs (weights, GPU memory fit); spends nothing
+    Plan(PlanArgs),
     /// List the runs in the store
     Ls(LsArgs),
     /// Show one run: its cells, statuses, metrics and failures
@@ -60,6 +64,50 @@ pub struct RunArgs {
     /// Run the cells of an earlier run that did not finish (id, id prefix or `latest`)
     #[arg(long, value_name = "RUN")]
     pub resume: Option<String>,
+    /// Weights volume of the local backend (a hub cache)
+    #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// Run even when the suite's model weights are not set up
+    #[arg(long)]
+    pub no_preflight: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Suite manifest whose `models` to set up
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// A model to set up: `org/name` or `org/name@revision` (repeatable)
+    #[arg(long = "model", value_name = "REPO[@REVISION]")]
+    pub models: Vec<String>,
+    /// Where the weights go
+    #[arg(long, default_value = "local")]
+    pub backend: String,
+    /// Weights volume of the local backend (default: `<cache dir>/orch/weights`)
+    #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// HTTP requests in flight at once
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+    /// Print a JSON report on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Suite manifest
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// GPUs for every cell, replacing the manifest's lists
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Weights volume of the local backend
+    #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -27,6 +27,9 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
         if let Some(s) = cause.downcast_ref::<orch_store::StoreError>() {
             return if s.is_user_error() { 2 } else { 1 };
         }
+        if let Some(h) = cause.downcast_ref::<orch_hub::HubError>() {
+            return if h.is_user_error() { 2 } else { 1 };
+        }
         if let Some(b) = cause.downcast_ref::<orch_backend::BackendError>() {
             return if b.is_user_error() { 2 } else { 1 };
         }
@@ -41,7 +44,11 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
 pub fn render(e: &anyhow::Error) -> String {
     let mut out = e.to_string();
     for cause in e.chain().skip(1) {
-        out.push_str(&format!("\n  caused by: {cause}"));
+        let text = cause.to_string();
+        // Library errors already quote their source; say each thing once.
+        if !out.contains(&text) {
+            out.push_str(&format!("\n  caused by: {text}"));
+        }
     }
     out
 }

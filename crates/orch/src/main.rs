@@ -12,6 +12,9 @@ fn main() {
     if let cli::Command::Agent { args } = &cli.command {
         std::process::exit(orch_agent::run::main_with_args(args));
     }
+    // One TLS crypto provider for every TLS user in this binary (reqwest via
+    // hf-hub today; cloud clients later). Installing twice is harmless.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

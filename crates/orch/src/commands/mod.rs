@@ -1,6 +1,8 @@
 mod logs;
 mod ls;
+mod plan;
 mod run;
+mod setup;
 mod show;
 
 use crate::cli::{Cli, Command};
@@ -10,6 +12,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let store = orch_store::Store::new(&cli.store);
     match cli.command {
         Command::Run(args) => run::run(&store, args).await,
+        Command::Setup(args) => setup::setup(args).await,
+        Command::Plan(args) => plan::plan(args),
         Command::Ls(args) => ls::ls(&store, args),
         Command::Show(args) => show::show(&store, args),
         Command::Logs(args) => logs::logs(&store, args),

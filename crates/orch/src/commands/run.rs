@@ -9,8 +9,33 @@ use orch_runner::{execute, RunnerOptions};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
+/// Refuse (exit 2) when a model the suite needs is not in the weights volume.
+fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bool) -> anyhow::Result<()> {
+    if skip {
+        return Ok(());
+    }
+    let missing: Vec<String> = crate::commands::plan::check_models(plan, weights_dir)
+        .into_iter()
+        .filter(|m| !m.complete)
+        .map(|m| format!("`{}@{}`", m.repo, m.revision))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(user(format!(
+        "model weights not set up in `{}`: {}\nhint: run `orch setup -f {}` first (or pass `--no-preflight`)",
+        weights_dir.display(),
+        missing.join(", "),
+        plan.manifest.display()
+    )))
+}
+
 pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32> {
     orch_backend::check_name(&args.backend)?;
+    let weights_dir = args
+        .weights_dir
+        .clone()
+        .unwrap_or_else(orch_hub::default_weights_dir);
     let mut run = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
@@ -19,6 +44,7 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
                 ));
             }
             let mut run = store.open_run(id)?;
+            preflight(&run.plan, &weights_dir, args.no_preflight)?;
             if run.meta.backend != args.backend {
                 return Err(user(format!(
                     "run `{}` was made on backend `{}`, not `{}`\nhint: resume it with `--backend {}`",
@@ -41,6 +67,7 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
                 None => None,
             };
             let plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            preflight(&plan, &weights_dir, args.no_preflight)?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
@@ -91,7 +118,11 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
     let outcome = execute(
         &mut run,
         backend,
-        RunnerOptions { concurrency, secrets },
+        RunnerOptions {
+            concurrency,
+            secrets,
+            weights_dir: Some(weights_dir),
+        },
         tx,
         cancel_rx,
     )

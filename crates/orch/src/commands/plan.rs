@@ -1,0 +1,163 @@
+use crate::cli::PlanArgs;
+use crate::commands::setup::{human_bytes, requests_of};
+use crate::error::user;
+use crate::output;
+use orch_hub::safetensors::{fit, Fit};
+use orch_hub::RepoCache;
+use orch_manifest::{ExpandOptions, GpuSpec, Plan};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct ModelCheck {
+    pub repo: String,
+    pub revision: String,
+    /// Every file of the pinned revision is in the weights volume.
+    pub complete: bool,
+    pub commit: Option<String>,
+    pub bytes: Option<u64>,
+    /// Parameters and bytes from the safetensors headers.
+    pub params: Option<u64>,
+    pub weights_bytes: Option<u64>,
+    pub fit: Vec<FitCheck>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FitCheck {
+    pub gpu: String,
+    pub fits: bool,
+    /// The smallest count of this GPU type that fits, when `gpu` does not.
+    pub needs: Option<String>,
+}
+
+/// Check every model of the plan against the weights volume (offline).
+pub fn check_models(plan: &Plan, weights_dir: &Path) -> Vec<ModelCheck> {
+    let gpus: BTreeSet<String> = plan
+        .cells
+        .iter()
+        .filter(|c| !c.gpu.is_cpu())
+        .map(|c| c.gpu.to_string())
+        .collect();
+    requests_of(plan)
+        .into_iter()
+        .map(|req| {
+            let cache = RepoCache::new(weights_dir, &req.repo, &req.repo_type);
+            let marker = cache.complete(&req.revision);
+            let (params, weights) = match &marker {
+                Some(m) => match orch_hub::safetensors::weights_in_dir(&cache.snapshot_dir(&m.commit)) {
+                    Ok((p, b, n)) if n > 0 => (Some(p), Some(b)),
+                    _ => (None, None),
+                },
+                None => (None, None),
+            };
+            let fit = match weights {
+                Some(bytes) => gpus
+                    .iter()
+                    .filter_map(|g| GpuSpec::parse(g).ok())
+                    .filter_map(|g| g.gpu.map(|t| (g, t)))
+                    .map(|(g, t)| {
+                        let f = fit(
+                            bytes,
+                            t.memory_gib,
+                            g.count,
+                            orch_manifest::gpu::MAX_GPUS_PER_CELL,
+                        );
+                        FitCheck {
+                            gpu: g.to_string(),
+                            fits: f == Fit::Fits,
+                            needs: match f {
+                                Fit::Fits => None,
+                                Fit::NeedsCount(n) => Some(format!("{}:{n}", t.name)),
+                                Fit::TooLarge => Some(format!(
+                                    "more than {} x {}",
+                                    orch_manifest::gpu::MAX_GPUS_PER_CELL,
+                                    t.name
+                                )),
+                            },
+                        }
+                    })
+                    .collect(),
+                None => vec![],
+            };
+            ModelCheck {
+                repo: req.repo,
+                revision: req.revision,
+                complete: marker.is_some(),
+                commit: marker.as_ref().map(|m| m.commit.clone()),
+                bytes: marker.as_ref().map(|m| m.files.iter().map(|f| f.1).sum()),
+                params,
+                weights_bytes: weights,
+                fit,
+            }
+        })
+        .collect()
+}
+
+pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
+    let gpus = match &args.gpu {
+        Some(text) => Some(
+            GpuSpec::parse_list(text)
+                .map_err(|e| user(format!("`--gpu {text}`: {e}\nhint: e.g. `--gpu H100:8,L4`")))?,
+        ),
+        None => None,
+    };
+    let plan = orch_manifest::load(&args.file, &ExpandOptions { gpus })?;
+    let weights_dir = args
+        .weights_dir
+        .clone()
+        .unwrap_or_else(orch_hub::default_weights_dir);
+    let models = check_models(&plan, &weights_dir);
+    let missing = models.iter().any(|m| !m.complete);
+    let misfit = models.iter().any(|m| m.fit.iter().any(|f| !f.fits));
+    if args.json {
+        let cells: Vec<_> = plan
+            .cells
+            .iter()
+            .map(|c| serde_json::json!({"id": c.id, "gpu": c.gpu.to_string(), "params": c.params}))
+            .collect();
+        let out = serde_json::json!({
+            "suite": plan.suite,
+            "cells": cells,
+            "weights_dir": weights_dir,
+            "models": models,
+            "ready": !missing && !misfit,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("suite {}: {} cells", plan.suite, plan.cells.len());
+        let rows: Vec<Vec<String>> = plan
+            .cells
+            .iter()
+            .map(|c| vec![c.id.clone(), c.gpu.to_string(), c.benchmark.clone()])
+            .collect();
+        print!("{}", output::table(&["CELL", "GPU", "BENCHMARK"], &rows));
+        if !models.is_empty() {
+            println!("\nmodels (weights volume {}):", weights_dir.display());
+            for m in &models {
+                let state = if m.complete { "complete" } else { "MISSING" };
+                let size = m.bytes.map(human_bytes).unwrap_or_else(|| "?".into());
+                let weights = match (m.params, m.weights_bytes) {
+                    (Some(p), Some(b)) => {
+                        format!(", {:.2}B params, {} of weights", p as f64 / 1e9, human_bytes(b))
+                    }
+                    _ => String::new(),
+                };
+                println!("  {}@{}: {state}, {size}{weights}", m.repo, m.revision);
+                for f in &m.fit {
+                    match &f.needs {
+                        None => println!("    fits {}", f.gpu),
+                        Some(n) => println!("    does NOT fit {}: needs {n}", f.gpu),
+                    }
+                }
+            }
+            if missing {
+                println!(
+                    "\nhint: `orch setup -f {}` downloads the missing weights",
+                    args.file.display()
+                );
+            }
+        }
+    }
+    Ok(if missing || misfit { 1 } else { 0 })
+}

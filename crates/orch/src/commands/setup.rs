@@ -1,0 +1,161 @@
+use crate::cli::SetupArgs;
+use crate::error::user;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use orch_hub::{ModelRequest, SetupEvent, SetupOptions};
+use orch_manifest::ExpandOptions;
+use std::io::IsTerminal;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// The models a suite names, as setup requests.
+pub fn requests_of(plan: &orch_manifest::Plan) -> Vec<ModelRequest> {
+    plan.models
+        .iter()
+        .map(|m| ModelRequest {
+            repo: m.repo.clone(),
+            revision: m.revision.clone().unwrap_or_else(|| "main".into()),
+            include: m.include.clone(),
+            exclude: m.exclude.clone(),
+            repo_type: m.repo_type.clone().unwrap_or_else(|| "model".into()),
+        })
+        .collect()
+}
+
+pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
+    if args.backend != "local" {
+        orch_backend::check_name(&args.backend)?;
+    }
+    let mut requests = Vec::new();
+    if let Some(file) = &args.file {
+        let plan = orch_manifest::load(file, &ExpandOptions::default())?;
+        requests.extend(requests_of(&plan));
+    }
+    for spec in &args.models {
+        requests.push(ModelRequest::parse(spec)?);
+    }
+    if requests.is_empty() {
+        return Err(user(
+            "no model to set up\nhint: `orch setup --model org/name[@revision]`, or `-f SUITE` with a `models:` list",
+        ));
+    }
+    let weights_dir = args
+        .weights_dir
+        .clone()
+        .unwrap_or_else(orch_hub::default_weights_dir);
+    let mut opts = SetupOptions::new(weights_dir.clone());
+    opts.connections = args.connections.max(1);
+    let client = orch_hub::client()?;
+    eprintln!("weights volume: {}", weights_dir.display());
+
+    let mut reports = Vec::new();
+    for req in &requests {
+        let started = Instant::now();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let ui = tokio::spawn(show_progress(rx));
+        let result = orch_hub::setup(&client, req, &opts, tx).await;
+        let _ = ui.await;
+        let report = result?;
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "{}@{} -> {}: {} files, {} ({} files, {} downloaded in {:.1}s)",
+            report.repo,
+            report.revision,
+            &report.commit[..report.commit.len().min(12)],
+            report.files,
+            human_bytes(report.bytes),
+            report.downloaded_files,
+            human_bytes(report.downloaded_bytes),
+            secs
+        );
+        reports.push(report);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    Ok(0)
+}
+
+async fn show_progress(mut rx: mpsc::UnboundedReceiver<SetupEvent>) {
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<ProgressBar> = None;
+    let mut done = 0u64;
+    let mut last_line = Instant::now();
+    while let Some(e) = rx.recv().await {
+        match e {
+            SetupEvent::Listed {
+                repo,
+                files,
+                bytes,
+                to_download_files,
+                to_download_bytes,
+                ..
+            } => {
+                eprintln!(
+                    "{repo}: {files} files, {}; to download: {to_download_files} files, {}",
+                    human_bytes(bytes),
+                    human_bytes(to_download_bytes)
+                );
+                if tty && to_download_bytes > 0 {
+                    let b =
+                        ProgressBar::with_draw_target(Some(to_download_bytes), ProgressDrawTarget::stderr());
+                    // A constant template: known to be valid.
+                    let style = ProgressStyle::with_template(
+                        "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_msg}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
+                    b.set_style(style);
+                    bar = Some(b);
+                }
+                done = 0;
+            }
+            SetupEvent::Bytes(n) => {
+                done += n;
+                match &bar {
+                    Some(b) => b.inc(n),
+                    None if last_line.elapsed().as_secs() >= 5 => {
+                        eprintln!("  {} received", human_bytes(done));
+                        last_line = Instant::now();
+                    }
+                    None => {}
+                }
+            }
+            SetupEvent::FileDone {
+                path,
+                bytes,
+                downloaded,
+                ..
+            } => {
+                let line = format!(
+                    "  {} {path} ({})",
+                    if downloaded { "downloaded" } else { "cached" },
+                    human_bytes(bytes)
+                );
+                match &bar {
+                    Some(b) => b.println(line),
+                    None => eprintln!("{line}"),
+                }
+            }
+            SetupEvent::UsedCache { repo, commit, reason } => {
+                eprintln!("warning: {repo}: using the complete local snapshot {commit}: {reason}");
+            }
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+}
+
+pub fn human_bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
