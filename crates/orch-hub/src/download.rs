@@ -202,12 +202,14 @@ pub async fn setup(
     }
 }
 
-/// The commit a revision points to (`info` is per repository kind in hf-hub).
+/// The commit a revision points to and the file names (`siblings`) of the
+/// repository (`info` is per repository kind in hf-hub).
 trait CommitOf {
+    #[allow(clippy::type_complexity)]
     fn commit_of(
         &self,
         revision: String,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<String>, HFError>> + Send + '_>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(Option<String>, Vec<String>), HFError>> + Send + '_>>;
 }
 
 macro_rules! commit_of {
@@ -216,8 +218,18 @@ macro_rules! commit_of {
             fn commit_of(
                 &self,
                 revision: String,
-            ) -> Pin<Box<dyn Future<Output = Result<Option<String>, HFError>> + Send + '_>> {
-                Box::pin(async move { Ok(self.info().revision(revision).send().await?.sha) })
+            ) -> Pin<Box<dyn Future<Output = Result<(Option<String>, Vec<String>), HFError>> + Send + '_>>
+            {
+                Box::pin(async move {
+                    let info = self.info().revision(revision).send().await?;
+                    let names = info
+                        .siblings
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|s| s.rfilename)
+                        .collect();
+                    Ok((info.sha, names))
+                })
             }
         }
     };
@@ -318,12 +330,12 @@ where
         });
     }
 
-    let repo = Arc::new(repo);
+    let fetcher = Arc::new(Fetcher::new(&endpoint, &req.repo_type, &req.repo, &commit)?);
     let permits = Arc::new(Semaphore::new(opts.connections.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     todo.sort_by_key(|f| std::cmp::Reverse(f.size));
     for f in todo.clone() {
-        let repo = repo.clone();
+        let fetcher = fetcher.clone();
         let permits = permits.clone();
         let events = events.clone();
         let cache = cache.clone();
@@ -332,10 +344,7 @@ where
         let name = req.repo.clone();
         let endpoint = endpoint.clone();
         tasks.spawn(async move {
-            download_file(
-                &repo, &cache, &commit, &f, &opts, permits, &events, &name, &endpoint,
-            )
-            .await?;
+            download_file(&fetcher, &cache, &f, &opts, permits, &events, &name, &endpoint).await?;
             cache
                 .link(&commit, &f.path, &f.etag)
                 .map_err(io_err(&cache.snapshot_file(&commit, &f.path)))?;
@@ -439,7 +448,7 @@ async fn list<T: RepoType>(
 where
     HFRepository<T>: CommitOf,
 {
-    let sha = repo
+    let (sha, siblings) = repo
         .commit_of(req.revision.clone())
         .await
         .map_err(|e| map_err(e, &req.repo, &req.revision, endpoint))?;
@@ -447,19 +456,15 @@ where
         repo: req.repo.clone(),
         message: "the server did not say which commit the revision is".into(),
     })?;
-    let stream = repo
-        .list_tree()
-        .revision(commit.clone())
-        .recursive(true)
-        .send()
-        .map_err(|e| map_err(e, &req.repo, &req.revision, endpoint))?;
-    let entries: Vec<_> = stream.collect().await;
-    let mut files = Vec::new();
-    for e in entries {
-        match e.map_err(|e| map_err(e, &req.repo, &req.revision, endpoint))? {
-            RepoTreeEntry::File {
+    let tree: Result<Vec<RemoteFile>, HFError> = async {
+        let stream = repo.list_tree().revision(commit.clone()).recursive(true).send()?;
+        let entries: Vec<_> = stream.collect().await;
+        let mut files = Vec::new();
+        for e in entries {
+            if let RepoTreeEntry::File {
                 oid, size, path, lfs, ..
-            } => {
+            } = e?
+            {
                 let sha256 = lfs.and_then(|l| l.sha256);
                 files.push(RemoteFile {
                     etag: sha256.clone().unwrap_or(oid),
@@ -468,9 +473,40 @@ where
                     sha256,
                 });
             }
-            RepoTreeEntry::Directory { .. } => {}
         }
+        Ok(files)
     }
+    .await;
+    let files = match tree {
+        Ok(files) => files,
+        // Access problems are the answer; anything else (a server without
+        // the tree API) falls back to HEAD requests on the sibling list.
+        Err(
+            e @ (HFError::AuthRequired { .. } | HFError::Forbidden { .. } | HFError::RepoNotFound { .. }),
+        ) => return Err(map_err(e, &req.repo, &req.revision, endpoint)),
+        Err(_) if !siblings.is_empty() => {
+            let mut files = Vec::with_capacity(siblings.len());
+            for name in siblings {
+                let meta = repo
+                    .get_file_metadata()
+                    .filepath(name.clone())
+                    .revision(&commit)
+                    .send()
+                    .await
+                    .map_err(|e| map_err(e, &req.repo, &req.revision, endpoint))?;
+                let sha256 = (meta.etag.len() == 64 && meta.etag.chars().all(|c| c.is_ascii_hexdigit()))
+                    .then(|| meta.etag.to_ascii_lowercase());
+                files.push(RemoteFile {
+                    path: name,
+                    size: meta.file_size,
+                    etag: meta.etag,
+                    sha256,
+                });
+            }
+            files
+        }
+        Err(e) => return Err(map_err(e, &req.repo, &req.revision, endpoint)),
+    };
     Ok((commit, files))
 }
 
@@ -556,10 +592,9 @@ struct Parts {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn download_file<T: RepoType + Send + Sync + 'static>(
-    repo: &Arc<HFRepository<T>>,
+async fn download_file(
+    fetcher: &Arc<Fetcher>,
     cache: &RepoCache,
-    commit: &str,
     f: &RemoteFile,
     opts: &SetupOptions,
     permits: Arc<Semaphore>,
@@ -607,14 +642,13 @@ async fn download_file<T: RepoType + Send + Sync + 'static>(
     for i in chunks {
         let start = i * chunk;
         let end = (start + chunk).min(f.size);
-        let repo = repo.clone();
+        let fetcher = fetcher.clone();
         let permits = permits.clone();
         let file = file.clone();
         let events = events.clone();
         let parts = parts.clone();
         let parts_path = parts_path.clone();
         let path = f.path.clone();
-        let commit = commit.to_string();
         let name = repo_name.to_string();
         let endpoint = endpoint.to_string();
         tasks.spawn(async move {
@@ -627,16 +661,34 @@ async fn download_file<T: RepoType + Send + Sync + 'static>(
                 if attempt > 0 {
                     tokio::time::sleep(std::time::Duration::from_millis(500 * attempt)).await;
                 }
-                match fetch_range(&repo, &path, &commit, start, end, ranged, &file, &events).await {
+                match fetcher.fetch(&path, start, end, ranged, &file, &events).await {
                     Ok(()) => {
                         last = None;
+                        break;
+                    }
+                    Err(e @ (FetchError::Denied(_) | FetchError::RangeIgnored)) => {
+                        last = Some(e);
                         break;
                     }
                     Err(e) => last = Some(e),
                 }
             }
-            if let Some(e) = last {
-                return Err(map_err(e, &name, &commit, &endpoint));
+            match last {
+                None => {}
+                Some(FetchError::RangeIgnored) => {
+                    return Err(HubError::Http {
+                        repo: name,
+                        message: RANGE_IGNORED.into(),
+                    })
+                }
+                Some(FetchError::Denied(status)) => {
+                    return Err(HubError::Gated {
+                        repo: name.clone(),
+                        url: format!("{endpoint}/{name}"),
+                        why: format!("the server refused the download ({status})"),
+                    })
+                }
+                Some(FetchError::Other(message)) => return Err(HubError::Http { repo: name, message }),
             }
             // Record the finished range (fsync the data first, so a crash
             // never marks unwritten bytes done).
@@ -653,10 +705,16 @@ async fn download_file<T: RepoType + Send + Sync + 'static>(
             Ok::<(), HubError>(())
         });
     }
+    let mut range_ignored = false;
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(Ok(())) => {}
+            Ok(Err(HubError::Http { message, .. })) if message == RANGE_IGNORED => {
+                range_ignored = true;
+                tasks.abort_all();
+            }
             Ok(Err(e)) => return Err(e),
+            Err(e) if e.is_cancelled() => {}
             Err(e) => {
                 return Err(HubError::Http {
                     repo: repo_name.into(),
@@ -664,6 +722,21 @@ async fn download_file<T: RepoType + Send + Sync + 'static>(
                 })
             }
         }
+    }
+    if range_ignored {
+        // The server does not do byte ranges: fetch the file whole, once.
+        let _permit = permits.acquire_owned().await.map_err(|e| HubError::Http {
+            repo: repo_name.into(),
+            message: e.to_string(),
+        })?;
+        fetcher
+            .fetch(&f.path, 0, f.size, false, &file, events)
+            .await
+            .map_err(|e| HubError::Http {
+                repo: repo_name.into(),
+                message: e.to_string(),
+            })?;
+        file.sync_data().map_err(io_err(&partial))?;
     }
 
     // Verify, then move into place.
@@ -695,60 +768,159 @@ async fn download_file<T: RepoType + Send + Sync + 'static>(
     Ok(())
 }
 
-/// Fetch `[start, end)` of a file (the whole file when `ranged` is false)
-/// and write it at its offset.
-#[allow(clippy::too_many_arguments)]
-async fn fetch_range<T: RepoType>(
-    repo: &HFRepository<T>,
-    path: &str,
-    commit: &str,
-    start: u64,
-    end: u64,
-    ranged: bool,
-    file: &std::fs::File,
-    events: &mpsc::UnboundedSender<SetupEvent>,
-) -> Result<(), HFError> {
-    if start == end {
-        return Ok(()); // an empty file
+const RANGE_IGNORED: &str = "the server ignored a byte range";
+
+#[derive(Debug)]
+enum FetchError {
+    /// 401/403: no access.
+    Denied(u16),
+    /// The server answered a ranged request with the whole file.
+    RangeIgnored,
+    Other(String),
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FetchError::Denied(s) => write!(f, "access refused (HTTP {s})"),
+            FetchError::RangeIgnored => f.write_str(RANGE_IGNORED),
+            FetchError::Other(m) => f.write_str(m),
+        }
     }
-    let req = repo
-        .download_file_stream()
-        .filename(path.to_string())
-        .revision(commit.to_string());
-    let (len, mut stream) = if ranged {
-        req.range(start..end).send().await?
-    } else {
-        req.send().await?
-    };
-    if let Some(len) = len {
-        if len != end - start {
-            return Err(HFError::InvalidParameter(format!(
-                "`{path}`: asked for {} bytes, the server sends {len} (byte ranges not honoured)",
+}
+
+/// Byte downloads: plain GETs of `resolve/<commit>/<path>`, with ranges,
+/// following redirects (to a CDN, say) without forwarding the token.
+struct Fetcher {
+    http: reqwest::Client,
+    base: reqwest::Url,
+    token: Option<crate::token::Secret>,
+}
+
+impl Fetcher {
+    fn new(endpoint: &str, repo_type: &str, repo: &str, commit: &str) -> Result<Fetcher, HubError> {
+        let bad = |e: String| HubError::Http {
+            repo: repo.into(),
+            message: format!("invalid endpoint `{endpoint}`: {e}"),
+        };
+        let mut base = reqwest::Url::parse(endpoint).map_err(|e| bad(e.to_string()))?;
+        {
+            let mut segs = base
+                .path_segments_mut()
+                .map_err(|_| bad("not a base URL".into()))?;
+            segs.pop_if_empty();
+            match repo_type {
+                "dataset" => {
+                    segs.push("datasets");
+                }
+                "space" => {
+                    segs.push("spaces");
+                }
+                _ => {}
+            }
+            for part in repo.split('/') {
+                segs.push(part);
+            }
+            segs.push("resolve");
+            segs.push(commit);
+        }
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("orch/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .read_timeout(std::time::Duration::from_secs(120))
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Fetcher {
+            http,
+            base,
+            token: crate::token::resolve_token(),
+        })
+    }
+
+    fn url(&self, path: &str) -> reqwest::Url {
+        let mut url = self.base.clone();
+        if let Ok(mut segs) = url.path_segments_mut() {
+            for part in path.split('/') {
+                segs.push(part);
+            }
+        }
+        url
+    }
+
+    /// Fetch `[start, end)` of a file (the whole file when `ranged` is false)
+    /// and write it at its offset.
+    async fn fetch(
+        &self,
+        path: &str,
+        start: u64,
+        end: u64,
+        ranged: bool,
+        file: &std::fs::File,
+        events: &mpsc::UnboundedSender<SetupEvent>,
+    ) -> Result<(), FetchError> {
+        if start == end {
+            return Ok(()); // an empty file
+        }
+        let mut req = self
+            .http
+            .get(self.url(path))
+            .header(reqwest::header::ACCEPT_ENCODING, "identity");
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t.expose());
+        }
+        if ranged {
+            req = req.header(reqwest::header::RANGE, format!("bytes={}-{}", start, end - 1));
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| FetchError::Other(format!("`{path}`: {}", without_url(&e))))?;
+        let status = resp.status().as_u16();
+        match status {
+            401 | 403 => return Err(FetchError::Denied(status)),
+            206 if ranged => {}
+            200 if ranged && !(start == 0 && end == resp.content_length().unwrap_or(0)) => {
+                return Err(FetchError::RangeIgnored)
+            }
+            200 => {}
+            s => {
+                return Err(FetchError::Other(format!(
+                    "`{path}`: the server answered HTTP {s}"
+                )))
+            }
+        }
+        let mut stream = resp.bytes_stream();
+        let mut offset = start;
+        while let Some(bytes) = stream.next().await {
+            let bytes = bytes.map_err(|e| FetchError::Other(format!("`{path}`: {}", without_url(&e))))?;
+            if offset + bytes.len() as u64 > end {
+                return Err(FetchError::Other(format!(
+                    "`{path}`: the server sent more bytes than asked"
+                )));
+            }
+            file.write_all_at(&bytes, offset)
+                .map_err(|e| FetchError::Other(format!("cannot write `{path}`: {e}")))?;
+            offset += bytes.len() as u64;
+            let _ = events.send(SetupEvent::Bytes(bytes.len() as u64));
+        }
+        if offset != end {
+            return Err(FetchError::Other(format!(
+                "`{path}`: the transfer ended after {} of {} bytes",
+                offset - start,
                 end - start
             )));
         }
+        Ok(())
     }
-    let mut offset = start;
-    while let Some(bytes) = stream.next().await {
-        let bytes = bytes?;
-        if offset + bytes.len() as u64 > end {
-            return Err(HFError::InvalidParameter(format!(
-                "`{path}`: the server sent more bytes than asked"
-            )));
-        }
-        file.write_all_at(&bytes, offset)
-            .map_err(|e| HFError::InvalidParameter(format!("cannot write `{path}`: {e}")))?;
-        offset += bytes.len() as u64;
-        let _ = events.send(SetupEvent::Bytes(bytes.len() as u64));
+}
+
+/// A reqwest error without its URL (URLs may carry signed query strings).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(url) = e.url() {
+        s = s.replace(url.as_str(), "<url>");
     }
-    if offset != end {
-        return Err(HFError::InvalidParameter(format!(
-            "`{path}`: the transfer ended after {} of {} bytes",
-            offset - start,
-            end - start
-        )));
-    }
-    Ok(())
+    s
 }
 
 fn sha256_file(path: &Path) -> std::io::Result<String> {

@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod download;
 pub mod safetensors;
+pub mod token;
 
 pub use cache::{repo_folder_name, CompleteMarker, RepoCache};
 pub use download::{setup, HubError, ModelRequest, SetupEvent, SetupOptions, SetupReport};
@@ -16,14 +17,16 @@ pub use download::{setup, HubError, ModelRequest, SetupEvent, SetupOptions, Setu
 /// Build the hub client: endpoint from `HF_ENDPOINT`, token from `HF_TOKEN`
 /// or the token file. The token is never printed.
 pub fn client() -> Result<hf_hub::HFClient, HubError> {
-    hf_hub::HFClient::builder()
+    let mut b = hf_hub::HFClient::builder()
         .cache_enabled(false)
-        .retry_max_attempts(3)
-        .build()
-        .map_err(|e| HubError::Http {
-            repo: String::new(),
-            message: format!("cannot set up the hub client: {e}"),
-        })
+        .retry_max_attempts(3);
+    if let Some(t) = token::resolve_token() {
+        b = b.token(t.expose());
+    }
+    b.build().map_err(|e| HubError::Http {
+        repo: String::new(),
+        message: format!("cannot set up the hub client: {e}"),
+    })
 }
 
 /// Default weights folder for the local backend: `ORCH_WEIGHTS_DIR`, else
