@@ -68,6 +68,16 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         command.env(name, value);
     }
     if let Some(dir) = &cmd.workdir {
+        if !Path::new(dir).is_dir() {
+            return CellResult::failed(
+                cell,
+                Status::Failed,
+                "spawn",
+                format!(
+                    "the working directory `{dir}` does not exist here; hint: fix `workdir`, or leave it out"
+                ),
+            );
+        }
         command.current_dir(dir);
     }
     // SAFETY: only async-signal-safe calls (setpgid, prctl) between fork and exec.

@@ -13,6 +13,7 @@
 //! | `kubernetes` | a Job                            | a PVC              | an init container             | planned |
 //! | `modal`      | a sandbox (official client)      | a Modal volume     | copied into the sandbox image | planned |
 
+pub mod docker;
 pub mod fake;
 pub mod local;
 
@@ -36,6 +37,10 @@ pub struct CellLaunch {
     pub secrets: Vec<(String, String)>,
     /// Host folder of the weights volume (a hub cache), if any.
     pub weights_dir: Option<PathBuf>,
+    /// Container image (container backends).
+    pub image: Option<String>,
+    /// GPU devices assigned to this cell (indices), when known.
+    pub devices: Vec<String>,
 }
 
 /// An agent event, tagged with its cell.
@@ -56,7 +61,7 @@ pub enum BackendError {
     },
     /// The backend named is designed but not built yet.
     #[error(
-        "backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default)"
+        "backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default) or `--backend docker`"
     )]
     NotBuilt(String),
     #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes and modal")]
@@ -100,7 +105,7 @@ pub trait Backend: Send + Sync {
 /// Check a backend name: `Ok` for those built, a clear error for the others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
     match name {
-        "local" => Ok(()),
+        "local" | "docker" => Ok(()),
         n if BACKENDS.contains(&n) => Err(BackendError::NotBuilt(n.to_string())),
         n => Err(BackendError::Unknown(n.to_string())),
     }

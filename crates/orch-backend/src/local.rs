@@ -127,6 +127,7 @@ impl Backend for LocalBackend {
             .arg("--out")
             .arg(dir)
             .envs(launch.secrets.iter().map(|(k, v)| (k, v)))
+            .envs((!launch.devices.is_empty()).then(|| ("CUDA_VISIBLE_DEVICES", launch.devices.join(","))))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(agent_log))

@@ -3,7 +3,7 @@
 
 use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
-use crate::suite::{Benchmark, MeasureDef, ModelRef, Suite, WorkloadDef};
+use crate::suite::{Benchmark, ImageDef, MeasureDef, ModelRef, Suite, WorkloadDef};
 use orch_protocol::{
     BuiltinWorkload, CommandWorkload, LogLimits, Measure, TaskSpec, TransformerConfig, Workload,
     PROTOCOL_VERSION,
@@ -44,6 +44,9 @@ pub struct CellPlan {
     pub benchmark: String,
     pub gpu: GpuSpec,
     pub params: BTreeMap<String, Value>,
+    /// Container image (container backends only).
+    #[serde(default)]
+    pub image: Option<ImageDef>,
     /// The agent's task (its `run_id` is filled in when the run starts).
     pub task: TaskSpec,
 }
@@ -146,6 +149,10 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         let combos = matrix_combos(bench)
             .map_err(|(pos, m, h)| invalid(pos.or(bpos), format!("benchmark `{bname}`: {m}"), h))?;
         let memory_limit = bench.memory_limit.or(suite.memory_limit).map(|b| b.0);
+        let image = bench.image.clone().or_else(|| suite.image.clone());
+        if let Some(ImageDef::Build(b)) = &image {
+            check_name(&b.build).map_err(|m| invalid(bpos, format!("`image.build`: {m}"), NAME_HINT))?;
+        }
         let mut env = suite.env.clone();
         env.extend(bench.env.clone());
 
@@ -175,6 +182,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                     benchmark: bname.clone(),
                     gpu: *gpu,
                     params: params.clone(),
+                    image: image.clone(),
                     task: TaskSpec {
                         version: PROTOCOL_VERSION,
                         run_id: String::new(),
@@ -281,13 +289,16 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         };
         return Err((msg, HINT));
     }
+    // No `workdir`: the agent's own (where orch runs, or the image's WORKDIR).
     let workdir = || {
-        let dir = match &w.workdir {
-            Some(d) if Path::new(d).is_absolute() => PathBuf::from(d),
-            Some(d) => base_dir.join(d),
-            None => base_dir.to_path_buf(),
-        };
-        Some(dir.to_string_lossy().into_owned())
+        w.workdir.as_ref().map(|d| {
+            let dir = if Path::new(d).is_absolute() {
+                PathBuf::from(d)
+            } else {
+                base_dir.join(d)
+            };
+            dir.to_string_lossy().into_owned()
+        })
     };
     if w.workdir.is_some() && w.command.is_none() && w.shell.is_none() {
         return Err(("`workdir` only applies to `command` and `shell`".into(), HINT));

@@ -39,7 +39,30 @@ pub struct Suite {
     /// Cells run at once (default 1, so cells never share a GPU).
     #[serde(default)]
     pub concurrency: Option<usize>,
+    /// Container image of every cell on container backends.
+    #[serde(default)]
+    pub image: Option<ImageDef>,
     pub benchmarks: Vec<Benchmark>,
+}
+
+/// `image: vllm/vllm-openai:v0.6.3` (any image), or `image: {build: NAME}`
+/// (built by `orch build` from `containers/NAME/`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ImageDef {
+    Ref(String),
+    Build(BuildDef),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildDef {
+    /// Folder name under `containers/`.
+    pub build: String,
+    #[serde(default)]
+    pub dockerfile: Option<String>,
+    #[serde(default)]
+    pub args: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,6 +128,9 @@ pub struct Benchmark {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub memory_limit: Option<Bytes>,
+    /// Overrides the suite's image for this benchmark.
+    #[serde(default)]
+    pub image: Option<ImageDef>,
 }
 
 /// Exactly one of `command`, `shell`, `transformer`, `noop`.

@@ -48,6 +48,11 @@ pub struct RunnerOptions {
     pub secrets: Vec<(String, String)>,
     /// The weights volume (hub cache) on the backend's side.
     pub weights_dir: Option<std::path::PathBuf>,
+    /// Resolved image per cell id (container backends).
+    pub images: BTreeMap<String, String>,
+    /// GPU devices of this host (`0`, `1`, ...), when known: each GPU cell
+    /// gets its own, so no two running cells share a GPU.
+    pub gpu_devices: Option<Vec<String>>,
 }
 
 /// How an invocation ended.
@@ -90,6 +95,7 @@ pub async fn execute(
         .collect();
 
     let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let pool = Arc::new(GpuPool::new(opts.gpu_devices.clone()));
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<CellEvent>();
     let forward = {
         let progress = progress.clone();
@@ -119,10 +125,14 @@ pub async fn execute(
         let progress = progress.clone();
         let secrets = opts.secrets.clone();
         let weights_dir = opts.weights_dir.clone();
+        let image = opts.images.get(&cell.id).cloned();
+        let pool = pool.clone();
         let cell = cell.clone();
         let handle = run_shared.clone();
         tasks.spawn(async move {
             let _permit = permit;
+            // Held until the cell's record is written.
+            let devices = pool.acquire(cell.gpu.count as usize).await;
             let (dir, attempt) = handle.prepare_cell(&cell.id)?;
             let _ = progress.send(Progress::CellStarted {
                 cell_id: cell.id.clone(),
@@ -134,6 +144,8 @@ pub async fn execute(
                 cell_dir: dir,
                 secrets,
                 weights_dir,
+                image,
+                devices: devices.ids.clone(),
             };
             let result = match backend.run_cell(launch, ev_tx, cancel).await {
                 Ok(r) => r,
@@ -177,4 +189,67 @@ pub async fn execute(
         not_started,
         cancelled,
     })
+}
+
+/// GPUs handed out to running cells, so that no two share one.
+struct GpuPool {
+    free: tokio::sync::Mutex<Vec<String>>,
+    changed: tokio::sync::Notify,
+    known: bool,
+    total: usize,
+}
+
+/// GPUs held by one cell; returned to the pool on drop.
+struct Lease {
+    ids: Vec<String>,
+    pool: Option<Arc<GpuPool>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let ids = std::mem::take(&mut self.ids);
+            // Drop cannot await: return the GPUs from a task.
+            tokio::spawn(async move {
+                pool.free.lock().await.extend(ids);
+                pool.changed.notify_waiters();
+            });
+        }
+    }
+}
+
+impl GpuPool {
+    fn new(devices: Option<Vec<String>>) -> GpuPool {
+        GpuPool {
+            known: devices.is_some(),
+            total: devices.as_ref().map(Vec::len).unwrap_or(0),
+            free: tokio::sync::Mutex::new(devices.unwrap_or_default()),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Wait until `n` GPUs are free and take them. With no known devices (or
+    /// more asked than exist) nothing is assigned and the backend decides.
+    async fn acquire(self: &Arc<Self>, n: usize) -> Lease {
+        if n == 0 || !self.known || n > self.total {
+            return Lease {
+                ids: vec![],
+                pool: None,
+            };
+        }
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut free = self.free.lock().await;
+                if free.len() >= n {
+                    let ids: Vec<String> = free.drain(..n).collect();
+                    return Lease {
+                        ids,
+                        pool: Some(self.clone()),
+                    };
+                }
+            }
+            notified.await;
+        }
+    }
 }

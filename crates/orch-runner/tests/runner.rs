@@ -22,6 +22,8 @@ fn opts(concurrency: usize) -> RunnerOptions {
         concurrency,
         secrets: vec![],
         weights_dir: None,
+        images: Default::default(),
+        gpu_devices: None,
     }
 }
 

@@ -23,6 +23,10 @@ pub enum Command {
     Run(RunArgs),
     /// Download the suite's model weights once into the weights volume (hub cache layout)
     Setup(SetupArgs),
+    /// Build the suite's images from `containers/<name>/`, skipping what has not changed
+    Build(BuildArgs),
+    /// Remove whatever a run left behind (containers)
+    Down(DownArgs),
     /// Expand the matrix and check what a run needs (weights, GPU memory fit); spends nothing
     Plan(PlanArgs),
     /// List the runs in the store
@@ -70,6 +74,25 @@ pub struct RunArgs {
     /// Run even when the suite's model weights are not set up
     #[arg(long)]
     pub no_preflight: bool,
+    /// Keep containers after their result is stored (docker backend)
+    #[arg(long)]
+    pub keep: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Suite manifest whose images to build
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Push the built images to this registry (credentials from the Docker config)
+    #[arg(long, value_name = "REGISTRY")]
+    pub push: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// Run id, id prefix, or `latest`
+    pub run: String,
 }
 
 #[derive(Debug, Args)]

@@ -1,3 +1,5 @@
+mod build;
+mod down;
 mod logs;
 mod ls;
 mod plan;
@@ -14,6 +16,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::run(&store, args).await,
         Command::Setup(args) => setup::setup(args).await,
         Command::Plan(args) => plan::plan(args),
+        Command::Build(args) => build::build(args).await,
+        Command::Down(args) => down::down(&store, args).await,
         Command::Ls(args) => ls::ls(&store, args),
         Command::Show(args) => show::show(&store, args),
         Command::Logs(args) => logs::logs(&store, args),

@@ -32,10 +32,16 @@ fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bo
 
 pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32> {
     orch_backend::check_name(&args.backend)?;
-    let weights_dir = args
-        .weights_dir
-        .clone()
-        .unwrap_or_else(orch_hub::default_weights_dir);
+    let weights_dir = match args.backend.as_str() {
+        "docker" => orch_backend::docker::weights_volume_dir(false)
+            .await?
+            .unwrap_or_else(|| std::path::PathBuf::from("/nonexistent-orch-weights-volume")),
+        _ => args
+            .weights_dir
+            .clone()
+            .unwrap_or_else(orch_hub::default_weights_dir),
+    };
+    let prepared;
     let mut run = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
@@ -45,6 +51,7 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
             }
             let mut run = store.open_run(id)?;
             preflight(&run.plan, &weights_dir, args.no_preflight)?;
+            prepared = make_backend(&args, &run.plan).await?;
             if run.meta.backend != args.backend {
                 return Err(user(format!(
                     "run `{}` was made on backend `{}`, not `{}`\nhint: resume it with `--backend {}`",
@@ -68,6 +75,8 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
             };
             let plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
             preflight(&plan, &weights_dir, args.no_preflight)?;
+            // Everything a run needs is checked before its folder exists.
+            prepared = make_backend(&args, &plan).await?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
@@ -97,7 +106,8 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
         }
     }
 
-    let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(AgentCommand::from_env_or_self(&["agent"])?));
+    let (backend, images) = prepared;
+    let gpu_devices = gpu_devices();
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
@@ -117,17 +127,23 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
     });
     let outcome = execute(
         &mut run,
-        backend,
+        backend.clone(),
         RunnerOptions {
             concurrency,
             secrets,
             weights_dir: Some(weights_dir),
+            images,
+            gpu_devices,
         },
         tx,
         cancel_rx,
     )
     .await;
     let _ = report_task.await;
+    // Whatever happened, leave nothing running or lying around.
+    if let Err(e) = backend.cleanup(run.id()).await {
+        eprintln!("warning: cleanup of run {} failed: {e}", run.id());
+    }
     let outcome = outcome?;
 
     let record = run.record()?;
@@ -177,4 +193,53 @@ async fn watch_signals(cancel: watch::Sender<bool>) {
             std::process::exit(130);
         }
     }
+}
+
+type Images = std::collections::BTreeMap<String, String>;
+
+/// The backend for this run and, for containers, each cell's image (a built
+/// image that is missing refuses the run).
+async fn make_backend(
+    args: &RunArgs,
+    plan: &orch_manifest::Plan,
+) -> anyhow::Result<(Arc<dyn Backend>, Images)> {
+    Ok(match args.backend.as_str() {
+        "docker" => {
+            let agent = orch_backend::docker::find_static_agent()?;
+            let docker = orch_backend::docker::DockerBackend::connect(agent, args.keep)?;
+            let images = crate::commands::build::resolve_images(plan, docker.client()).await?;
+            (Arc::new(docker), images)
+        }
+        _ => (
+            Arc::new(LocalBackend::new(AgentCommand::from_env_or_self(&["agent"])?)),
+            Images::new(),
+        ),
+    })
+}
+
+/// GPUs of this host: `ORCH_GPUS=0,1,...`, else what `nvidia-smi` lists,
+/// else unknown (no assignment; the default concurrency of 1 keeps cells apart).
+fn gpu_devices() -> Option<Vec<String>> {
+    if let Ok(list) = std::env::var("ORCH_GPUS") {
+        let ids: Vec<String> = list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        return Some(ids);
+    }
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=index", "--format=csv,noheader"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    (!ids.is_empty()).then_some(ids)
 }

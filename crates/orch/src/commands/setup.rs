@@ -22,9 +22,7 @@ pub fn requests_of(plan: &orch_manifest::Plan) -> Vec<ModelRequest> {
 }
 
 pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
-    if args.backend != "local" {
-        orch_backend::check_name(&args.backend)?;
-    }
+    orch_backend::check_name(&args.backend)?;
     let mut requests = Vec::new();
     if let Some(file) = &args.file {
         let plan = orch_manifest::load(file, &ExpandOptions::default())?;
@@ -38,10 +36,16 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
             "no model to set up\nhint: `orch setup --model org/name[@revision]`, or `-f SUITE` with a `models:` list",
         ));
     }
-    let weights_dir = args
-        .weights_dir
-        .clone()
-        .unwrap_or_else(orch_hub::default_weights_dir);
+    let weights_dir = match args.backend.as_str() {
+        // The named volume every docker cell mounts read-only at /weights.
+        "docker" => orch_backend::docker::weights_volume_dir(true)
+            .await?
+            .unwrap_or_default(),
+        _ => args
+            .weights_dir
+            .clone()
+            .unwrap_or_else(orch_hub::default_weights_dir),
+    };
     let mut opts = SetupOptions::new(weights_dir.clone());
     opts.connections = args.connections.max(1);
     let client = orch_hub::client()?;
