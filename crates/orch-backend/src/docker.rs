@@ -438,11 +438,15 @@ impl Backend for DockerBackend {
                             "cancelled",
                             "the container was stopped".to_string(),
                         ),
-                        None if oom_killed => (
-                            Status::Oom,
-                            "oom",
-                            "the container was killed for using more memory than its limit".to_string(),
-                        ),
+                        None if oom_killed
+                            || (exit_code == Some(137) && launch.task.memory_limit_bytes.is_some()) =>
+                        {
+                            (
+                                Status::Oom,
+                                "oom",
+                                "the container was killed for using more memory than its limit".to_string(),
+                            )
+                        }
                         None => (
                             Status::Failed,
                             "container_killed",
