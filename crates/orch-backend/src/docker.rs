@@ -28,7 +28,7 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::StreamExt;
-use orch_protocol::{CellResult, Event, Failure, Status};
+use orch_protocol::{CellResult, Failure, Status};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -86,7 +86,7 @@ pub fn find_static_agent() -> Result<PathBuf, BackendError> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            hint: "build it with `bash scripts/build-agent-static.sh`, or set `ORCH_AGENT_STATIC`".into(),
+            hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
         })
 }
 
@@ -187,7 +187,7 @@ impl Backend for DockerBackend {
             return Err(BackendError::Unavailable {
                 backend: "docker",
                 message: format!("the static agent `{}` does not exist", self.agent.display()),
-                hint: "build it with `bash scripts/build-agent-static.sh`, or set `ORCH_AGENT_STATIC`".into(),
+                hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
             });
         }
         Ok(())
@@ -364,12 +364,8 @@ impl Backend for DockerBackend {
                         pending.push_str(&String::from_utf8_lossy(&message));
                         while let Some(nl) = pending.find('\n') {
                             let line: String = pending.drain(..=nl).collect();
-                            match serde_json::from_str::<Event>(line.trim()) {
-                                Ok(Event::Result { result: r }) => result = Some(r),
-                                Ok(event) => {
-                                    let _ = events.send(CellEvent { cell_id: cell_id.clone(), event });
-                                }
-                                Err(_) => {}
+                            if let Some(r) = crate::handle_event_line(&line, &cell_id, &events) {
+                                result = Some(r);
                             }
                         }
                     }

@@ -102,6 +102,27 @@ pub trait Backend: Send + Sync {
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError>;
 }
 
+/// One line of an agent's event stream (its stdout): the final result is
+/// returned, other events are relayed, anything else is ignored (it stays in
+/// `events.jsonl`).
+pub fn handle_event_line(
+    line: &str,
+    cell_id: &str,
+    events: &mpsc::UnboundedSender<CellEvent>,
+) -> Option<CellResult> {
+    match serde_json::from_str::<Event>(line.trim()) {
+        Ok(Event::Result { result }) => Some(result),
+        Ok(event) => {
+            let _ = events.send(CellEvent {
+                cell_id: cell_id.to_string(),
+                event,
+            });
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 /// Check a backend name: `Ok` for those built, a clear error for the others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
     match name {

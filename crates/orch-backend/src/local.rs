@@ -8,7 +8,7 @@
 
 use crate::{Backend, BackendError, CellEvent, CellLaunch};
 use async_trait::async_trait;
-use orch_protocol::{CellResult, Event, Failure, Status};
+use orch_protocol::{CellResult, Failure, Status};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -171,12 +171,8 @@ impl Backend for LocalBackend {
                     Ok(Some(line)) => {
                         let _ = events_file.write_all(line.as_bytes()).await;
                         let _ = events_file.write_all(b"\n").await;
-                        match serde_json::from_str::<Event>(&line) {
-                            Ok(Event::Result { result: r }) => result = Some(r),
-                            Ok(event) => {
-                                let _ = events.send(CellEvent { cell_id: cell_id.clone(), event });
-                            }
-                            Err(_) => {} // not an event: kept in events.jsonl only
+                        if let Some(r) = crate::handle_event_line(&line, &cell_id, &events) {
+                            result = Some(r);
                         }
                     }
                     Ok(None) | Err(_) => stdout_open = false,
