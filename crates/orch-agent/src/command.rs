@@ -35,11 +35,24 @@ enum Note {
 }
 
 pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    run_with_logs(cmd, task, out_dir, ctx, "", &[])
+}
+
+/// Run a command whose logs are `<prefix>stdout.log`/`<prefix>stderr.log`
+/// (and metrics file `<prefix>metrics.json`), with extra environment.
+pub fn run_with_logs(
+    cmd: &CommandWorkload,
+    task: &TaskSpec,
+    out_dir: &Path,
+    ctx: &mut Ctx,
+    prefix: &str,
+    extra_env: &[(String, String)],
+) -> CellResult {
     let cell = task.cell_id.as_str();
     let Some(program) = cmd.argv.first() else {
         return CellResult::failed(cell, Status::Failed, "invalid_config", "`argv` is empty");
     };
-    let metrics_path = out_dir.join("metrics.json");
+    let metrics_path = out_dir.join(format!("{prefix}metrics.json"));
     let _ = std::fs::remove_file(&metrics_path);
 
     let mut command = Command::new(program);
@@ -51,6 +64,7 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         command.env("HF_HUB_CACHE", dir);
     }
     command
+        .envs(extra_env.iter().map(|(k, v)| (k, v)))
         .envs(&task.env)
         .env(METRICS_FILE_ENV, &metrics_path)
         .env("ORCH_CELL_ID", &task.cell_id)
@@ -93,8 +107,8 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     }
 
     let (out_cap, err_cap) = match (
-        Capture::create(&out_dir.join("stdout.log"), task.logs),
-        Capture::create(&out_dir.join("stderr.log"), task.logs),
+        Capture::create(&out_dir.join(format!("{prefix}stdout.log")), task.logs),
+        Capture::create(&out_dir.join(format!("{prefix}stderr.log")), task.logs),
     ) {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => {
@@ -260,7 +274,7 @@ pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     } else if exit.success() {
         // bad_metrics (if any) stands
     } else {
-        let tail = last_line(&out_dir.join("stderr.log"));
+        let tail = last_line(&out_dir.join(format!("{prefix}stderr.log")));
         let (kind, mut message) = match (exit_code, signal) {
             (Some(code), _) => ("exit_code", format!("command exited with code {code}")),
             (None, Some(sig)) => (
@@ -301,12 +315,12 @@ fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, s
     }
 }
 
-fn secs(s: f64) -> Duration {
+pub(crate) fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
 
 /// SIGTERM the group, wait up to `grace_s`, then SIGKILL.
-fn terminate(child: &mut Child, pgid: i32, grace_s: f64) -> ExitStatus {
+pub(crate) fn terminate(child: &mut Child, pgid: i32, grace_s: f64) -> ExitStatus {
     kill_group(pgid, libc::SIGTERM);
     let until = Instant::now() + secs(grace_s);
     while Instant::now() < until {
@@ -324,7 +338,7 @@ fn terminate(child: &mut Child, pgid: i32, grace_s: f64) -> ExitStatus {
     }
 }
 
-fn kill_group(pgid: i32, sig: i32) {
+pub(crate) fn kill_group(pgid: i32, sig: i32) {
     // SAFETY: plain syscall; ESRCH (group gone) is fine.
     unsafe {
         libc::kill(-pgid, sig);
@@ -457,7 +471,7 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>)
     }
 }
 
-fn env_name(k: &str) -> String {
+pub(crate) fn env_name(k: &str) -> String {
     k.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
@@ -474,7 +488,7 @@ fn finish_quietly(cap: Capture) -> StreamInfo {
 }
 
 /// Last non-empty line of a log (at most 300 characters), for failure messages.
-fn last_line(path: &Path) -> Option<String> {
+pub(crate) fn last_line(path: &Path) -> Option<String> {
     let mut f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
     let start = len.saturating_sub(4096);

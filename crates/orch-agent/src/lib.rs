@@ -10,6 +10,7 @@ pub mod capture;
 pub mod command;
 pub mod ctx;
 pub mod run;
+pub mod server;
 pub mod stats;
 pub mod sysmem;
 pub mod transformer;

@@ -1,7 +1,7 @@
 //! The agent's driver: read the task, run the workload, report.
 
 use crate::ctx::Ctx;
-use crate::{command, transformer, AGENT_VERSION};
+use crate::{command, server, transformer, AGENT_VERSION};
 use orch_protocol::{
     BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, PROTOCOL_VERSION,
 };
@@ -50,6 +50,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     ctx.enter(Phase::Start);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &task.workload {
         Workload::Command(c) => command::run(c, task, out_dir, ctx),
+        Workload::Server(s) => server::run(s, task, out_dir, ctx),
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => transformer::run(cfg, task, ctx),
         Workload::Builtin(BuiltinWorkload::Noop) => {
             ctx.enter(Phase::Measure);

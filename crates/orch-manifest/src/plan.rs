@@ -5,8 +5,8 @@ use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
 use crate::suite::{Benchmark, ImageDef, MeasureDef, ModelRef, Suite, WorkloadDef};
 use orch_protocol::{
-    BuiltinWorkload, CommandWorkload, LogLimits, Measure, TaskSpec, TransformerConfig, Workload,
-    PROTOCOL_VERSION,
+    BuiltinWorkload, CommandWorkload, LogLimits, Measure, Readiness, ServerWorkload, TaskSpec,
+    TransformerConfig, Workload, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,6 +18,7 @@ pub const DEFAULT_WARMUP: u32 = 3;
 pub const DEFAULT_REPETITIONS: u32 = 10;
 pub const DEFAULT_TIMEOUT_S: f64 = 30.0 * 60.0;
 pub const DEFAULT_KILL_GRACE_S: f64 = 10.0;
+pub const DEFAULT_STARTUP_TIMEOUT_S: f64 = 10.0 * 60.0;
 
 /// The resolved, expanded suite: what a run executes. Stored with each run
 /// (`plan.json`), so `orch run --resume` needs no manifest.
@@ -268,12 +269,13 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         ("shell", w.shell.is_some()),
         ("transformer", w.transformer.is_some()),
         ("noop", w.noop.unwrap_or(false)),
+        ("server", w.server.is_some()),
     ]
     .iter()
     .filter(|(_, on)| *on)
     .map(|(n, _)| *n)
     .collect();
-    const HINT: &str = "a workload is exactly one of `command: [prog, args...]`, `shell: \"script\"`, `transformer: {...}` or `noop: true`";
+    const HINT: &str = "a workload is exactly one of `command: [prog, args...]`, `shell: \"script\"`, `transformer: {...}`, `server: {...}` or `noop: true`";
     if given.len() != 1 {
         let msg = if given.is_empty() {
             "no workload given".to_string()
@@ -300,6 +302,9 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
             dir.to_string_lossy().into_owned()
         })
     };
+    if w.client.is_some() && w.server.is_none() {
+        return Err(("`client` only goes with `server`".into(), HINT));
+    }
     if w.workdir.is_some() && w.command.is_none() && w.shell.is_none() {
         return Err(("`workdir` only applies to `command` and `shell`".into(), HINT));
     }
@@ -324,8 +329,71 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         "transformer" => Workload::Builtin(BuiltinWorkload::Transformer(
             w.transformer.clone().unwrap_or_default(),
         )),
+        "server" => server_workload(w, base_dir)?,
         _ => Workload::Builtin(BuiltinWorkload::Noop),
     })
+}
+
+fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
+    let srv = w.server.clone().unwrap_or_default();
+    let dir = |d: &Option<String>| {
+        d.as_ref().map(|d| {
+            let p = if Path::new(d).is_absolute() {
+                PathBuf::from(d)
+            } else {
+                base_dir.join(d)
+            };
+            p.to_string_lossy().into_owned()
+        })
+    };
+    let argv = argv_of(&srv.command, &srv.shell).ok_or((
+        "`server` needs exactly one of `command` or `shell`".to_string(),
+        "e.g. `server: {command: [python, -m, vllm.entrypoints.openai.api_server], ready: {http: /health, port: 8000}}`",
+    ))?;
+    let r = &srv.ready;
+    let ready = match (&r.http, r.port, r.tcp, &r.log) {
+        (Some(path), Some(port), None, None) => Readiness::Http {
+            port,
+            path: if path.starts_with('/') { path.clone() } else { format!("/{path}") },
+        },
+        (None, None, Some(port), None) => Readiness::Tcp { port },
+        (None, None, None, Some(regex)) => Readiness::Log { regex: regex.clone() },
+        _ => {
+            return Err((
+                "`server.ready` needs exactly one of `http` (with `port`), `tcp` or `log`".into(),
+                "e.g. `ready: {http: /health, port: 8000}`, `ready: {tcp: 8000}` or `ready: {log: \"Uvicorn running\"}`",
+            ))
+        }
+    };
+    let client = match &w.client {
+        Some(c) => Some(CommandWorkload {
+            argv: argv_of(&c.command, &c.shell).ok_or((
+                "`client` needs exactly one of `command` or `shell`".to_string(),
+                "e.g. `client: {shell: \"python bench.py --url $ORCH_SERVER_URL\"}`",
+            ))?,
+            workdir: dir(&c.workdir),
+        }),
+        None => None,
+    };
+    Ok(Workload::Server(ServerWorkload {
+        argv,
+        workdir: dir(&srv.workdir),
+        ready,
+        startup_timeout_s: srv
+            .startup_timeout
+            .map(|s| s.0)
+            .unwrap_or(DEFAULT_STARTUP_TIMEOUT_S),
+        client,
+    }))
+}
+
+/// `command: [...]` or `shell: "..."` (exactly one) as an argv.
+fn argv_of(command: &Option<Vec<String>>, shell: &Option<String>) -> Option<Vec<String>> {
+    match (command, shell) {
+        (Some(c), None) if !c.is_empty() && !c[0].is_empty() => Some(c.clone()),
+        (None, Some(s)) => Some(vec!["sh".into(), "-c".into(), s.clone()]),
+        _ => None,
+    }
 }
 
 type LocMsg = (Option<Pos>, String, &'static str);
@@ -507,6 +575,27 @@ fn instantiate(
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => {
             Workload::Builtin(BuiltinWorkload::Transformer(override_transformer(cfg, params)?))
         }
+        Workload::Server(s) => Workload::Server(ServerWorkload {
+            argv: s
+                .argv
+                .iter()
+                .map(|a| substitute(a, vars))
+                .collect::<Result<_, _>>()?,
+            workdir: s.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
+            ready: s.ready.clone(),
+            startup_timeout_s: s.startup_timeout_s,
+            client: match &s.client {
+                Some(c) => Some(CommandWorkload {
+                    argv: c
+                        .argv
+                        .iter()
+                        .map(|a| substitute(a, vars))
+                        .collect::<Result<_, _>>()?,
+                    workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
+                }),
+                None => None,
+            },
+        }),
         other => other.clone(),
     })
 }

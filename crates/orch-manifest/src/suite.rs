@@ -152,4 +152,53 @@ pub struct WorkloadDef {
     /// A workload that does nothing (per-cell overhead).
     #[serde(default)]
     pub noop: Option<bool>,
+    /// A server, watched until ready (fails fast when it dies), then `client`.
+    #[serde(default)]
+    pub server: Option<ServerDef>,
+    /// What runs against the ready server (with `ORCH_SERVER_URL`).
+    #[serde(default)]
+    pub client: Option<ClientDef>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerDef {
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    pub ready: ReadyDef,
+    /// How long the server may take to become ready (default 10m).
+    #[serde(default)]
+    pub startup_timeout: Option<Seconds>,
+}
+
+/// Exactly one of `http` (with `port`), `tcp`, `log`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadyDef {
+    /// Path answering 2xx when ready (`/health`).
+    #[serde(default)]
+    pub http: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Port accepting TCP connections when ready.
+    #[serde(default)]
+    pub tcp: Option<u16>,
+    /// Regex matching a log line printed when ready.
+    #[serde(default)]
+    pub log: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientDef {
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
 }

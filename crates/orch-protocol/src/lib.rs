@@ -63,6 +63,36 @@ pub enum Workload {
     Command(CommandWorkload),
     /// A workload compiled into the agent.
     Builtin(BuiltinWorkload),
+    /// A long-running server, watched from start to readiness, then a client
+    /// against it, then teardown.
+    Server(ServerWorkload),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerWorkload {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    pub ready: Readiness,
+    /// Seconds the server may take to become ready.
+    pub startup_timeout_s: f64,
+    /// Run once the server is ready (gets `ORCH_SERVER_URL`); its metrics
+    /// are the cell's. Without one, the cell measures startup only.
+    #[serde(default)]
+    pub client: Option<CommandWorkload>,
+}
+
+/// When a server counts as ready.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Readiness {
+    /// `GET http://127.0.0.1:<port><path>` answers 2xx.
+    Http { port: u16, path: String },
+    /// A TCP connection to the port succeeds.
+    Tcp { port: u16 },
+    /// A line of the server's stdout or stderr matches this regex.
+    Log { regex: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

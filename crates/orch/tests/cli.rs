@@ -367,3 +367,70 @@ fn unsafe_sigint(pid: u32) {
         .unwrap();
     assert!(status.success());
 }
+
+#[test]
+fn server_is_watched_fails_fast_and_is_torn_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = 18000 + (std::process::id() % 1000) as u16;
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: srv
+benchmarks:
+  - name: ok
+    workload:
+      server:
+        command: [python3, -m, http.server, "{port}", --bind, 127.0.0.1]
+        ready: {{http: /, port: {port}}}
+        startup_timeout: 30s
+      client:
+        shell: 'test -n "$ORCH_SERVER_URL" && echo ORCH_METRIC requests=1'
+  - name: crash
+    workload:
+      server:
+        shell: 'echo loading; sleep 1; echo "RuntimeError: CUDA error: out of memory" >&2; exit 1'
+        ready: {{tcp: {}}}
+        startup_timeout: 10m
+"#,
+            port + 1
+        ),
+    );
+    let started = Instant::now();
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        tmp.path().join("s").to_str().unwrap(),
+        "--json",
+    ]);
+    // The crashing server is noticed at once, not after its 10 minute startup timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    let ok = cell(&rec, "ok.cpu");
+    assert_eq!(ok["status"], "succeeded", "{ok}");
+    assert_eq!(ok["metrics"]["requests"], 1.0);
+    let crash = cell(&rec, "crash.cpu");
+    assert_eq!(crash["status"], "failed");
+    assert_eq!(crash["failure"]["kind"], "server_exited");
+    assert_eq!(crash["failure"]["exit_code"], 1);
+    // Failed within 1 s of the server's exit (it exits after 1 s).
+    let startup = crash["metrics"]["server_startup_s"].as_f64().unwrap();
+    assert!((1.0..2.0).contains(&startup), "noticed after {startup}s");
+    // Teardown freed the port.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "port {port} still held"
+    );
+}

@@ -1,0 +1,330 @@
+//! The `server` workload: start a server, watch it until it is ready, run a
+//! client against it, tear it down.
+//!
+//! While waiting for readiness the server process is checked every 50 ms: a
+//! server that exits is a failed cell at once (with its exit code or signal
+//! and its logs), never a wait until the startup timeout. Teardown kills the
+//! server's whole process group and waits until its port is free, so the next
+//! cell (or variant) starts on a clean machine.
+
+use crate::capture::Capture;
+use crate::command::{self, env_name, kill_group, last_line, terminate};
+use crate::ctx::Ctx;
+use orch_protocol::{CellResult, Failure, Phase, Readiness, ServerWorkload, Status, TaskSpec};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const POLL: Duration = Duration::from_millis(50);
+
+pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    let cell = task.cell_id.as_str();
+    let Some(program) = srv.argv.first() else {
+        return CellResult::failed(
+            cell,
+            Status::Failed,
+            "invalid_config",
+            "the server command is empty",
+        );
+    };
+    let log_ready = match &srv.ready {
+        Readiness::Log { regex } => match regex::Regex::new(regex) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                return CellResult::failed(
+                    cell,
+                    Status::Failed,
+                    "invalid_config",
+                    format!("`ready.log` is not a valid regex: {e}"),
+                )
+            }
+        },
+        _ => None,
+    };
+    let port = match &srv.ready {
+        Readiness::Http { port, .. } | Readiness::Tcp { port } => Some(*port),
+        Readiness::Log { .. } => None,
+    };
+    if let Some(p) = port {
+        if connect(p).is_some() {
+            return CellResult::failed(
+                cell,
+                Status::Failed,
+                "port_in_use",
+                format!("port {p} is already in use before the server starts; hint: stop what holds it, or use another port"),
+            );
+        }
+    }
+
+    let mut cmd = Command::new(program);
+    cmd.args(&srv.argv[1..])
+        .env("HF_HUB_OFFLINE", "1")
+        .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
+        .envs(&task.env)
+        .env("ORCH_CELL_ID", &task.cell_id)
+        .env("ORCH_RUN_ID", &task.run_id)
+        .env("ORCH_GPU", &task.gpu)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &task.params {
+        let value = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        cmd.env(format!("ORCH_PARAM_{}", env_name(k)), value);
+    }
+    if let Some(dir) = &srv.workdir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let (out_cap, err_cap) = match (
+        Capture::create(&out_dir.join("stdout.log"), task.logs),
+        Capture::create(&out_dir.join("stderr.log"), task.logs),
+    ) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => {
+            return CellResult::failed(
+                cell,
+                Status::Failed,
+                "agent_io",
+                format!("cannot create log files: {e}"),
+            )
+        }
+    };
+    let started = Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return CellResult::failed(
+                cell,
+                Status::Failed,
+                "spawn",
+                format!("cannot start `{program}`: {e}"),
+            )
+        }
+    };
+    let pgid = child.id() as i32;
+    let ready_flag = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = [
+        child
+            .stdout
+            .take()
+            .map(|s| (Box::new(s) as Box<dyn Read + Send>, out_cap)),
+        child
+            .stderr
+            .take()
+            .map(|s| (Box::new(s) as Box<dyn Read + Send>, err_cap)),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(src, cap)| {
+        let re = log_ready.clone();
+        let flag = ready_flag.clone();
+        thread::spawn(move || pump_lines(src, cap, re, flag))
+    })
+    .collect();
+    ctx.message(format!("server started (pid {pgid}); waiting for readiness"));
+
+    // Startup: ready, exited, timed out, or stopped.
+    let deadline = started + command::secs(srv.startup_timeout_s);
+    let outcome = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err((
+                Status::Failed,
+                "server_exited",
+                describe_exit(status, started),
+                Some(status),
+            ));
+        }
+        if ctx.stop_requested() {
+            break Err((
+                Status::Cancelled,
+                "cancelled",
+                "stopped on request while the server started".into(),
+                None,
+            ));
+        }
+        let ready = match &srv.ready {
+            Readiness::Http { port, path } => http_ok(*port, path),
+            Readiness::Tcp { port } => connect(*port).is_some(),
+            Readiness::Log { .. } => ready_flag.load(Ordering::Relaxed),
+        };
+        if ready {
+            break Ok(());
+        }
+        if Instant::now() >= deadline {
+            break Err((
+                Status::Timeout,
+                "startup_timeout",
+                format!("orch: server not ready after {:.0}s", srv.startup_timeout_s),
+                None,
+            ));
+        }
+        thread::sleep(POLL);
+    };
+    let startup_s = started.elapsed().as_secs_f64();
+
+    let mut result = match outcome {
+        Err((status, kind, message, exit)) => {
+            let mut r = CellResult::failed(cell, status, kind, message);
+            if let (Some(f), Some(e)) = (r.failure.as_mut(), exit) {
+                f.exit_code = e.code();
+                f.signal = e.signal();
+            }
+            r
+        }
+        Ok(()) => {
+            ctx.message(format!("server ready after {startup_s:.2}s"));
+            let mut r = match &srv.client {
+                Some(client) => {
+                    let url = match port {
+                        Some(p) => format!("http://127.0.0.1:{p}"),
+                        None => String::new(),
+                    };
+                    let extra = vec![("ORCH_SERVER_URL".to_string(), url)];
+                    command::run_with_logs(client, task, out_dir, ctx, "client.", &extra)
+                }
+                None => {
+                    ctx.enter(Phase::Measure);
+                    CellResult::new(cell, Status::Succeeded)
+                }
+            };
+            // A server that died under the client fails the cell.
+            if let Ok(Some(status)) = child.try_wait() {
+                r.status = Status::Failed;
+                r.failure = Some(Failure {
+                    kind: "server_exited".into(),
+                    message: describe_exit(status, started),
+                    exit_code: status.code(),
+                    signal: status.signal(),
+                });
+            }
+            r
+        }
+    };
+    result.metrics.insert("server_startup_s".into(), startup_s);
+
+    // Teardown: the whole group, then wait for the port.
+    ctx.enter(Phase::Teardown);
+    if child.try_wait().ok().flatten().is_none() {
+        terminate(&mut child, pgid, task.measure.kill_grace_s);
+    }
+    kill_group(pgid, libc::SIGKILL);
+    if let Some(p) = port {
+        let until = Instant::now() + Duration::from_secs(30);
+        while connect(p).is_some() && Instant::now() < until {
+            thread::sleep(POLL);
+        }
+    }
+    for (i, r) in readers.into_iter().enumerate() {
+        // Spawn order: stdout, then stderr.
+        if let Ok(Ok(info)) = r.join() {
+            if i == 0 {
+                result.stdout = info;
+            } else {
+                result.stderr = info;
+            }
+        }
+    }
+    if result.status == Status::Failed {
+        if let (Some(f), Some(tail)) = (result.failure.as_mut(), last_line(&out_dir.join("stderr.log"))) {
+            if f.kind == "server_exited" {
+                f.message.push_str(&format!("; last stderr line: {tail}"));
+            }
+        }
+    }
+    result.info.insert("server_argv0".into(), program.clone().into());
+    result
+}
+
+fn describe_exit(status: std::process::ExitStatus, started: Instant) -> String {
+    let after = started.elapsed().as_secs_f64();
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("the server exited with code {c} after {after:.1}s"),
+        (None, Some(s)) => format!(
+            "the server was killed by signal {s} ({}) after {after:.1}s",
+            command::signal_name(s)
+        ),
+        _ => format!("the server ended after {after:.1}s"),
+    }
+}
+
+fn connect(port: u16) -> Option<TcpStream> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()
+}
+
+/// A bare HTTP/1.1 GET for health checks (status line only). The agent has
+/// no HTTP client library on purpose: it must stay small, and a health check
+/// needs nothing more.
+fn http_ok(port: u16, path: &str) -> bool {
+    let Some(mut s) = connect(port) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    let mut got = 0;
+    while got < 12 {
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..got]);
+    head.split_whitespace()
+        .nth(1)
+        .map(|code| code.starts_with('2'))
+        .unwrap_or(false)
+}
+
+/// Copy a pipe into its capture; set `ready` when a line matches `re`.
+fn pump_lines(
+    mut src: Box<dyn Read + Send>,
+    mut cap: Capture,
+    re: Option<regex::Regex>,
+    ready: Arc<AtomicBool>,
+) -> std::io::Result<orch_protocol::StreamInfo> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut line = Vec::new();
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        cap.write(&buf[..n])?;
+        if let Some(re) = &re {
+            for &b in &buf[..n] {
+                if b == b'\n' || b == b'\r' {
+                    if re.is_match(&String::from_utf8_lossy(&line)) {
+                        ready.store(true, Ordering::Relaxed);
+                    }
+                    line.clear();
+                } else if line.len() < 64 * 1024 {
+                    line.push(b);
+                }
+            }
+        }
+    }
+    cap.finish()
+}
