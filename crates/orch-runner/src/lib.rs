@@ -53,6 +53,35 @@ pub struct RunnerOptions {
     /// GPU devices of this host (`0`, `1`, ...), when known: each GPU cell
     /// gets its own, so no two running cells share a GPU.
     pub gpu_devices: Option<Vec<String>>,
+    /// Rules that name the cause of a failed cell (default: the built-in ones).
+    pub diagnose_rules: Option<orch_diagnose::Rules>,
+}
+
+/// Name the cause of a cell that did not succeed, from its logs (server or
+/// command output, the client's, and the agent's own).
+pub fn diagnose_cell(
+    record: &CellRecord,
+    dir: &std::path::Path,
+    rules: &orch_diagnose::Rules,
+) -> Option<orch_diagnose::Diagnosis> {
+    if matches!(record.status, Status::Succeeded | Status::Cancelled) {
+        return None;
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let stdout = [read("stdout.log"), read("client.stdout.log")].join("\n");
+    let stderr = [read("stderr.log"), read("client.stderr.log"), read("agent.log")].join("\n");
+    let failure = record.failure.as_ref();
+    let exit = orch_diagnose::ExitInfo {
+        code: failure.and_then(|f| f.exit_code),
+        signal: failure.and_then(|f| f.signal),
+        timed_out: record.status == Status::Timeout,
+    };
+    Some(orch_diagnose::diagnose_output(
+        &stdout,
+        &stderr,
+        Some(&exit),
+        rules,
+    ))
 }
 
 /// How an invocation ended.
@@ -96,6 +125,7 @@ pub async fn execute(
 
     let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let pool = Arc::new(GpuPool::new(opts.gpu_devices.clone()));
+    let rules = Arc::new(opts.diagnose_rules.clone().unwrap_or_default());
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<CellEvent>();
     let forward = {
         let progress = progress.clone();
@@ -127,6 +157,7 @@ pub async fn execute(
         let weights_dir = opts.weights_dir.clone();
         let image = opts.images.get(&cell.id).cloned();
         let pool = pool.clone();
+        let rules = rules.clone();
         let cell = cell.clone();
         let handle = run_shared.clone();
         tasks.spawn(async move {
@@ -134,6 +165,7 @@ pub async fn execute(
             // Held until the cell's record is written.
             let devices = pool.acquire(cell.gpu.count as usize).await;
             let (dir, attempt) = handle.prepare_cell(&cell.id)?;
+            let dir_for_diagnosis = dir.clone();
             let _ = progress.send(Progress::CellStarted {
                 cell_id: cell.id.clone(),
                 attempt,
@@ -151,7 +183,8 @@ pub async fn execute(
                 Ok(r) => r,
                 Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
             };
-            let record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
+            let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
+            record.diagnosis = diagnose_cell(&record, &dir_for_diagnosis, &rules);
             handle.finish_cell(&record)?;
             let _ = progress.send(Progress::CellFinished(Box::new(record.clone())));
             Ok::<Status, RunnerError>(record.status)

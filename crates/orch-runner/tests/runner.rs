@@ -24,6 +24,7 @@ fn opts(concurrency: usize) -> RunnerOptions {
         weights_dir: None,
         images: Default::default(),
         gpu_devices: None,
+        diagnose_rules: None,
     }
 }
 

@@ -125,6 +125,9 @@ pub struct CellRecord {
     pub info: BTreeMap<String, serde_json::Value>,
     /// 1 for the first try; earlier unfinished tries are under `interrupted/`.
     pub attempt: u32,
+    /// The named cause of a failure, read from the cell's logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<orch_diagnose::Diagnosis>,
 }
 
 impl CellRecord {
@@ -151,6 +154,7 @@ impl CellRecord {
             stderr: result.stderr,
             info: result.info,
             attempt,
+            diagnosis: None,
         }
     }
 }
@@ -171,6 +175,9 @@ pub struct CellView {
     pub duration_s: Option<f64>,
     #[serde(default)]
     pub info: BTreeMap<String, serde_json::Value>,
+    /// The named cause of a failure (`{kind, evidence, hint}`), when it failed.
+    #[serde(default)]
+    pub diagnosis: Option<orch_diagnose::Diagnosis>,
 }
 
 /// The whole run as `orch show --json` and `orch run --json` print it.
@@ -433,6 +440,7 @@ impl Run {
                     failure: r.failure,
                     duration_s: Some(r.duration_s),
                     info: r.info,
+                    diagnosis: r.diagnosis,
                 },
                 None => CellView {
                     id: c.id.clone(),
@@ -445,6 +453,7 @@ impl Run {
                     failure: None,
                     duration_s: None,
                     info: BTreeMap::new(),
+                    diagnosis: None,
                 },
             };
             *counts.entry(view.status.clone()).or_insert(0) += 1;

@@ -27,6 +27,8 @@ pub enum Command {
     Build(BuildArgs),
     /// Remove whatever a run left behind (containers)
     Down(DownArgs),
+    /// Name the cause of a failed server or command from its logs
+    Diagnose(crate::commands::diagnose::DiagnoseArgs),
     /// Expand the matrix and check what a run needs (weights, GPU memory fit); spends nothing
     Plan(PlanArgs),
     /// List the runs in the store

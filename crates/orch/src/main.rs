@@ -8,6 +8,11 @@ mod output;
 use clap::Parser;
 
 fn main() {
+    // `orch ... | head` ends quietly, like any Unix tool, instead of panicking.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = cli::Cli::parse();
     if let cli::Command::Agent { args } = &cli.command {
         std::process::exit(orch_agent::run::main_with_args(args));

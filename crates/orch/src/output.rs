@@ -116,6 +116,9 @@ impl Reporter {
                 if let Some(f) = &r.failure {
                     text.push_str(&format!("\n    {}: {}", f.kind, f.message));
                 }
+                if let Some(d) = &r.diagnosis {
+                    text.push_str(&format!("\n    cause: {} (hint: {})", d.kind, d.hint));
+                }
                 self.line(text);
             }
         }
@@ -223,6 +226,13 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         out.push_str("\nfailures:\n");
         for (c, f) in failures {
             out.push_str(&format!("  {} ({}): {}\n", c.id, f.kind, f.message));
+            if let Some(d) = &c.diagnosis {
+                out.push_str(&format!("    cause: {}\n", d.kind));
+                for e in d.evidence.iter().take(3) {
+                    out.push_str(&format!("      | {e}\n"));
+                }
+                out.push_str(&format!("    hint: {}\n", d.hint));
+            }
         }
         out.push_str(&format!("logs: orch logs {}\n", rec.id));
     }

@@ -425,6 +425,9 @@ benchmarks:
     assert_eq!(crash["status"], "failed");
     assert_eq!(crash["failure"]["kind"], "server_exited");
     assert_eq!(crash["failure"]["exit_code"], 1);
+    // The cause is named from the server's log.
+    assert_eq!(crash["diagnosis"]["kind"], "cuda_oom", "{crash}");
+    assert!(!crash["diagnosis"]["hint"].as_str().unwrap().is_empty());
     // Failed within 1 s of the server's exit (it exits after 1 s).
     let startup = crash["metrics"]["server_startup_s"].as_f64().unwrap();
     assert!((1.0..2.0).contains(&startup), "noticed after {startup}s");

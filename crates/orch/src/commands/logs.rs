@@ -33,6 +33,13 @@ pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
         if let Some(f) = &cell.failure {
             eprintln!("# {} {}: {} ({})", cell.id, cell.status, f.message, f.kind);
         }
+        if let Some(d) = &cell.diagnosis {
+            eprintln!("# cause: {}", d.kind);
+            for e in &d.evidence {
+                eprintln!("#   | {e}");
+            }
+            eprintln!("# hint: {}", d.hint);
+        }
         for s in &streams {
             let path = run.log_path(&cell.id, s.file_stem())?;
             if headers {

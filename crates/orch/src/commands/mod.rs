@@ -1,4 +1,5 @@
 mod build;
+pub(crate) mod diagnose;
 mod down;
 mod logs;
 mod ls;
@@ -18,6 +19,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Plan(args) => plan::plan(args),
         Command::Build(args) => build::build(args).await,
         Command::Down(args) => down::down(&store, args).await,
+        Command::Diagnose(args) => diagnose::diagnose(args),
         Command::Ls(args) => ls::ls(&store, args),
         Command::Show(args) => show::show(&store, args),
         Command::Logs(args) => logs::logs(&store, args),

@@ -134,6 +134,7 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
             weights_dir: Some(weights_dir),
             images,
             gpu_devices,
+            diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
         },
         tx,
         cancel_rx,

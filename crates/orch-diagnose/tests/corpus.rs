@@ -1,0 +1,155 @@
+//! Every `tests/corpus/<kind>__<source>_<n>.log` must be diagnosed as `<kind>`.
+//! A sibling `<name>.exit.json` (`{"code": 137, "signal": null, "timed_out": false}`)
+//! gives how the process ended.
+
+use orch_diagnose::{diagnose_with_exit, ExitInfo, Rules, KINDS, UNKNOWN};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn expected_kind(path: &Path) -> String {
+    let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+    let (kind, _source) = stem
+        .split_once("__")
+        .unwrap_or_else(|| panic!("{stem}: name must be <kind>__<source>_<n>.log"));
+    kind.to_string()
+}
+
+fn exit_info(path: &Path) -> Option<ExitInfo> {
+    let side = path.with_extension("exit.json");
+    let text = std::fs::read_to_string(&side).ok()?;
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", side.display())))
+}
+
+#[test]
+fn corpus_is_diagnosed_by_name() {
+    let rules = Rules::default();
+    let files = corpus();
+    assert!(
+        files.len() >= 40,
+        "corpus has {} logs, want at least 40",
+        files.len()
+    );
+    let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for path in &files {
+        let want = expected_kind(path);
+        assert!(
+            KINDS.contains(&want.as_str()),
+            "{}: unknown kind {want}",
+            path.display()
+        );
+        *per_kind.entry(want.clone()).or_default() += 1;
+        let log = std::fs::read_to_string(path).unwrap();
+        let exit = exit_info(path);
+        let d = diagnose_with_exit(&log, exit.as_ref(), &rules);
+        let name = path.file_name().unwrap().to_string_lossy();
+        if d.kind != want {
+            failures.push(format!(
+                "{name}: want {want}, got {}\n    evidence: {:?}",
+                d.kind, d.evidence
+            ));
+        } else if want != UNKNOWN && d.evidence.is_empty() {
+            failures.push(format!("{name}: {want} without evidence"));
+        } else {
+            assert!(d.evidence.len() <= orch_diagnose::MAX_EVIDENCE);
+            assert!(!d.hint.is_empty());
+            println!(
+                "ok   {name}: {}",
+                d.evidence.first().map(String::as_str).unwrap_or("(no evidence)")
+            );
+        }
+    }
+    let ok = files.len() - failures.len();
+    println!(
+        "corpus accuracy: {ok}/{} = {:.1}%",
+        files.len(),
+        100.0 * ok as f64 / files.len() as f64
+    );
+    for k in KINDS {
+        assert!(
+            per_kind.get(*k).copied().unwrap_or(0) >= 2,
+            "kind {k} has fewer than 2 corpus logs"
+        );
+    }
+    assert!(failures.is_empty(), "misdiagnosed:\n  {}", failures.join("\n  "));
+}
+
+#[test]
+fn evidence_names_the_root_cause_not_the_wrapper() {
+    let rules = Rules::default();
+    let wrappers = [
+        "Engine core initialization failed",
+        "Engine process failed to start",
+        "scheduler is dead",
+        "ChildFailedError",
+        "failed to start",
+        "WebserverFailed",
+        "ShardCannotStart",
+    ];
+    for path in corpus() {
+        let d = orch_diagnose::diagnose_with_exit(
+            &std::fs::read_to_string(&path).unwrap(),
+            exit_info(&path).as_ref(),
+            &rules,
+        );
+        if d.kind == UNKNOWN {
+            continue;
+        }
+        for line in &d.evidence {
+            for w in wrappers {
+                assert!(
+                    !line.contains(w),
+                    "{}: wrapper in evidence: {line}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn large_log_is_fast_enough() {
+    let rules = Rules::default();
+    let noise =
+        "INFO 12-26 19:24:01 [metrics.py:455] Avg prompt throughput: 1234.5 tokens/s, Running: 12 reqs\n";
+    let mut log = noise.repeat(100_000);
+    log.push_str("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n");
+    let start = std::time::Instant::now();
+    let d = orch_diagnose::diagnose(&log, &rules);
+    assert_eq!(d.kind, "cuda_oom");
+    println!("100k lines in {:?}", start.elapsed());
+}
+
+#[test]
+fn load_with_user_layers_an_explicit_file() {
+    let path = std::env::temp_dir().join(format!("orch-diagnose-test-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        "rules:\n  - kind: disk_full\n    priority: 70\n    patterns: ['No space left on device']\n    hint: free disk space\n",
+    )
+    .unwrap();
+    let rules = Rules::load_with_user(Some(&path));
+    std::fs::remove_file(&path).ok();
+    let rules = rules.unwrap();
+    let d = orch_diagnose::diagnose("OSError: [Errno 28] No space left on device", &rules);
+    assert_eq!(d.kind, "disk_full");
+    assert_eq!(d.hint, "free disk space");
+    // The defaults are still there.
+    assert_eq!(
+        orch_diagnose::diagnose("OSError: [Errno 98] Address already in use", &rules).kind,
+        "port_in_use"
+    );
+    let missing = Rules::load_with_user(Some(Path::new("/nonexistent/diagnose.yaml")));
+    assert!(missing.is_err_and(|e| e.to_string().contains("/nonexistent/diagnose.yaml")));
+}
