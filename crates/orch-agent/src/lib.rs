@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod command;
 pub mod ctx;
+pub mod loadgen;
 pub mod run;
 pub mod server;
 pub mod stats;

@@ -10,7 +10,7 @@
 use crate::capture::Capture;
 use crate::command::{self, env_name, kill_group, last_line, terminate};
 use crate::ctx::Ctx;
-use orch_protocol::{CellResult, Failure, Phase, Readiness, ServerWorkload, Status, TaskSpec};
+use orch_protocol::{CellResult, Client, Failure, Phase, Readiness, ServerWorkload, Status, TaskSpec};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -192,15 +192,22 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         }
         Ok(()) => {
             ctx.message(format!("server ready after {startup_s:.2}s"));
+            let url = match port {
+                Some(p) => format!("http://127.0.0.1:{p}"),
+                None => String::new(),
+            };
             let mut r = match &srv.client {
-                Some(client) => {
-                    let url = match port {
-                        Some(p) => format!("http://127.0.0.1:{p}"),
-                        None => String::new(),
-                    };
+                Some(Client::Command(client)) => {
                     let extra = vec![("ORCH_SERVER_URL".to_string(), url)];
                     command::run_with_logs(client, task, out_dir, ctx, "client.", &extra)
                 }
+                Some(Client::Loadgen(lg)) if url.is_empty() => CellResult::failed(
+                    cell,
+                    Status::Failed,
+                    "invalid_config",
+                    format!("the load generator needs the server's port: use `ready: {{http: ..., port: ...}}` or `ready: {{tcp: ...}}` ({})", lg.endpoint),
+                ),
+                Some(Client::Loadgen(lg)) => crate::loadgen::run(lg, task, &url, out_dir, ctx),
                 None => {
                     ctx.enter(Phase::Measure);
                     CellResult::new(cell, Status::Succeeded)

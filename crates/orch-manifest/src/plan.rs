@@ -5,8 +5,8 @@ use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
 use crate::suite::{Benchmark, ImageDef, MeasureDef, ModelRef, Suite, WorkloadDef};
 use orch_protocol::{
-    BuiltinWorkload, CommandWorkload, LogLimits, Measure, Readiness, ServerWorkload, TaskSpec,
-    TransformerConfig, Workload, PROTOCOL_VERSION,
+    BuiltinWorkload, Client, CommandWorkload, LoadGen, LogLimits, Measure, Readiness, ServerWorkload,
+    TaskSpec, TransformerConfig, Workload, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -366,13 +366,55 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         }
     };
     let client = match &w.client {
-        Some(c) => Some(CommandWorkload {
+        Some(c) if c.loadgen.is_some() => {
+            if c.command.is_some() || c.shell.is_some() {
+                return Err((
+                    "`client` takes one of `command`, `shell` or `loadgen`".into(),
+                    "use the load generator, or your own client, not both",
+                ));
+            }
+            let l = c.loadgen.clone().unwrap_or_else(|| unreachable!("checked above"));
+            let rate = match &l.request_rate {
+                None => None,
+                Some(Value::String(s)) if s.eq_ignore_ascii_case("inf") => None,
+                Some(Value::Number(n)) if n.as_f64().map(|r| r > 0.0).unwrap_or(false) => n.as_f64(),
+                Some(other) => {
+                    return Err((
+                        format!("`loadgen.request_rate` must be a positive number or `inf`, not {other}"),
+                        "e.g. `request_rate: 8` (requests per second) or `request_rate: inf`",
+                    ))
+                }
+            };
+            let prompt_file = l.prompt_file.as_ref().map(|p| {
+                let p = if Path::new(p).is_absolute() {
+                    PathBuf::from(p)
+                } else {
+                    base_dir.join(p)
+                };
+                p.to_string_lossy().into_owned()
+            });
+            Some(Client::Loadgen(LoadGen {
+                endpoint: l.endpoint.unwrap_or_else(|| "/v1/completions".into()),
+                model: l.model,
+                num_prompts: l.num_prompts,
+                request_rate: rate,
+                burstiness: l.burstiness.unwrap_or(1.0),
+                max_concurrency: l.max_concurrency,
+                input_len: l.input_len.unwrap_or(128),
+                output_len: l.output_len.unwrap_or(128),
+                prompt_file,
+                warmup_requests: l.warmup_requests.unwrap_or(0),
+                stream: l.stream.unwrap_or(true),
+                seed: l.seed.unwrap_or(0),
+            }))
+        }
+        Some(c) => Some(Client::Command(CommandWorkload {
             argv: argv_of(&c.command, &c.shell).ok_or((
-                "`client` needs exactly one of `command` or `shell`".to_string(),
+                "`client` needs exactly one of `command`, `shell` or `loadgen`".to_string(),
                 "e.g. `client: {shell: \"python bench.py --url $ORCH_SERVER_URL\"}`",
             ))?,
             workdir: dir(&c.workdir),
-        }),
+        })),
         None => None,
     };
     Ok(Workload::Server(ServerWorkload {
@@ -585,14 +627,25 @@ fn instantiate(
             ready: s.ready.clone(),
             startup_timeout_s: s.startup_timeout_s,
             client: match &s.client {
-                Some(c) => Some(CommandWorkload {
+                Some(Client::Command(c)) => Some(Client::Command(CommandWorkload {
                     argv: c
                         .argv
                         .iter()
                         .map(|a| substitute(a, vars))
                         .collect::<Result<_, _>>()?,
                     workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
-                }),
+                })),
+                Some(Client::Loadgen(l)) => {
+                    let mut l = l.clone();
+                    l.model = l.model.as_deref().map(|m| substitute(m, vars)).transpose()?;
+                    l.endpoint = substitute(&l.endpoint, vars)?;
+                    l.prompt_file = l
+                        .prompt_file
+                        .as_deref()
+                        .map(|p| substitute(p, vars))
+                        .transpose()?;
+                    Some(Client::Loadgen(l))
+                }
                 None => None,
             },
         }),

@@ -201,4 +201,37 @@ pub struct ClientDef {
     pub shell: Option<String>,
     #[serde(default)]
     pub workdir: Option<String>,
+    /// The built-in load generator for OpenAI-compatible servers.
+    #[serde(default)]
+    pub loadgen: Option<LoadGenDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadGenDef {
+    /// `/v1/completions` (default) or `/v1/chat/completions`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub num_prompts: u32,
+    /// Requests per second, or `inf` (default: all at once).
+    #[serde(default)]
+    pub request_rate: Option<serde_json::Value>,
+    #[serde(default)]
+    pub burstiness: Option<f64>,
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    #[serde(default)]
+    pub input_len: Option<u32>,
+    #[serde(default)]
+    pub output_len: Option<u32>,
+    #[serde(default)]
+    pub prompt_file: Option<String>,
+    #[serde(default)]
+    pub warmup_requests: Option<u32>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub seed: Option<u64>,
 }

@@ -80,7 +80,62 @@ pub struct ServerWorkload {
     /// Run once the server is ready (gets `ORCH_SERVER_URL`); its metrics
     /// are the cell's. Without one, the cell measures startup only.
     #[serde(default)]
-    pub client: Option<CommandWorkload>,
+    pub client: Option<Client>,
+}
+
+/// What runs against a ready server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Client {
+    Command(CommandWorkload),
+    /// The built-in load generator for OpenAI-compatible servers.
+    Loadgen(LoadGen),
+}
+
+/// Load for an OpenAI-compatible server; results use the field names of
+/// `vllm bench serve --save-result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadGen {
+    /// `/v1/completions` or `/v1/chat/completions`.
+    pub endpoint: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub num_prompts: u32,
+    /// Requests per second; `None` sends all at once.
+    #[serde(default)]
+    pub request_rate: Option<f64>,
+    /// 1.0 is a Poisson process; lower is burstier (gamma intervals).
+    #[serde(default = "one")]
+    pub burstiness: f64,
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    #[serde(default = "default_input_len")]
+    pub input_len: u32,
+    #[serde(default = "default_output_len")]
+    pub output_len: u32,
+    /// JSON file of prompts: a list of strings, or of objects with `prompt`.
+    #[serde(default)]
+    pub prompt_file: Option<String>,
+    #[serde(default)]
+    pub warmup_requests: u32,
+    #[serde(default = "yes")]
+    pub stream: bool,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_input_len() -> u32 {
+    128
+}
+fn default_output_len() -> u32 {
+    128
 }
 
 /// When a server counts as ready.

@@ -437,3 +437,84 @@ benchmarks:
         "port {port} still held"
     );
 }
+
+#[test]
+fn loadgen_measures_an_openai_server_with_vllm_field_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = 19000 + (std::process::id() % 1000) as u16;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_openai.py");
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: lg
+env: {{FAKE_TTFT_MS: "30", FAKE_ITL_MS: "4"}}
+benchmarks:
+  - name: serve
+    workload:
+      server:
+        command: [python3, "{}", "{port}"]
+        ready: {{http: /health, port: {port}}}
+      client:
+        loadgen:
+          endpoint: "{{{{endpoint}}}}"
+          num_prompts: 12
+          request_rate: 50
+          max_concurrency: 4
+          input_len: 16
+          output_len: 10
+          warmup_requests: 2
+    matrix:
+      endpoint: [/v1/completions, /v1/chat/completions]
+"#,
+            fixture.display()
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    for c in rec["cells"].as_array().unwrap() {
+        let m = &c["metrics"];
+        assert_eq!(m["completed"], 12.0, "{c}");
+        assert_eq!(m["failed"], 0.0);
+        assert_eq!(m["total_output_tokens"], 120.0);
+        let ttft = m["mean_ttft_ms"].as_f64().unwrap();
+        assert!((25.0..1000.0).contains(&ttft), "ttft {ttft}");
+        let itl = m["median_itl_ms"].as_f64().unwrap();
+        assert!((3.0..200.0).contains(&itl), "itl {itl}");
+        for k in [
+            "p99_ttft_ms",
+            "p90_tpot_ms",
+            "std_e2el_ms",
+            "request_throughput",
+            "output_throughput",
+        ] {
+            assert!(m[k].as_f64().unwrap() > 0.0, "{k} in {c}");
+        }
+        assert!(c["timings"]["warmup"].as_f64().is_some());
+    }
+    let saved: Value = serde_json::from_slice(
+        &std::fs::read(
+            store
+                .join(rec["id"].as_str().unwrap())
+                .join("cells/serve.cpu.endpoint-_v1_completions/loadgen.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(saved["request_rate"], "50");
+    assert!(saved["mean_ttft_ms"].as_f64().is_some());
+}

@@ -1,0 +1,383 @@
+//! The built-in load generator for OpenAI-compatible servers
+//! (`/v1/completions`, `/v1/chat/completions`, streaming or not).
+//!
+//! Arrivals: all at once (`request_rate` unset), or a gamma process with the
+//! given rate and burstiness (1.0 = Poisson), as `vllm bench serve` does.
+//! Per request: time to first token (TTFT), inter-token latencies (ITL),
+//! time per output token (TPOT, excluding the first) and end-to-end latency.
+//! The summary uses `vllm bench serve --save-result` field names
+//! (`mean_ttft_ms`, `p99_itl_ms`, `output_throughput`, ...) and is written to
+//! `loadgen.json` in the cell folder.
+
+use crate::ctx::Ctx;
+use crate::stats;
+use orch_protocol::{CellResult, LoadGen, Phase, Status, TaskSpec};
+use rand::{Rng, SeedableRng};
+use rand_distr::Distribution;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// One request's measurements.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    ok: bool,
+    error: Option<String>,
+    ttft_s: f64,
+    itl_s: Vec<f64>,
+    e2e_s: f64,
+    output_tokens: u64,
+    input_tokens: u64,
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "model",
+    "of",
+    "a",
+    "benchmark",
+    "runs",
+    "on",
+    "many",
+    "gpus",
+    "and",
+    "measures",
+    "time",
+    "token",
+    "server",
+    "cost",
+    "fast",
+    "slow",
+    "cache",
+    "memory",
+    "batch",
+];
+
+fn prompts(cfg: &LoadGen, n: usize) -> Result<Vec<String>, String> {
+    if let Some(path) = &cfg.prompt_file {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read `prompt_file` `{path}`: {e}"))?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| format!("`prompt_file` `{path}` is not JSON: {e}"))?;
+        let list: Vec<String> = v
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| {
+                        p.as_str()
+                            .map(String::from)
+                            .or_else(|| p.get("prompt").and_then(|x| x.as_str()).map(String::from))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if list.is_empty() {
+            return Err(format!(
+                "`prompt_file` `{path}` has no prompts; hint: a JSON list of strings or of objects with `prompt`"
+            ));
+        }
+        return Ok((0..n).map(|i| list[i % list.len()].clone()).collect());
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    Ok((0..n)
+        .map(|_| {
+            (0..cfg.input_len)
+                .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect())
+}
+
+fn body(cfg: &LoadGen, prompt: &str) -> Value {
+    let mut b = if cfg.endpoint.contains("chat") {
+        json!({"messages": [{"role": "user", "content": prompt}]})
+    } else {
+        json!({"prompt": prompt})
+    };
+    b["max_tokens"] = json!(cfg.output_len);
+    b["stream"] = json!(cfg.stream);
+    b["ignore_eos"] = json!(true);
+    b["temperature"] = json!(0.0);
+    if cfg.stream {
+        b["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(m) = &cfg.model {
+        b["model"] = json!(m);
+    }
+    b
+}
+
+/// Text of one streamed or whole response chunk.
+fn chunk_text(v: &Value) -> Option<String> {
+    let c = v.get("choices")?.get(0)?;
+    c.get("text")
+        .and_then(|t| t.as_str())
+        .or_else(|| {
+            c.get("delta")
+                .and_then(|d| d.get("content"))
+                .and_then(|t| t.as_str())
+        })
+        .or_else(|| {
+            c.get("message")
+                .and_then(|d| d.get("content"))
+                .and_then(|t| t.as_str())
+        })
+        .map(String::from)
+}
+
+fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> Sample {
+    let mut s = Sample {
+        input_tokens: prompt.split_whitespace().count() as u64,
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let resp = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body(cfg, prompt).to_string());
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            s.error = Some(e.to_string());
+            return s;
+        }
+    };
+    let reader = BufReader::new(resp.into_body().into_reader());
+    let mut last: Option<Instant> = None;
+    let mut usage_tokens = None;
+    for line in reader.lines() {
+        let Ok(line) = line else {
+            s.error = Some("the response broke off".into());
+            return s;
+        };
+        let data = if cfg.stream {
+            match line.strip_prefix("data:") {
+                Some(d) => d.trim().to_string(),
+                None => continue,
+            }
+        } else {
+            line
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        if let Some(n) = v
+            .get("usage")
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(|n| n.as_u64())
+        {
+            usage_tokens = Some(n);
+        }
+        if let Some(text) = chunk_text(&v) {
+            if text.is_empty() {
+                continue;
+            }
+            let now = Instant::now();
+            match last {
+                None => s.ttft_s = (now - start).as_secs_f64(),
+                Some(prev) => s.itl_s.push((now - prev).as_secs_f64()),
+            }
+            last = Some(now);
+            s.output_tokens += 1;
+        }
+    }
+    s.e2e_s = start.elapsed().as_secs_f64();
+    if let Some(n) = usage_tokens {
+        s.output_tokens = n;
+    }
+    if last.is_none() {
+        s.error = Some("no tokens in the response".into());
+        return s;
+    }
+    if !cfg.stream {
+        s.ttft_s = s.e2e_s;
+    }
+    s.ok = true;
+    s
+}
+
+/// Send `prompts` with the configured arrivals and concurrency.
+fn drive(
+    cfg: &LoadGen,
+    url: &str,
+    prompts: Vec<String>,
+    rate: Option<f64>,
+    ctx: &mut Ctx,
+    phase: Phase,
+) -> Vec<Sample> {
+    let n = prompts.len();
+    let workers = cfg
+        .max_concurrency
+        .map(|c| c as usize)
+        .unwrap_or(n)
+        .clamp(1, 512)
+        .min(n.max(1));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(3600)))
+        .http_status_as_error(true)
+        .build()
+        .into();
+    let (job_tx, job_rx) = mpsc::channel::<(usize, String)>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let (res_tx, res_rx) = mpsc::channel::<(usize, Sample)>();
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let job_rx = job_rx.clone();
+        let res_tx = res_tx.clone();
+        let agent = agent.clone();
+        let url = url.to_string();
+        let cfg = cfg.clone();
+        handles.push(thread::spawn(move || loop {
+            let job = match job_rx.lock() {
+                Ok(rx) => rx.recv(),
+                Err(_) => return,
+            };
+            let Ok((i, prompt)) = job else { return };
+            let _ = res_tx.send((i, one_request(&agent, &url, &cfg, &prompt)));
+        }));
+    }
+    drop(res_tx);
+    // Arrivals: gamma intervals (shape = burstiness, mean = 1 / rate).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
+    let gamma = rate.and_then(|r| {
+        rand_distr::Gamma::new(cfg.burstiness.max(1e-3), 1.0 / (r * cfg.burstiness.max(1e-3))).ok()
+    });
+    let dispatcher = {
+        let stop = ctx.stop_flag();
+        thread::spawn(move || {
+            for (i, p) in prompts.into_iter().enumerate() {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                if job_tx.send((i, p)).is_err() {
+                    break;
+                }
+                if let Some(g) = &gamma {
+                    thread::sleep(Duration::from_secs_f64(g.sample(&mut rng)));
+                }
+            }
+        })
+    };
+    let mut samples = vec![Sample::default(); n];
+    let mut done = 0;
+    for (i, s) in res_rx.iter() {
+        samples[i] = s;
+        done += 1;
+        ctx.progress(phase, done, n as u64);
+    }
+    let _ = dispatcher.join();
+    for h in handles {
+        let _ = h.join();
+    }
+    samples
+}
+
+pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    let cell = task.cell_id.as_str();
+    let url = format!("{}{}", base_url.trim_end_matches('/'), cfg.endpoint);
+    let all = match prompts(cfg, cfg.num_prompts as usize + cfg.warmup_requests as usize) {
+        Ok(p) => p,
+        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+    };
+    let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
+    if !warm.is_empty() {
+        ctx.enter(Phase::Warmup);
+        drive(cfg, &url, warm.to_vec(), None, ctx, Phase::Warmup);
+    }
+    ctx.enter(Phase::Measure);
+    let started = Instant::now();
+    let samples = drive(
+        cfg,
+        &url,
+        measured.to_vec(),
+        cfg.request_rate,
+        ctx,
+        Phase::Measure,
+    );
+    let duration = started.elapsed().as_secs_f64();
+
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let mut m: BTreeMap<String, f64> = BTreeMap::new();
+    let total_in: u64 = ok.iter().map(|s| s.input_tokens).sum();
+    let total_out: u64 = ok.iter().map(|s| s.output_tokens).sum();
+    m.insert("duration".into(), duration);
+    m.insert("completed".into(), ok.len() as f64);
+    m.insert("failed".into(), (samples.len() - ok.len()) as f64);
+    m.insert("total_input_tokens".into(), total_in as f64);
+    m.insert("total_output_tokens".into(), total_out as f64);
+    m.insert("request_throughput".into(), ok.len() as f64 / duration.max(1e-9));
+    m.insert("output_throughput".into(), total_out as f64 / duration.max(1e-9));
+    m.insert(
+        "total_token_throughput".into(),
+        (total_in + total_out) as f64 / duration.max(1e-9),
+    );
+    let ms = |v: Vec<f64>| v.into_iter().map(|x| x * 1000.0).collect::<Vec<_>>();
+    let tpot: Vec<f64> = ok
+        .iter()
+        .filter(|s| s.output_tokens > 1)
+        .map(|s| (s.e2e_s - s.ttft_s) / (s.output_tokens - 1) as f64)
+        .collect();
+    let series = [
+        ("ttft", ms(ok.iter().map(|s| s.ttft_s).collect())),
+        ("tpot", ms(tpot)),
+        ("itl", ms(ok.iter().flat_map(|s| s.itl_s.clone()).collect())),
+        ("e2el", ms(ok.iter().map(|s| s.e2e_s).collect())),
+    ];
+    for (name, values) in &series {
+        if let Some(sum) = stats::summarize(values) {
+            let mut sorted = values.clone();
+            sorted.sort_by(|a, b| a.total_cmp(b));
+            m.insert(format!("mean_{name}_ms"), sum.mean);
+            m.insert(format!("median_{name}_ms"), sum.median);
+            m.insert(format!("std_{name}_ms"), sum.std);
+            m.insert(format!("p90_{name}_ms"), stats::percentile(&sorted, 90.0));
+            m.insert(format!("p99_{name}_ms"), sum.p99);
+        }
+    }
+    let errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).take(5).collect();
+    let mut saved: serde_json::Map<String, Value> = m.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    saved.insert("backend".into(), json!("openai"));
+    saved.insert("endpoint".into(), json!(cfg.endpoint));
+    saved.insert("num_prompts".into(), json!(cfg.num_prompts));
+    saved.insert(
+        "request_rate".into(),
+        json!(cfg
+            .request_rate
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "inf".into())),
+    );
+    saved.insert("burstiness".into(), json!(cfg.burstiness));
+    saved.insert("max_concurrency".into(), json!(cfg.max_concurrency));
+    saved.insert("errors".into(), json!(errors));
+    let _ = std::fs::write(
+        out_dir.join("loadgen.json"),
+        serde_json::to_vec_pretty(&Value::Object(saved)).unwrap_or_default(),
+    );
+
+    let mut r = CellResult::new(cell, Status::Succeeded);
+    r.metrics = m;
+    if ok.is_empty() {
+        r.status = Status::Failed;
+        r.failure = Some(orch_protocol::Failure {
+            kind: "loadgen_failed".into(),
+            message: format!(
+                "no request succeeded against {url}: {}",
+                errors
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "no requests were sent".into())
+            ),
+            exit_code: None,
+            signal: None,
+        });
+    }
+    r
+}
