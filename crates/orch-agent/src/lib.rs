@@ -8,6 +8,7 @@
 
 pub mod capture;
 pub mod command;
+pub mod compare;
 pub mod ctx;
 pub mod loadgen;
 pub mod run;

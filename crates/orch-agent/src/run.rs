@@ -51,6 +51,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &task.workload {
         Workload::Command(c) => command::run(c, task, out_dir, ctx),
         Workload::Server(s) => server::run(s, task, out_dir, ctx),
+        Workload::Compare(c) => crate::compare::run(c, task, out_dir, ctx),
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => transformer::run(cfg, task, ctx),
         Workload::Builtin(BuiltinWorkload::Noop) => {
             ctx.enter(Phase::Measure);

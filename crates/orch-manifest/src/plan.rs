@@ -5,8 +5,8 @@ use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
 use crate::suite::{Benchmark, ImageDef, MeasureDef, ModelRef, Suite, WorkloadDef};
 use orch_protocol::{
-    BuiltinWorkload, Client, CommandWorkload, LoadGen, LogLimits, Measure, Readiness, ServerWorkload,
-    TaskSpec, TransformerConfig, Workload, PROTOCOL_VERSION,
+    BuiltinWorkload, Client, CommandWorkload, CompareWorkload, LoadGen, LogLimits, Measure, Readiness,
+    ServerWorkload, TaskSpec, TransformerConfig, Variant, Workload, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -131,8 +131,12 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
             ));
         }
         let wpos = Pos::from_loc(bench.workload.referenced);
-        let workload = base_workload(&bench.workload.value, &base_dir)
+        let mut workload = base_workload(&bench.workload.value, &base_dir)
             .map_err(|(m, h)| invalid(wpos, format!("benchmark `{bname}`: `workload`: {m}"), h))?;
+        if let Some(c) = &bench.compare {
+            workload = compare_workload(c, workload, &base_dir)
+                .map_err(|(m, h)| invalid(bpos, format!("benchmark `{bname}`: `compare`: {m}"), h))?;
+        }
         let measure = merge_measure(&suite.measure, &bench.measure);
         let gpus = opts
             .gpus
@@ -426,6 +430,67 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
             .map(|s| s.0)
             .unwrap_or(DEFAULT_STARTUP_TIMEOUT_S),
         client,
+    }))
+}
+
+fn compare_workload(
+    c: &crate::suite::CompareDef,
+    workload: Workload,
+    base_dir: &Path,
+) -> Result<Workload, Msg> {
+    let Workload::Server(server) = workload else {
+        return Err((
+            "a comparison runs a `server` workload".into(),
+            "give the benchmark `workload: {server: {...}, client: {...}}`",
+        ));
+    };
+    if c.variants.len() < 2 {
+        return Err((
+            "a comparison needs at least two `variants`".into(),
+            "e.g. baseline, human and agent",
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for v in &c.variants {
+        check_name(&v.name).map_err(|m| (format!("variant `name`: {m}"), NAME_HINT))?;
+        if !names.insert(v.name.clone()) {
+            return Err((
+                format!("two variants are named `{}`", v.name),
+                "give each variant its own name",
+            ));
+        }
+    }
+    let abs = |p: &String| {
+        let looks_remote = p.contains("://") || p.starts_with("git@");
+        if Path::new(p).is_absolute() || looks_remote {
+            p.clone()
+        } else {
+            base_dir.join(p).to_string_lossy().into_owned()
+        }
+    };
+    let rounds = c.rounds.unwrap_or(5);
+    if rounds < 2 {
+        return Err((
+            "`rounds` must be at least 2".into(),
+            "confidence intervals need repeated rounds; use 3 or more",
+        ));
+    }
+    Ok(Workload::Compare(CompareWorkload {
+        repo: c.repo.as_ref().map(abs),
+        variants: c
+            .variants
+            .iter()
+            .map(|v| Variant {
+                name: v.name.clone(),
+                git_ref: v.git_ref.clone(),
+                patch: v.patch.as_ref().map(abs),
+                install: v.install.clone(),
+            })
+            .collect(),
+        rounds,
+        warmup_rounds: c.warmup_rounds.unwrap_or(1),
+        noise: c.noise.unwrap_or(0.02),
+        server,
     }))
 }
 

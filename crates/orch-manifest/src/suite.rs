@@ -131,6 +131,40 @@ pub struct Benchmark {
     /// Overrides the suite's image for this benchmark.
     #[serde(default)]
     pub image: Option<ImageDef>,
+    /// Run the `server` workload for several variants in interleaved rounds
+    /// and compare them (baseline vs human patch vs agent patch).
+    #[serde(default)]
+    pub compare: Option<CompareDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompareDef {
+    /// Git repository of the variants (relative: to the manifest's folder).
+    #[serde(default)]
+    pub repo: Option<String>,
+    pub variants: Vec<VariantDef>,
+    /// Measured rounds (default 5).
+    #[serde(default)]
+    pub rounds: Option<u32>,
+    /// Rounds run first and not measured (default 1).
+    #[serde(default)]
+    pub warmup_rounds: Option<u32>,
+    /// Relative difference under which a comparison is `same` (default 0.02).
+    #[serde(default)]
+    pub noise: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantDef {
+    pub name: String,
+    #[serde(default, rename = "ref")]
+    pub git_ref: Option<String>,
+    #[serde(default)]
+    pub patch: Option<String>,
+    #[serde(default)]
+    pub install: Option<String>,
 }
 
 /// Exactly one of `command`, `shell`, `transformer`, `noop`.

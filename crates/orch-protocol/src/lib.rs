@@ -66,6 +66,40 @@ pub enum Workload {
     /// A long-running server, watched from start to readiness, then a client
     /// against it, then teardown.
     Server(ServerWorkload),
+    /// Variants of one server (baseline, human patch, agent patch...) in
+    /// interleaved rounds, compared metric by metric.
+    Compare(CompareWorkload),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompareWorkload {
+    /// Git repository the variants come from (path or URL).
+    #[serde(default)]
+    pub repo: Option<String>,
+    pub variants: Vec<Variant>,
+    pub rounds: u32,
+    pub warmup_rounds: u32,
+    /// Relative difference under which a comparison is `same` (0.02 = 2%).
+    pub noise: f64,
+    /// The server and client every variant runs (relative paths are in the
+    /// variant's checkout).
+    pub server: ServerWorkload,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub name: String,
+    /// Ref to check out (branch, tag, commit).
+    #[serde(default)]
+    pub git_ref: Option<String>,
+    /// Patch applied with `git apply` (absolute path).
+    #[serde(default)]
+    pub patch: Option<String>,
+    /// Command run in the checkout before the server (`pip install ...`).
+    #[serde(default)]
+    pub install: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

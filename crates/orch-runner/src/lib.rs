@@ -57,6 +57,50 @@ pub struct RunnerOptions {
     pub diagnose_rules: Option<orch_diagnose::Rules>,
 }
 
+/// For a comparison, name the cause of each failed variant from its own logs
+/// (the rounds' server and client logs, its install log) into
+/// `info.variants.<name>.diagnosis`; the first one is the cell's diagnosis.
+pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: &orch_diagnose::Rules) {
+    let Some(serde_json::Value::Object(variants)) = record.info.get_mut("variants") else {
+        return;
+    };
+    let mut first = None;
+    for (name, v) in variants.iter_mut() {
+        if v["status"] != "failed" {
+            continue;
+        }
+        let vdir = dir.join("variants").join(name);
+        let mut logs = Vec::new();
+        let mut stack = vec![vdir.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() && p.file_name().map(|n| n != "src").unwrap_or(true) {
+                    stack.push(p);
+                } else if p.extension().map(|x| x == "log").unwrap_or(false) {
+                    logs.push(p);
+                }
+            }
+        }
+        logs.sort();
+        let mut text: String = logs
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect::<Vec<_>>()
+            .join("\n");
+        if let Some(f) = v["failure"].as_str() {
+            text.push('\n');
+            text.push_str(f);
+        }
+        let d = orch_diagnose::diagnose(&text, rules);
+        v["diagnosis"] = serde_json::to_value(&d).unwrap_or_default();
+        first.get_or_insert(d);
+    }
+    if first.is_some() {
+        record.diagnosis = first;
+    }
+}
+
 /// Name the cause of a cell that did not succeed, from its logs (server or
 /// command output, the client's, and the agent's own).
 pub fn diagnose_cell(
@@ -185,6 +229,7 @@ pub async fn execute(
             };
             let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
             record.diagnosis = diagnose_cell(&record, &dir_for_diagnosis, &rules);
+            diagnose_variants(&mut record, &dir_for_diagnosis, &rules);
             handle.finish_cell(&record)?;
             let _ = progress.send(Progress::CellFinished(Box::new(record.clone())));
             Ok::<Status, RunnerError>(record.status)

@@ -217,6 +217,9 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         })
         .collect();
     out.push_str(&table(&["CELL", "STATUS", "GPU", "TIME", "METRICS"], &rows));
+    for c in &rec.cells {
+        out.push_str(&comparison_text(c));
+    }
     let failures: Vec<_> = rec
         .cells
         .iter()
@@ -241,5 +244,63 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         counts_text(&rec.counts),
         dir.display()
     ));
+    out
+}
+
+/// The comparison table of a `compare` cell (empty for other cells).
+fn comparison_text(c: &orch_store::CellView) -> String {
+    let Some(list) = c.info.get("comparison").and_then(|v| v.as_array()) else {
+        return String::new();
+    };
+    let key = [
+        "output_throughput",
+        "request_throughput",
+        "mean_ttft_ms",
+        "median_itl_ms",
+        "mean_tpot_ms",
+        "mean_e2el_ms",
+    ];
+    let has_key = list
+        .iter()
+        .any(|x| key.contains(&x["metric"].as_str().unwrap_or("")));
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .filter(|x| !has_key || key.contains(&x["metric"].as_str().unwrap_or("")))
+        .map(|x| {
+            let f = |k: &str| x[k].as_f64().unwrap_or(f64::NAN);
+            vec![
+                format!(
+                    "{} vs {}",
+                    x["other"].as_str().unwrap_or("?"),
+                    x["base"].as_str().unwrap_or("?")
+                ),
+                x["metric"].as_str().unwrap_or("?").to_string(),
+                format!("{:.3}", f("ratio")),
+                format!("[{:.3}, {:.3}]", f("ci_low"), f("ci_high")),
+                x["verdict"].as_str().unwrap_or("?").to_string(),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "\ncomparison in {} (ratio = other / base, 95% bootstrap interval):\n",
+        c.id
+    );
+    out.push_str(&table(&["PAIR", "METRIC", "RATIO", "95% CI", "VERDICT"], &rows));
+    if let Some(vars) = c.info.get("variants").and_then(|v| v.as_object()) {
+        for (name, v) in vars {
+            if v["status"] == "failed" {
+                out.push_str(&format!(
+                    "variant {name} failed: {}\n",
+                    v["failure"].as_str().unwrap_or("")
+                ));
+                if let Some(kind) = v["diagnosis"]["kind"].as_str() {
+                    out.push_str(&format!(
+                        "  cause: {kind}; hint: {}\n",
+                        v["diagnosis"]["hint"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+        }
+    }
     out
 }

@@ -518,3 +518,167 @@ benchmarks:
     assert_eq!(saved["request_rate"], "50");
     assert!(saved["mean_ttft_ms"].as_f64().is_some());
 }
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.email=t@t", "-c", "user.name=t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A patch of `server.py` replacing `from` with `to`, made with git.
+fn patch(repo: &Path, from: &str, to: &str, out: &Path) {
+    let src = std::fs::read_to_string(repo.join("server.py")).unwrap();
+    std::fs::write(repo.join("server.py"), src.replacen(from, to, 1)).unwrap();
+    std::fs::write(out, git(repo, &["diff"])).unwrap();
+    git(repo, &["checkout", "--", "server.py"]);
+}
+
+#[test]
+fn three_way_comparison_gives_verdicts_and_survives_broken_variants() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("server-repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let fixture =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_openai.py"))
+            .unwrap();
+    // Defaults baked into the source, so that patches change speed.
+    let src = fixture.replace(
+        r#"os.environ.get("FAKE_ITL_MS", "5")"#,
+        r#"os.environ.get("FAKE_ITL_MS", "20")"#,
+    );
+    assert_ne!(src, fixture);
+    std::fs::write(repo.join("server.py"), &src).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "baseline"]);
+    let patches = tmp.path().join("patches");
+    std::fs::create_dir_all(&patches).unwrap();
+    patch(
+        &repo,
+        r#""FAKE_ITL_MS", "20""#,
+        r#""FAKE_ITL_MS", "6""#,
+        &patches.join("human.patch"),
+    );
+    patch(
+        &repo,
+        "class Handler",
+        "# tidy-up only\nclass Handler",
+        &patches.join("agent.patch"),
+    );
+    patch(
+        &repo,
+        "    port = int(sys.argv[1])",
+        "    raise RuntimeError(\"CUDA error: out of memory\")\n    port = int(sys.argv[1])",
+        &patches.join("crash.patch"),
+    );
+    std::fs::write(
+        patches.join("broken.patch"),
+        "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n",
+    )
+    .unwrap();
+
+    let port = 17000 + (std::process::id() % 1000) as u16;
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: threeway
+benchmarks:
+  - name: cmp
+    compare:
+      repo: server-repo
+      rounds: 3
+      warmup_rounds: 1
+      variants:
+        - {{name: baseline, ref: main}}
+        - {{name: human, ref: main, patch: patches/human.patch}}
+        - {{name: agent, ref: main, patch: patches/agent.patch}}
+        - {{name: crash, ref: main, patch: patches/crash.patch}}
+        - {{name: broken, ref: main, patch: patches/broken.patch}}
+    workload:
+      server:
+        command: [python3, server.py, "{port}"]
+        ready: {{http: /health, port: {port}}}
+        startup_timeout: 60s
+      client:
+        loadgen: {{num_prompts: 8, max_concurrency: 4, input_len: 8, output_len: 8}}
+"#
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    let c = &rec["cells"][0];
+    let variants = &c["info"]["variants"];
+    for ok in ["baseline", "human", "agent"] {
+        assert_eq!(variants[ok]["status"], "succeeded", "{ok}: {}", variants[ok]);
+        assert_eq!(variants[ok]["rounds"], 3);
+    }
+    assert_eq!(variants["crash"]["status"], "failed");
+    assert_eq!(variants["broken"]["status"], "failed");
+    assert!(
+        variants["broken"]["failure"]
+            .as_str()
+            .unwrap()
+            .contains("does not apply"),
+        "{}",
+        variants["broken"]
+    );
+    assert_eq!(
+        variants["crash"]["diagnosis"]["kind"], "cuda_oom",
+        "{}",
+        variants["crash"]
+    );
+    let verdict = |base: &str, other: &str, metric: &str| -> String {
+        let v = c["info"]["comparison"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["base"] == base && x["other"] == other && x["metric"] == metric)
+            .unwrap_or_else(|| panic!("no {other} vs {base} on {metric}"));
+        v["verdict"].as_str().unwrap().to_string()
+    };
+    assert_eq!(verdict("baseline", "human", "median_itl_ms"), "faster");
+    assert_eq!(verdict("baseline", "human", "output_throughput"), "faster");
+    assert_eq!(
+        verdict("baseline", "agent", "median_itl_ms"),
+        "same",
+        "a no-op patch is A/A"
+    );
+    assert_eq!(verdict("human", "agent", "median_itl_ms"), "slower");
+
+    // `orch show` prints the comparison table.
+    let show = run_ok(&[
+        "show",
+        rec["id"].as_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains("human vs baseline") && text.contains("faster"),
+        "{text}"
+    );
+}
