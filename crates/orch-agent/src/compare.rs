@@ -155,6 +155,21 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 v.failed = Some(format!("round {}: {why}", round + 1));
                 continue;
             }
+            let headline: Vec<String> = ["output_throughput", "mean_ttft_ms", "median_itl_ms"]
+                .iter()
+                .filter_map(|k| r.metrics.get(*k).map(|x| format!("{k}={x:.2}")))
+                .collect();
+            ctx.message(format!(
+                "round {}/{} {}: {}",
+                round + 1,
+                total,
+                v.name,
+                if headline.is_empty() {
+                    "done".to_string()
+                } else {
+                    headline.join(" ")
+                }
+            ));
             if !warm {
                 v.rounds.push(r.metrics);
             }

@@ -230,6 +230,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
 
     // Teardown: the whole group, then wait for the port.
     ctx.enter(Phase::Teardown);
+    let group_pids = pids_in_group(pgid);
     if child.try_wait().ok().flatten().is_none() {
         terminate(&mut child, pgid, task.measure.kill_grace_s);
     }
@@ -237,6 +238,15 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
     if let Some(p) = port {
         let until = Instant::now() + Duration::from_secs(30);
         while connect(p).is_some() && Instant::now() < until {
+            thread::sleep(POLL);
+        }
+    }
+    // With GPUs: wait until none of the server's processes holds GPU memory.
+    if task.gpu != "none" {
+        let until = Instant::now() + Duration::from_secs(60);
+        while gpu_pids().is_some_and(|held| held.iter().any(|p| group_pids.contains(p)))
+            && Instant::now() < until
+        {
             thread::sleep(POLL);
         }
     }
@@ -334,4 +344,38 @@ fn pump_lines(
         }
     }
     cap.finish()
+}
+
+/// Processes of a process group (from `/proc`).
+fn pids_in_group(pgid: i32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command name (which may hold spaces): state ppid pgrp ...
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        if rest.split_whitespace().nth(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// PIDs holding GPU memory, per `nvidia-smi` (`None` when it is absent).
+fn gpu_pids() -> Option<Vec<u32>> {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-compute-apps=pid", "--format=csv,noheader"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    })
 }
