@@ -55,56 +55,11 @@ pub fn run_with_logs(
     let metrics_path = out_dir.join(format!("{prefix}metrics.json"));
     let _ = std::fs::remove_file(&metrics_path);
 
-    let mut command = Command::new(program);
-    command.args(&cmd.argv[1..]);
-    // Weights come from the weights volume, never from the network; the
-    // suite's own env may still override these.
-    command.env("HF_HUB_OFFLINE", "1");
-    if let Some(dir) = &task.weights_dir {
-        command.env("HF_HUB_CACHE", dir);
-    }
-    command
-        .envs(extra_env.iter().map(|(k, v)| (k, v)))
-        .envs(&task.env)
-        .env(METRICS_FILE_ENV, &metrics_path)
-        .env("ORCH_CELL_ID", &task.cell_id)
-        .env("ORCH_RUN_ID", &task.run_id)
-        .env("ORCH_GPU", &task.gpu)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in &task.params {
-        let name = format!("ORCH_PARAM_{}", env_name(k));
-        let value = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        command.env(name, value);
-    }
-    if let Some(dir) = &cmd.workdir {
-        if !Path::new(dir).is_dir() {
-            return CellResult::failed(
-                cell,
-                Status::Failed,
-                "spawn",
-                format!(
-                    "the working directory `{dir}` does not exist here; hint: fix `workdir`, or leave it out"
-                ),
-            );
-        }
-        command.current_dir(dir);
-    }
-    // SAFETY: only async-signal-safe calls (setpgid, prctl) between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            #[cfg(target_os = "linux")]
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    let mut command = match supervised(&cmd.argv, cmd.workdir.as_deref(), task, extra_env) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    command.env(METRICS_FILE_ENV, &metrics_path);
 
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join(format!("{prefix}stdout.log")), task.logs),
@@ -313,6 +268,73 @@ fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, s
             }
         }
     }
+}
+
+/// A workload process as every workload runs one: piped output, its own
+/// process group, killed if the agent dies, the cell's environment
+/// (weights offline from the weights volume, `ORCH_*`, params, the suite's
+/// env, which may override the rest). `Err` is the cell's failure.
+pub(crate) fn supervised(
+    argv: &[String],
+    workdir: Option<&str>,
+    task: &TaskSpec,
+    extra_env: &[(String, String)],
+) -> Result<Command, Box<CellResult>> {
+    let cell = task.cell_id.as_str();
+    let Some(program) = argv.first() else {
+        return Err(Box::new(CellResult::failed(
+            cell,
+            Status::Failed,
+            "invalid_config",
+            "the command is empty",
+        )));
+    };
+    let mut command = Command::new(program);
+    command
+        .args(&argv[1..])
+        .env("HF_HUB_OFFLINE", "1")
+        .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
+        .env("ORCH_CELL_ID", &task.cell_id)
+        .env("ORCH_RUN_ID", &task.run_id)
+        .env("ORCH_GPU", &task.gpu)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &task.params {
+        let value = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        command.env(format!("ORCH_PARAM_{}", env_name(k)), value);
+    }
+    command
+        .envs(extra_env.iter().map(|(k, v)| (k, v)))
+        .envs(&task.env);
+    if let Some(dir) = workdir {
+        if !Path::new(dir).is_dir() {
+            return Err(Box::new(CellResult::failed(
+                cell,
+                Status::Failed,
+                "spawn",
+                format!(
+                    "the working directory `{dir}` does not exist here; hint: fix `workdir`, or leave it out"
+                ),
+            )));
+        }
+        command.current_dir(dir);
+    }
+    // SAFETY: only async-signal-safe calls (setpgid, prctl) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    Ok(command)
 }
 
 pub(crate) fn secs(s: f64) -> Duration {

@@ -8,12 +8,12 @@
 //! cell (or variant) starts on a clean machine.
 
 use crate::capture::Capture;
-use crate::command::{self, env_name, kill_group, last_line, terminate};
+use crate::command::{self, kill_group, last_line, terminate};
 use crate::ctx::Ctx;
 use orch_protocol::{CellResult, Client, Failure, Phase, Readiness, ServerWorkload, Status, TaskSpec};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,38 +62,10 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         }
     }
 
-    let mut cmd = Command::new(program);
-    cmd.args(&srv.argv[1..])
-        .env("HF_HUB_OFFLINE", "1")
-        .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
-        .envs(&task.env)
-        .env("ORCH_CELL_ID", &task.cell_id)
-        .env("ORCH_RUN_ID", &task.run_id)
-        .env("ORCH_GPU", &task.gpu)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in &task.params {
-        let value = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        cmd.env(format!("ORCH_PARAM_{}", env_name(k)), value);
-    }
-    if let Some(dir) = &srv.workdir {
-        cmd.current_dir(dir);
-    }
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            #[cfg(target_os = "linux")]
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    let mut cmd = match command::supervised(&srv.argv, srv.workdir.as_deref(), task, &[]) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join("stdout.log"), task.logs),
         Capture::create(&out_dir.join("stderr.log"), task.logs),
