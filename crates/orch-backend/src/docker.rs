@@ -409,7 +409,24 @@ impl Backend for DockerBackend {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if !self.keep {
-            self.remove(&id).await;
+            // Removal (slow on some storage drivers) need not delay the
+            // record: it goes on in the background, and `cleanup` at the end
+            // of the run waits for whatever is left.
+            let docker = self.docker.clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                let _ = docker
+                    .remove_container(
+                        &id,
+                        Some(
+                            RemoveContainerOptionsBuilder::default()
+                                .force(true)
+                                .v(true)
+                                .build(),
+                        ),
+                    )
+                    .await;
+            });
         }
         let oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
         let exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
@@ -507,6 +524,24 @@ impl Backend for DockerBackend {
             if let Some(id) = c.id {
                 self.remove(&id).await;
             }
+        }
+        // Removals started in the background may still be under way: wait
+        // (a bounded time) until none of the run's containers is listed.
+        for _ in 0..100 {
+            let left = self
+                .docker
+                .list_containers(Some(
+                    ListContainersOptionsBuilder::default()
+                        .all(true)
+                        .filters(&filters)
+                        .build(),
+                ))
+                .await
+                .map_err(engine_err)?;
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
     }
