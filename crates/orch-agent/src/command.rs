@@ -101,14 +101,14 @@ pub fn run_with_logs(
     let out_thread = stdout.map(|s| {
         let done = done_tx.clone();
         thread::spawn(move || {
-            let r = pump(s, out_cap, Some(tx));
+            let r = pump(s, out_cap, Some(|l: &[u8]| scan_line(l, &tx)));
             let _ = done.send((true, r));
         })
     });
     let err_thread = stderr.map(|s| {
         let done = done_tx.clone();
         thread::spawn(move || {
-            let r = pump(s, err_cap, None);
+            let r = pump(s, err_cap, None::<fn(&[u8])>);
             let _ = done.send((false, r));
         })
     });
@@ -367,11 +367,13 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) {
     }
 }
 
-/// Copy a pipe into its capture; on stdout, also scan lines for markers.
-fn pump(
+/// Copy a pipe into its capture, handing each line (cut at `\n` or `\r`;
+/// lines over `MAX_SCANNED_LINE` bytes are logged but not handed on) to
+/// `on_line` when given.
+pub(crate) fn pump(
     mut src: impl Read,
     mut cap: Capture,
-    notes: Option<mpsc::Sender<Note>>,
+    mut on_line: Option<impl FnMut(&[u8])>,
 ) -> std::io::Result<StreamInfo> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
@@ -384,11 +386,11 @@ fn pump(
             Err(e) => return Err(e),
         };
         cap.write(&buf[..n])?;
-        if let Some(tx) = &notes {
+        if let Some(f) = on_line.as_mut() {
             for &b in &buf[..n] {
-                if b == b'\n' {
-                    if !line_too_long {
-                        scan_line(&line, tx);
+                if b == b'\n' || b == b'\r' {
+                    if !line_too_long && !line.is_empty() {
+                        f(&line);
                     }
                     line.clear();
                     line_too_long = false;
@@ -400,9 +402,9 @@ fn pump(
             }
         }
     }
-    if let Some(tx) = &notes {
-        if !line_too_long {
-            scan_line(&line, tx);
+    if let Some(f) = on_line.as_mut() {
+        if !line_too_long && !line.is_empty() {
+            f(&line);
         }
     }
     cap.finish()

@@ -109,7 +109,16 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
     .map(|(src, cap)| {
         let re = log_ready.clone();
         let flag = ready_flag.clone();
-        thread::spawn(move || pump_lines(src, cap, re, flag))
+        thread::spawn(move || {
+            let on_line = re.map(|re| {
+                move |l: &[u8]| {
+                    if re.is_match(&String::from_utf8_lossy(l)) {
+                        flag.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+            command::pump(src, cap, on_line)
+        })
     })
     .collect();
     ctx.message(format!("server started (pid {pgid}); waiting for readiness"));
@@ -283,39 +292,6 @@ fn http_ok(port: u16, path: &str) -> bool {
         .nth(1)
         .map(|code| code.starts_with('2'))
         .unwrap_or(false)
-}
-
-/// Copy a pipe into its capture; set `ready` when a line matches `re`.
-fn pump_lines(
-    mut src: Box<dyn Read + Send>,
-    mut cap: Capture,
-    re: Option<regex::Regex>,
-    ready: Arc<AtomicBool>,
-) -> std::io::Result<orch_protocol::StreamInfo> {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut line = Vec::new();
-    loop {
-        let n = match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        cap.write(&buf[..n])?;
-        if let Some(re) = &re {
-            for &b in &buf[..n] {
-                if b == b'\n' || b == b'\r' {
-                    if re.is_match(&String::from_utf8_lossy(&line)) {
-                        ready.store(true, Ordering::Relaxed);
-                    }
-                    line.clear();
-                } else if line.len() < 64 * 1024 {
-                    line.push(b);
-                }
-            }
-        }
-    }
-    cap.finish()
 }
 
 /// Processes of a process group (from `/proc`).

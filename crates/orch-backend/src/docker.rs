@@ -510,23 +510,8 @@ impl Backend for DockerBackend {
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
         let filters: HashMap<String, Vec<String>> =
             [("label".to_string(), vec![format!("orch.run={run_id}")])].into();
-        let list = self
-            .docker
-            .list_containers(Some(
-                ListContainersOptionsBuilder::default()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .map_err(engine_err)?;
-        for c in list {
-            if let Some(id) = c.id {
-                self.remove(&id).await;
-            }
-        }
-        // Removals started in the background may still be under way: wait
-        // (a bounded time) until none of the run's containers is listed.
+        // Remove what is listed until nothing is; removals already under way
+        // in the background make a container linger a moment (bounded wait).
         for _ in 0..100 {
             let left = self
                 .docker
@@ -540,6 +525,9 @@ impl Backend for DockerBackend {
                 .map_err(engine_err)?;
             if left.is_empty() {
                 break;
+            }
+            for id in left.into_iter().filter_map(|c| c.id) {
+                self.remove(&id).await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -671,50 +671,59 @@ fn instantiate(
     vars: &BTreeMap<String, String>,
 ) -> Result<Workload, Msg> {
     Ok(match w {
-        Workload::Command(c) => Workload::Command(CommandWorkload {
-            argv: c
-                .argv
-                .iter()
-                .map(|a| substitute(a, vars))
-                .collect::<Result<_, _>>()?,
-            workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
-        }),
+        Workload::Command(c) => Workload::Command(substitute_command(c, vars)?),
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => {
             Workload::Builtin(BuiltinWorkload::Transformer(override_transformer(cfg, params)?))
         }
-        Workload::Server(s) => Workload::Server(ServerWorkload {
-            argv: s
-                .argv
-                .iter()
-                .map(|a| substitute(a, vars))
-                .collect::<Result<_, _>>()?,
-            workdir: s.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
-            ready: s.ready.clone(),
-            startup_timeout_s: s.startup_timeout_s,
-            client: match &s.client {
-                Some(Client::Command(c)) => Some(Client::Command(CommandWorkload {
-                    argv: c
-                        .argv
-                        .iter()
-                        .map(|a| substitute(a, vars))
-                        .collect::<Result<_, _>>()?,
-                    workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
-                })),
-                Some(Client::Loadgen(l)) => {
-                    let mut l = l.clone();
-                    l.model = l.model.as_deref().map(|m| substitute(m, vars)).transpose()?;
-                    l.endpoint = substitute(&l.endpoint, vars)?;
-                    l.prompt_file = l
-                        .prompt_file
-                        .as_deref()
-                        .map(|p| substitute(p, vars))
-                        .transpose()?;
-                    Some(Client::Loadgen(l))
-                }
-                None => None,
-            },
+        Workload::Server(s) => Workload::Server(substitute_server(s, vars)?),
+        Workload::Compare(c) => Workload::Compare(CompareWorkload {
+            server: substitute_server(&c.server, vars)?,
+            ..c.clone()
         }),
         other => other.clone(),
+    })
+}
+
+fn substitute_command(c: &CommandWorkload, vars: &BTreeMap<String, String>) -> Result<CommandWorkload, Msg> {
+    Ok(CommandWorkload {
+        argv: c
+            .argv
+            .iter()
+            .map(|a| substitute(a, vars))
+            .collect::<Result<_, _>>()?,
+        workdir: c.workdir.as_deref().map(|d| substitute(d, vars)).transpose()?,
+    })
+}
+
+fn substitute_server(s: &ServerWorkload, vars: &BTreeMap<String, String>) -> Result<ServerWorkload, Msg> {
+    let cmd = substitute_command(
+        &CommandWorkload {
+            argv: s.argv.clone(),
+            workdir: s.workdir.clone(),
+        },
+        vars,
+    )?;
+    let client = match &s.client {
+        Some(Client::Command(c)) => Some(Client::Command(substitute_command(c, vars)?)),
+        Some(Client::Loadgen(l)) => {
+            let mut l = l.clone();
+            l.model = l.model.as_deref().map(|m| substitute(m, vars)).transpose()?;
+            l.endpoint = substitute(&l.endpoint, vars)?;
+            l.prompt_file = l
+                .prompt_file
+                .as_deref()
+                .map(|p| substitute(p, vars))
+                .transpose()?;
+            Some(Client::Loadgen(l))
+        }
+        None => None,
+    };
+    Ok(ServerWorkload {
+        argv: cmd.argv,
+        workdir: cmd.workdir,
+        ready: s.ready.clone(),
+        startup_timeout_s: s.startup_timeout_s,
+        client,
     })
 }
 

@@ -146,3 +146,30 @@ fn shipped_manifests_parse() {
     }
     assert!(n >= 1);
 }
+
+#[test]
+fn compare_workloads_get_template_values() {
+    let text = r#"
+name: c
+benchmarks:
+  - name: cmp
+    compare:
+      rounds: 3
+      variants: [{name: a}, {name: b}]
+    matrix: {port: [8100]}
+    workload:
+      server: {command: [python3, server.py, "{{port}}"], ready: {tcp: 8100}}
+      client: {shell: "curl localhost:{{port}}"}
+"#;
+    let plan = load(text).unwrap();
+    match &plan.cells[0].task.workload {
+        Workload::Compare(c) => {
+            assert_eq!(c.server.argv, vec!["python3", "server.py", "8100"]);
+            match &c.server.client {
+                Some(orch_protocol::Client::Command(cmd)) => assert_eq!(cmd.argv[2], "curl localhost:8100"),
+                other => panic!("unexpected client {other:?}"),
+            }
+        }
+        w => panic!("unexpected {w:?}"),
+    }
+}
