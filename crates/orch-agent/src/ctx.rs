@@ -15,7 +15,21 @@ pub struct Ctx {
     stop: Arc<AtomicBool>,
     timings: BTreeMap<Phase, f64>,
     current: Option<(Phase, Instant)>,
+    /// Told of every phase change (the GPU telemetry sampler).
+    phase_hook: Option<PhaseHook>,
 }
+
+/// A phase change as a [`PhaseHook`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseChange {
+    /// A new phase began now.
+    Enter(Phase),
+    /// The open phase was renamed: its time so far belongs to this phase.
+    Relabel(Phase),
+}
+
+/// Called whenever the phase changes.
+pub type PhaseHook = Box<dyn FnMut(PhaseChange) + Send>;
 
 impl Ctx {
     pub fn new(sink: EventSink, stop: Arc<AtomicBool>) -> Self {
@@ -25,6 +39,27 @@ impl Ctx {
             stop,
             timings: BTreeMap::new(),
             current: None,
+            phase_hook: None,
+        }
+    }
+
+    /// Have `hook` told of every phase change from now on (and of the phase
+    /// open now).
+    pub fn set_phase_hook(&mut self, mut hook: PhaseHook) {
+        if let Some(p) = self.phase() {
+            hook(PhaseChange::Enter(p));
+        }
+        self.phase_hook = Some(hook);
+    }
+
+    /// Stop telling the hook of phase changes.
+    pub fn clear_phase_hook(&mut self) {
+        self.phase_hook = None;
+    }
+
+    fn notify(&mut self, change: PhaseChange) {
+        if let Some(h) = self.phase_hook.as_mut() {
+            h(change);
         }
     }
 
@@ -37,6 +72,7 @@ impl Ctx {
     pub fn enter(&mut self, phase: Phase) {
         self.close_phase();
         self.current = Some((phase, Instant::now()));
+        self.notify(PhaseChange::Enter(phase));
         let t = self.started.elapsed().as_secs_f64();
         self.emit(Event::Phase { phase, t });
     }
@@ -46,6 +82,7 @@ impl Ctx {
     pub fn relabel(&mut self, phase: Phase) {
         if let Some((p, _)) = self.current.as_mut() {
             *p = phase;
+            self.notify(PhaseChange::Relabel(phase));
         }
     }
 
@@ -58,6 +95,15 @@ impl Ctx {
         if let Some((p, since)) = self.current.take() {
             *self.timings.entry(p).or_insert(0.0) += since.elapsed().as_secs_f64();
         }
+    }
+
+    /// Seconds spent in `phase` so far (the open phase included).
+    pub fn phase_seconds(&self, phase: Phase) -> f64 {
+        let open = match self.current {
+            Some((p, since)) if p == phase => since.elapsed().as_secs_f64(),
+            _ => 0.0,
+        };
+        self.timings.get(&phase).copied().unwrap_or(0.0) + open
     }
 
     /// Close the open phase and return the seconds spent per phase.

@@ -6,10 +6,13 @@
 //! stdout and ends with a [`orch_protocol::CellResult`] (as the last event and as
 //! `result.json` in the output folder).
 
+pub mod calibrate;
 pub mod capture;
 pub mod command;
 pub mod compare;
 pub mod ctx;
+pub mod device;
+pub mod gpu;
 pub mod loadgen;
 pub mod run;
 pub mod server;

@@ -1,9 +1,10 @@
 //! The agent's driver: read the task, run the workload, report.
 
 use crate::ctx::Ctx;
-use crate::{command, server, transformer, AGENT_VERSION};
+use crate::{calibrate, command, gpu, server, transformer, AGENT_VERSION};
 use orch_protocol::{
-    BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, PROTOCOL_VERSION,
+    BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, FLAG_HARDWARE_MISMATCH,
+    PROTOCOL_VERSION,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,16 +49,41 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         pid: std::process::id(),
     });
     ctx.enter(Phase::Start);
+    let (gpus, mut hardware) = gpu::detect();
+    hardware.mismatch = gpu::mismatch(&task.gpu, &hardware);
+    if let Some(m) = &hardware.mismatch {
+        ctx.message(format!("hardware mismatch: {m}"));
+    }
+    if let (Some(m), true) = (&hardware.mismatch, task.strict_hardware) {
+        let mut r = CellResult::failed(
+            &task.cell_id,
+            Status::Failed,
+            FLAG_HARDWARE_MISMATCH,
+            format!("{m} (strict hardware: the workload did not run)"),
+        );
+        r.flags.push(FLAG_HARDWARE_MISMATCH.into());
+        r.hardware = Some(hardware);
+        return finish(r, out_dir, ctx);
+    }
+    let hz = gpu::telemetry_hz(&task.env);
+    let sampler = gpus
+        .filter(|g| g.count() > 0 && hz > 0.0)
+        .map(|g| gpu::Sampler::start(g, hz, out_dir));
+    if let Some(s) = &sampler {
+        ctx.set_phase_hook(s.phase_hook());
+    }
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &task.workload {
         Workload::Command(c) => command::run(c, task, out_dir, ctx),
         Workload::Server(s) => server::run(s, task, out_dir, ctx),
         Workload::Compare(c) => crate::compare::run(c, task, out_dir, ctx),
         Workload::Builtin(BuiltinWorkload::Transformer(cfg)) => transformer::run(cfg, task, ctx),
+        Workload::Builtin(BuiltinWorkload::Calibrate(cfg)) => calibrate::run(cfg, task, ctx),
         Workload::Builtin(BuiltinWorkload::Noop) => {
             ctx.enter(Phase::Measure);
             CellResult::new(&task.cell_id, Status::Succeeded)
         }
     }));
+    ctx.clear_phase_hook();
     let mut result = match outcome {
         Ok(r) => r,
         Err(panic) => {
@@ -74,6 +100,53 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
             )
         }
     };
+    if hardware.mismatch.is_some() {
+        result.flags.push(FLAG_HARDWARE_MISMATCH.into());
+    }
+    if let Workload::Builtin(BuiltinWorkload::Calibrate(cfg)) = &task.workload {
+        calibrate::judge(&mut result, &hardware, cfg);
+    }
+    let measure_s = ctx.phase_seconds(Phase::Measure);
+    if let Some(s) = sampler {
+        let summary = s.finish();
+        let (steps, tokens) = measured_work(task, &result.metrics, measure_s);
+        result.metrics.extend(summary.metrics(steps, tokens));
+        result.info.insert("telemetry".into(), summary.to_json());
+    }
+    result.hardware = Some(hardware);
+    finish(result, out_dir, ctx)
+}
+
+/// Steps and tokens of the measured phase, for energy per step and per token:
+/// the builtin transformer does `repetitions` steps (calibrate has none); a command may report `steps` and
+/// `tokens` (or `total_output_tokens`) itself; else tokens from a tokens/s
+/// rate over the measured time.
+fn measured_work(
+    task: &TaskSpec,
+    metrics: &std::collections::BTreeMap<String, f64>,
+    measure_s: f64,
+) -> (Option<f64>, Option<f64>) {
+    let steps = match &task.workload {
+        Workload::Builtin(BuiltinWorkload::Transformer(_)) => Some(f64::from(task.measure.repetitions)),
+        Workload::Builtin(_) => None,
+        _ => ["steps", "measured_steps"]
+            .iter()
+            .find_map(|k| metrics.get(*k).copied()),
+    };
+    let tokens = ["tokens", "measured_tokens", "total_output_tokens"]
+        .iter()
+        .find_map(|k| metrics.get(*k).copied())
+        .or_else(|| {
+            ["tokens_per_s", "output_throughput"]
+                .iter()
+                .find_map(|k| metrics.get(*k))
+                .map(|rate| rate * measure_s)
+                .filter(|t| *t > 0.0)
+        });
+    (steps, tokens)
+}
+
+fn finish(mut result: CellResult, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     result.timings = ctx.take_timings();
     // Every cell has both logs, even a builtin workload that wrote none.
     for name in ["stdout.log", "stderr.log"] {

@@ -80,6 +80,9 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
             )
         }
     };
+    // From spawn until ready (or dead) is the server's start-up: billed as
+    // `server_start`; the client's phases follow, then `teardown`.
+    ctx.enter(Phase::ServerStart);
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,

@@ -29,6 +29,13 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * frac
 }
 
+/// Median of a sample (NaN when it is empty).
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    percentile(&sorted, 50.0)
+}
+
 /// Summarise a sample; `None` when it is empty.
 pub fn summarize(values: &[f64]) -> Option<Summary> {
     if values.is_empty() {

@@ -10,6 +10,19 @@ pub fn rss_bytes() -> Option<u64> {
     proc_status_kib("VmRSS:").map(|k| k * 1024)
 }
 
+/// The machine's memory (`MemTotal`), in bytes.
+pub fn total_memory_bytes() -> Option<u64> {
+    meminfo_kib("MemTotal:").map(|k| k * 1024)
+}
+
+fn meminfo_kib(key: &str) -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l[key.len()..].trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 fn proc_status_kib(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
@@ -21,20 +34,7 @@ fn proc_status_kib(key: &str) -> Option<u64> {
 /// Memory this process may still allocate: the smaller of the machine's
 /// `MemAvailable` and the room left under the cgroup's `memory.max`.
 pub fn available_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let avail = meminfo.as_deref().and_then(|m| {
-        m.lines()
-            .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| {
-                l["MemAvailable:".len()..]
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .map(|k| k * 1024)
-    });
+    let avail = meminfo_kib("MemAvailable:").map(|k| k * 1024);
     let cgroup = cgroup_room();
     match (avail, cgroup) {
         (Some(a), Some(c)) => Some(a.min(c)),

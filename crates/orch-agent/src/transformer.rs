@@ -16,6 +16,7 @@
 //! the work a step does, only its numbers.
 
 use crate::ctx::Ctx;
+use crate::device::{default_device, dtype_name, open_device, parse_device, parse_dtype, DeviceKind};
 use crate::{stats, sysmem};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var, D};
@@ -43,23 +44,6 @@ const LN_EPS: f64 = 1e-5;
 const INIT_STD: f64 = 0.02;
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DeviceKind {
-    Cpu,
-    Cuda(usize),
-}
-
-impl DeviceKind {
-    fn name(self) -> String {
-        match self {
-            DeviceKind::Cpu => "cpu".to_string(),
-            DeviceKind::Cuda(0) => "cuda".to_string(),
-            DeviceKind::Cuda(n) => format!("cuda:{n}"),
-        }
-    }
-}
-
 /// The configuration with presets and defaults applied, checked.
 #[derive(Debug, Clone, PartialEq)]
 struct Resolved {
@@ -79,47 +63,6 @@ struct Resolved {
 
 fn known_presets() -> String {
     PRESETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "f32" | "float32" | "fp32" => Ok(DType::F32),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        "f16" | "float16" | "fp16" | "half" => Ok(DType::F16),
-        _ => Err(format!(
-            "unknown transformer dtype `{s}`: known dtypes are f32, bf16, f16"
-        )),
-    }
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        _ => "f32",
-    }
-}
-
-fn parse_device(s: &str) -> Result<DeviceKind, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    let kind = match lower.as_str() {
-        "cpu" => DeviceKind::Cpu,
-        "cuda" | "gpu" => DeviceKind::Cuda(0),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => DeviceKind::Cuda(n),
-            _ => {
-                return Err(format!(
-                    "unknown transformer device `{s}`: known devices are cpu, cuda, cuda:<n>"
-                ))
-            }
-        },
-    };
-    if matches!(kind, DeviceKind::Cuda(_)) && !cfg!(feature = "cuda") {
-        return Err(format!(
-            "transformer device `{s}` needs an agent built with the `cuda` feature"
-        ));
-    }
-    Ok(kind)
 }
 
 /// Apply the preset, explicit sizes and defaults; check what results.
@@ -180,18 +123,11 @@ fn resolve(cfg: &TransformerConfig, task: &TaskSpec) -> Result<Resolved, String>
         return Err(format!("transformer `vocab` ({vocab}) must fit in 32 bits"));
     }
     let device = match cfg.device.as_deref() {
-        Some(s) => parse_device(s)?,
-        None => {
-            let wants_gpu = !task.gpu.trim().is_empty() && !task.gpu.trim().eq_ignore_ascii_case("none");
-            if wants_gpu && cfg!(feature = "cuda") {
-                DeviceKind::Cuda(0)
-            } else {
-                DeviceKind::Cpu
-            }
-        }
+        Some(s) => parse_device(s, "transformer")?,
+        None => default_device(task),
     };
     let dtype = match cfg.dtype.as_deref() {
-        Some(s) => parse_dtype(s)?,
+        Some(s) => parse_dtype(s, "transformer")?,
         None => match device {
             DeviceKind::Cpu => DType::F32,
             DeviceKind::Cuda(_) => DType::BF16,
@@ -568,13 +504,6 @@ enum Outcome {
     Cancelled { phase: Phase },
 }
 
-fn open_device(kind: DeviceKind) -> candle_core::Result<Device> {
-    match kind {
-        DeviceKind::Cpu => Ok(Device::Cpu),
-        DeviceKind::Cuda(n) => Device::new_cuda(n),
-    }
-}
-
 fn bench(
     r: &Resolved,
     task: &TaskSpec,
@@ -635,7 +564,7 @@ fn bench(
     Ok(Outcome::Done { step_ms, params })
 }
 
-fn is_oom(text: &str) -> bool {
+pub(crate) fn is_oom(text: &str) -> bool {
     let t = text.to_ascii_lowercase();
     t.contains("out of memory") || t.contains("out_of_memory") || t.contains("outofmemory")
 }
@@ -767,6 +696,7 @@ mod tests {
             logs: LogLimits::default(),
             memory_limit_bytes: None,
             weights_dir: None,
+            strict_hardware: false,
         }
     }
 

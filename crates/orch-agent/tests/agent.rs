@@ -27,6 +27,7 @@ fn task(workload: Workload) -> TaskSpec {
         logs: Default::default(),
         memory_limit_bytes: None,
         weights_dir: Some("/weights".into()),
+        strict_hardware: false,
     }
 }
 

@@ -200,6 +200,7 @@ impl Backend for DockerBackend {
         mut cancel: watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
         let cell_id = launch.task.cell_id.clone();
+        let mut relay = crate::EventRelay::new(&cell_id, events);
         let run_id = launch.task.run_id.clone();
         let dir = launch.cell_dir.clone();
         let Some(image) = launch.image.clone() else {
@@ -364,7 +365,7 @@ impl Backend for DockerBackend {
                         pending.push_str(&String::from_utf8_lossy(&message));
                         while let Some(nl) = pending.find('\n') {
                             let line: String = pending.drain(..=nl).collect();
-                            if let Some(r) = crate::handle_event_line(&line, &cell_id, &events) {
+                            if let Some(r) = relay.line(&line) {
                                 result = Some(r);
                             }
                         }
@@ -504,7 +505,7 @@ impl Backend for DockerBackend {
         }
         result.info.insert("container_image".into(), image.into());
         result.info.insert("container_exit_code".into(), exit_code.into());
-        Ok(result)
+        Ok(relay.stamp(result))
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {

@@ -18,7 +18,7 @@ pub mod fake;
 pub mod local;
 
 use async_trait::async_trait;
-use orch_protocol::{CellResult, Event, TaskSpec};
+use orch_protocol::{CellResult, Event, Phase, TaskSpec};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
 
@@ -120,6 +120,62 @@ pub fn handle_event_line(
             None
         }
         Err(_) => None,
+    }
+}
+
+/// The event stream of one cell, shared by every backend: relays the
+/// agent's events, returns its result, and measures the `provision` phase,
+/// from the cell's launch (this relay's creation) until the agent's
+/// `Started` event (container create, image pull, scheduling, agent start).
+pub struct EventRelay {
+    cell_id: String,
+    events: mpsc::UnboundedSender<CellEvent>,
+    launched: std::time::Instant,
+    provision_s: Option<f64>,
+}
+
+impl EventRelay {
+    /// Create it when the cell's launch begins.
+    pub fn new(cell_id: &str, events: mpsc::UnboundedSender<CellEvent>) -> EventRelay {
+        EventRelay {
+            cell_id: cell_id.to_string(),
+            events,
+            launched: std::time::Instant::now(),
+            provision_s: None,
+        }
+    }
+
+    /// One line of the agent's event stream: the final result is returned
+    /// (with the provision time), other events are relayed.
+    pub fn line(&mut self, line: &str) -> Option<CellResult> {
+        match serde_json::from_str::<Event>(line.trim()) {
+            Ok(Event::Result { result }) => Some(self.stamp(result)),
+            Ok(event) => {
+                if matches!(event, Event::Started { .. }) && self.provision_s.is_none() {
+                    self.provision_s = Some(self.launched.elapsed().as_secs_f64());
+                }
+                let _ = self.events.send(CellEvent {
+                    cell_id: self.cell_id.clone(),
+                    event,
+                });
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Seconds from launch until the agent started, once it has.
+    pub fn provision_s(&self) -> Option<f64> {
+        self.provision_s
+    }
+
+    /// Put the provision time into a result (one the agent sent, read from
+    /// its file, or made up for an agent that died).
+    pub fn stamp(&self, mut result: CellResult) -> CellResult {
+        if let Some(p) = self.provision_s {
+            result.timings.entry(Phase::Provision).or_insert(p);
+        }
+        result
     }
 }
 

@@ -98,6 +98,7 @@ impl Backend for LocalBackend {
         mut cancel: watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
         let cell_id = launch.task.cell_id.clone();
+        let mut relay = crate::EventRelay::new(&cell_id, events);
         let dir = &launch.cell_dir;
         let task_path = dir.join("task.json");
         let mut task = launch.task.clone();
@@ -171,7 +172,7 @@ impl Backend for LocalBackend {
                     Ok(Some(line)) => {
                         let _ = events_file.write_all(line.as_bytes()).await;
                         let _ = events_file.write_all(b"\n").await;
-                        if let Some(r) = crate::handle_event_line(&line, &cell_id, &events) {
+                        if let Some(r) = relay.line(&line) {
                             result = Some(r);
                         }
                     }
@@ -208,10 +209,10 @@ impl Backend for LocalBackend {
         // No result event: maybe the file made it, else the agent died.
         if let Ok(bytes) = tokio::fs::read(dir.join("result.json")).await {
             if let Ok(r) = serde_json::from_slice::<CellResult>(&bytes) {
-                return Ok(r);
+                return Ok(relay.stamp(r));
             }
         }
-        Ok(agent_died(&cell_id, dir, exit, killed_by_host))
+        Ok(relay.stamp(agent_died(&cell_id, dir, exit, killed_by_host)))
     }
 
     async fn cleanup(&self, _run_id: &str) -> Result<(), BackendError> {

@@ -201,6 +201,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         logs,
                         memory_limit_bytes: memory_limit,
                         weights_dir: None,
+                        strict_hardware: false,
                     },
                 });
             }
@@ -272,6 +273,7 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         ("command", w.command.is_some()),
         ("shell", w.shell.is_some()),
         ("transformer", w.transformer.is_some()),
+        ("calibrate", w.calibrate.is_some()),
         ("noop", w.noop.unwrap_or(false)),
         ("server", w.server.is_some()),
     ]
@@ -279,7 +281,7 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
     .filter(|(_, on)| *on)
     .map(|(n, _)| *n)
     .collect();
-    const HINT: &str = "a workload is exactly one of `command: [prog, args...]`, `shell: \"script\"`, `transformer: {...}`, `server: {...}` or `noop: true`";
+    const HINT: &str = "a workload is exactly one of `command: [prog, args...]`, `shell: \"script\"`, `transformer: {...}`, `calibrate: {...}`, `server: {...}` or `noop: true`";
     if given.len() != 1 {
         let msg = if given.is_empty() {
             "no workload given".to_string()
@@ -332,6 +334,9 @@ fn base_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
         }),
         "transformer" => Workload::Builtin(BuiltinWorkload::Transformer(
             w.transformer.clone().unwrap_or_default(),
+        )),
+        "calibrate" => Workload::Builtin(BuiltinWorkload::Calibrate(
+            w.calibrate.clone().unwrap_or_default(),
         )),
         "server" => server_workload(w, base_dir)?,
         _ => Workload::Builtin(BuiltinWorkload::Noop),

@@ -4,7 +4,7 @@
 
 use crate::gpu::GpuSpec;
 use crate::units::{Bytes, Seconds};
-use orch_protocol::TransformerConfig;
+use orch_protocol::{CalibrateConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 use std::collections::BTreeMap;
@@ -167,7 +167,7 @@ pub struct VariantDef {
     pub install: Option<String>,
 }
 
-/// Exactly one of `command`, `shell`, `transformer`, `noop`.
+/// Exactly one of `command`, `shell`, `transformer`, `calibrate`, `server`, `noop`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadDef {
@@ -183,6 +183,9 @@ pub struct WorkloadDef {
     /// The builtin decoder-only transformer benchmark.
     #[serde(default)]
     pub transformer: Option<TransformerConfig>,
+    /// The builtin GPU calibration (matmul TFLOP/s, memory bandwidth).
+    #[serde(default)]
+    pub calibrate: Option<CalibrateConfig>,
     /// A workload that does nothing (per-cell overhead).
     #[serde(default)]
     pub noop: Option<bool>,

@@ -54,6 +54,10 @@ pub struct TaskSpec {
     /// workload, so weights load from it and never from the network.
     #[serde(default)]
     pub weights_dir: Option<String>,
+    /// Fail the cell (`hardware_mismatch`) when the GPUs present differ from
+    /// the GPUs asked for; without it the mismatch is only flagged.
+    #[serde(default)]
+    pub strict_hardware: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,8 +201,40 @@ pub struct CommandWorkload {
 #[allow(clippy::large_enum_variant)] // built once per cell; boxing buys nothing
 pub enum BuiltinWorkload {
     Transformer(TransformerConfig),
+    /// Measures the GPU: matmul TFLOP/s per dtype and device memory
+    /// bandwidth, compared with the GPU model's expected figures.
+    Calibrate(CalibrateConfig),
     /// Does nothing and succeeds: used to measure per-cell overhead.
     Noop,
+}
+
+/// Sizes of the calibration. Defaults are large enough to reach a data-centre
+/// GPU's peak (8192^3 matmuls, 4 GiB copies).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrateConfig {
+    /// Square matmul size (m = n = k).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul_size: Option<usize>,
+    /// Dtypes whose matmul is measured (`bf16`, `f16`, `f32`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtypes: Option<Vec<String>>,
+    /// Bytes copied per bandwidth measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_bytes: Option<u64>,
+    /// Seconds each figure is measured for, over all repetitions (default 2
+    /// on CUDA, long enough for utilisation and power readings to settle;
+    /// 0.1 on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_per_metric: Option<f64>,
+    /// A figure below this fraction of the GPU model's expected one flags
+    /// the cell `degraded_gpu` (default 0.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    /// `cpu` or `cuda` (default: `cuda` when the cell asks for a GPU and the
+    /// agent was built with CUDA, else `cpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// Decoder-only transformer with random weights. `preset` fills the sizes;
@@ -330,9 +366,16 @@ impl std::fmt::Display for Status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Measured by the host: from the launch of the cell until the agent
+    /// started (container create, image pull, scheduling).
+    Provision,
     /// From the agent's start until the workload is ready (process spawned,
     /// model built).
     Start,
+    /// Model weights loading (a command marks it with `ORCH_PHASE load`).
+    Load,
+    /// A server workload's server, from spawn until ready.
+    ServerStart,
     Warmup,
     Measure,
     Teardown,
@@ -341,7 +384,10 @@ pub enum Phase {
 impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
+            Phase::Provision => "provision",
             Phase::Start => "start",
+            Phase::Load => "load",
+            Phase::ServerStart => "server_start",
             Phase::Warmup => "warmup",
             Phase::Measure => "measure",
             Phase::Teardown => "teardown",
@@ -350,7 +396,10 @@ impl Phase {
 
     pub fn parse(s: &str) -> Option<Phase> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "provision" => Some(Phase::Provision),
             "start" => Some(Phase::Start),
+            "load" | "weights" | "weight_load" => Some(Phase::Load),
+            "server_start" | "server-start" => Some(Phase::ServerStart),
             "warmup" | "warm-up" | "warm_up" => Some(Phase::Warmup),
             "measure" => Some(Phase::Measure),
             "teardown" => Some(Phase::Teardown),
@@ -400,6 +449,59 @@ pub struct CellResult {
     /// Facts about what ran (model parameters, device, dtype, agent version...).
     #[serde(default)]
     pub info: BTreeMap<String, serde_json::Value>,
+    /// The hardware the cell ran on, as the agent saw it (NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<Hardware>,
+    /// Conditions that make the numbers suspect without failing the cell:
+    /// `hardware_mismatch`, `degraded_gpu`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+}
+
+/// Flag: the GPUs present differ from the GPUs asked for.
+pub const FLAG_HARDWARE_MISMATCH: &str = "hardware_mismatch";
+/// Flag: a calibration figure is below the threshold of the GPU model's expected one.
+pub const FLAG_DEGRADED_GPU: &str = "degraded_gpu";
+
+/// What the agent found on the machine it ran on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    /// Visible GPUs, in device order; empty on a CPU-only host.
+    pub gpus: Vec<GpuInfo>,
+    /// NVIDIA driver version (`580.159.04`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports (`13.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
+    /// Why no GPU was read, when none was (`NVML not found`): informative, not an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+    pub cpus: usize,
+    pub memory_bytes: u64,
+    /// What was asked (`H100:8`) against what is present, when they differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<String>,
+}
+
+/// One GPU as NVML reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    /// `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    pub uuid: String,
+    pub memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// `9.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
+    /// Power limit in watts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_w: Option<f64>,
 }
 
 impl CellResult {
@@ -414,6 +516,8 @@ impl CellResult {
             stdout: StreamInfo::default(),
             stderr: StreamInfo::default(),
             info: BTreeMap::new(),
+            hardware: None,
+            flags: Vec::new(),
         }
     }
 
@@ -432,6 +536,7 @@ impl CellResult {
 /// A line of the agent's event stream (its stdout, JSON lines).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // the result is sent once per cell; boxing buys nothing
 pub enum Event {
     /// The agent accepted the task.
     Started {
@@ -481,6 +586,7 @@ mod tests {
             logs: LogLimits::default(),
             memory_limit_bytes: None,
             weights_dir: None,
+            strict_hardware: false,
         };
         let json = serde_json::to_string(&task).unwrap();
         let back: TaskSpec = serde_json::from_str(&json).unwrap();

@@ -5,19 +5,30 @@
 //!   crash of `orch` loses no finished cell);
 //! - on cancel, no new cell starts, running ones are stopped by their backend
 //!   and recorded `cancelled`;
-//! - a backend error for one cell is that cell's failure, never the sweep's end.
+//! - a backend error for one cell is that cell's failure, never the sweep's end;
+//! - each record gets its cost from the cell's price ([`CostOptions`]); under
+//!   a cap (`--max-cost`) a cell is launched only if the committed cost stays
+//!   within it, and running cells are stopped (recorded `cancelled`, failure
+//!   kind `budget`) when it would be passed (see [`orch_cost::budget`]).
+//!
+//! Stopping: one internal stop channel is handed to every cell's backend.
+//! It fires on the caller's cancel (Ctrl-C) or on the budget; the first
+//! reason is kept and decides how stopped cells are recorded.
 
 use chrono::Utc;
 use orch_backend::{Backend, CellEvent, CellLaunch};
+use orch_cost::{BudgetRecord, BudgetTracker, Rate};
 use orch_manifest::CellPlan;
 use orch_protocol::{CellResult, Status};
 use orch_store::{CellRecord, Run, RunState, StoreError};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 /// What the runner reports while it works.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // an agent's result event, once per cell
 pub enum Progress {
     /// The cells this invocation will run (after skipping finished ones).
     Planned {
@@ -55,6 +66,58 @@ pub struct RunnerOptions {
     pub gpu_devices: Option<Vec<String>>,
     /// Rules that name the cause of a failed cell (default: the built-in ones).
     pub diagnose_rules: Option<orch_diagnose::Rules>,
+    /// Prices of the cells, and the budget.
+    pub cost: CostOptions,
+}
+
+/// Prices of the cells and the cap of an invocation.
+#[derive(Debug, Clone, Default)]
+pub struct CostOptions {
+    /// Price per second of each cell, by cell id; a cell without one is
+    /// recorded without a cost.
+    pub rates: BTreeMap<String, Rate>,
+    /// Expected seconds of each cell, by cell id (for the budget; a cell
+    /// without one is committed at its timeout).
+    pub estimates: BTreeMap<String, f64>,
+    /// The cap (`--max-cost`), in US dollars, for the whole run.
+    pub max_usd: Option<f64>,
+    /// What the run's records already cost (earlier invocations).
+    pub prior_usd: f64,
+    /// The estimate of the cells this invocation runs (kept in the record).
+    pub estimate_usd: f64,
+    /// Time between two budget checks (default [`BUDGET_TICK`]).
+    pub tick: Option<Duration>,
+}
+
+/// Default time between two budget checks of the running cells.
+pub const BUDGET_TICK: Duration = Duration::from_millis(250);
+
+/// Failure kind of a cell stopped (or not launched) by the budget.
+pub const BUDGET_FAILURE: &str = "budget";
+
+/// Why the cells of an invocation are being stopped; the first reason wins.
+#[derive(Debug, Clone, PartialEq)]
+enum StopReason {
+    Interrupted,
+    Budget(String),
+}
+
+struct Stop {
+    tx: watch::Sender<bool>,
+    reason: Mutex<Option<StopReason>>,
+}
+
+impl Stop {
+    fn trigger(&self, why: StopReason) {
+        if let Ok(mut r) = self.reason.lock() {
+            r.get_or_insert(why);
+        }
+        self.tx.send_replace(true);
+    }
+
+    fn reason(&self) -> Option<StopReason> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
 }
 
 /// For a comparison, name the cause of each failed variant from its own logs
@@ -132,15 +195,20 @@ pub fn diagnose_cell(
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub counts: BTreeMap<Status, usize>,
-    /// Cells that were not started because of a cancel.
+    /// Cells that were not started because of a cancel or the budget.
     pub not_started: usize,
     pub cancelled: bool,
+    /// Why the budget stopped the run, when it did.
+    pub budget_stopped: Option<String>,
 }
 
 impl Outcome {
     /// True when every cell of this invocation succeeded.
     pub fn all_succeeded(&self) -> bool {
-        !self.cancelled && self.not_started == 0 && self.counts.keys().all(|s| *s == Status::Succeeded)
+        !self.cancelled
+            && self.budget_stopped.is_none()
+            && self.not_started == 0
+            && self.counts.keys().all(|s| *s == Status::Succeeded)
     }
 }
 
@@ -179,23 +247,96 @@ pub async fn execute(
             }
         })
     };
+
+    // One stop channel for every cell: the caller's cancel or the budget.
+    // The sender lives until every cell is joined (a dropped sender reads as
+    // a cancel to the backends).
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = Arc::new(Stop {
+        tx: stop_tx,
+        reason: Mutex::new(None),
+    });
+    let relay = {
+        let stop = stop.clone();
+        let mut cancel = cancel.clone();
+        tokio::spawn(async move {
+            if cancel.wait_for(|c| *c).await.is_ok() {
+                stop.trigger(StopReason::Interrupted);
+            }
+        })
+    };
+    let cost = Arc::new(opts.cost.clone());
+    let tick = opts.cost.tick.unwrap_or(BUDGET_TICK);
+    let budget = opts
+        .cost
+        .max_usd
+        .map(|max| Arc::new(Mutex::new(BudgetTracker::new(max, opts.cost.prior_usd, tick))));
+    if let Some(max_usd) = opts.cost.max_usd {
+        run.set_budget(BudgetRecord {
+            max_usd,
+            estimate_usd: opts.cost.estimate_usd,
+            stopped: false,
+            reason: None,
+            accrued_usd: opts.cost.prior_usd,
+            tick_s: tick.as_secs_f64(),
+        })?;
+    }
+    let monitor = budget.as_ref().map(|b| {
+        let (b, stop) = (b.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(tick);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let why = b.lock().ok().and_then(|b| b.check(Instant::now()));
+                if let Some(why) = why {
+                    stop.trigger(StopReason::Budget(why));
+                    break;
+                }
+            }
+        })
+    });
+
     // Cell tasks only use the run's folder and plan, which do not change.
     let run_shared = Arc::new(run.clone());
     let mut tasks = tokio::task::JoinSet::new();
-    let mut not_started = 0;
-    let mut cancel_wait = cancel.clone();
+    let mut not_launched: Vec<CellPlan> = Vec::new();
+    let mut stop_wait = stop_rx.clone();
     for (i, cell) in cells.iter().enumerate() {
         let permit = tokio::select! {
             p = semaphore.clone().acquire_owned() => p.map_err(|e| RunnerError::Join(e.to_string()))?,
-            _ = cancel_wait.wait_for(|c| *c) => { not_started = cells.len() - i; break; }
+            _ = stop_wait.wait_for(|c| *c) => { not_launched = cells[i..].to_vec(); break; }
         };
-        if *cancel.borrow() {
-            not_started = cells.len() - i;
+        if *stop_rx.borrow() || *cancel.borrow() {
+            not_launched = cells[i..].to_vec();
             break;
+        }
+        let rate = cost.rates.get(&cell.id).cloned();
+        if let Some(b) = &budget {
+            let usd_per_s = rate.as_ref().map(|r| r.usd_per_s).unwrap_or(0.0);
+            let estimate_s = cost
+                .estimates
+                .get(&cell.id)
+                .copied()
+                .unwrap_or(cell.task.measure.timeout_s);
+            let admitted = match b.lock() {
+                Ok(mut b) => b
+                    .admit(Instant::now(), usd_per_s, estimate_s)
+                    .map(|()| b.reserve(&cell.id, usd_per_s, estimate_s)),
+                Err(_) => Err("the budget's accounting failed".to_string()),
+            };
+            if let Err(why) = admitted {
+                // Stop launching; the running cells are within the budget.
+                if let Ok(mut r) = stop.reason.lock() {
+                    r.get_or_insert(StopReason::Budget(why));
+                }
+                not_launched = cells[i..].to_vec();
+                break;
+            }
         }
         let backend = backend.clone();
         let ev_tx = ev_tx.clone();
-        let cancel = cancel.clone();
+        let cell_stop = stop_rx.clone();
         let progress = progress.clone();
         let secrets = opts.secrets.clone();
         let weights_dir = opts.weights_dir.clone();
@@ -204,17 +345,37 @@ pub async fn execute(
         let rules = rules.clone();
         let cell = cell.clone();
         let handle = run_shared.clone();
+        let budget = budget.clone();
+        let stop = stop.clone();
         tasks.spawn(async move {
             let _permit = permit;
+            let settle = |usd: f64| {
+                if let Some(b) = &budget {
+                    if let Ok(mut b) = b.lock() {
+                        b.finish(&cell.id, usd);
+                    }
+                }
+            };
             // Held until the cell's record is written.
             let devices = pool.acquire(cell.gpu.count as usize).await;
-            let (dir, attempt) = handle.prepare_cell(&cell.id)?;
+            let (dir, attempt) = match handle.prepare_cell(&cell.id) {
+                Ok(x) => x,
+                Err(e) => {
+                    settle(0.0);
+                    return Err(e.into());
+                }
+            };
             let dir_for_diagnosis = dir.clone();
             let _ = progress.send(Progress::CellStarted {
                 cell_id: cell.id.clone(),
                 attempt,
             });
             let started = Utc::now();
+            if let Some(b) = &budget {
+                if let Ok(mut b) = b.lock() {
+                    b.begin(&cell.id, Instant::now());
+                }
+            }
             let launch = CellLaunch {
                 task: cell.task.clone(),
                 cell_dir: dir,
@@ -223,11 +384,20 @@ pub async fn execute(
                 image,
                 devices: devices.ids.clone(),
             };
-            let result = match backend.run_cell(launch, ev_tx, cancel).await {
+            let result = match backend.run_cell(launch, ev_tx, cell_stop).await {
                 Ok(r) => r,
                 Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
             };
             let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
+            if record.status == Status::Cancelled {
+                if let Some(StopReason::Budget(why)) = stop.reason() {
+                    mark_budget(&mut record, format!("stopped by the budget: {why}"));
+                }
+            }
+            record.cost = rate
+                .as_ref()
+                .map(|r| orch_cost::cell_cost(r, record.status, record.duration_s, &record.timings));
+            settle(record.cost.as_ref().map(|c| c.usd).unwrap_or(0.0));
             record.diagnosis = diagnose_cell(&record, &dir_for_diagnosis, &rules);
             diagnose_variants(&mut record, &dir_for_diagnosis, &rules);
             handle.finish_cell(&record)?;
@@ -249,24 +419,83 @@ pub async fn execute(
             }
         }
     }
+    if let Some(m) = monitor {
+        m.abort();
+    }
+    relay.abort();
     let _ = forward.await;
     if let Some(e) = first_error {
         return Err(e);
     }
-    let cancelled = *cancel.borrow();
+    let reason = stop.reason();
+    let budget_stopped = match &reason {
+        Some(StopReason::Budget(why)) => Some(why.clone()),
+        _ => None,
+    };
+    // Cells the budget kept from starting are recorded `cancelled` (kind
+    // `budget`), so the record says why they did not run; `--resume` runs them.
+    if let Some(why) = &budget_stopped {
+        for cell in &not_launched {
+            let (_, attempt) = run.prepare_cell(&cell.id)?;
+            let now = Utc::now();
+            let mut record = CellRecord::from_result(
+                cell,
+                CellResult::new(&cell.id, Status::Cancelled),
+                now,
+                now,
+                attempt,
+            );
+            mark_budget(&mut record, format!("not started: {why}"));
+            record.cost = cost
+                .rates
+                .get(&cell.id)
+                .map(|r| orch_cost::cell_cost(r, record.status, 0.0, &record.timings));
+            run.finish_cell(&record)?;
+            let _ = progress.send(Progress::CellFinished(Box::new(record)));
+        }
+    }
+    if let (Some(b), Some(max_usd)) = (&budget, opts.cost.max_usd) {
+        let accrued_usd = b.lock().map(|b| b.accrued_usd()).unwrap_or(f64::NAN);
+        run.set_budget(BudgetRecord {
+            max_usd,
+            estimate_usd: opts.cost.estimate_usd,
+            stopped: budget_stopped.is_some(),
+            reason: budget_stopped.clone(),
+            accrued_usd,
+            tick_s: tick.as_secs_f64(),
+        })?;
+    }
+    let cancelled = *cancel.borrow() || reason == Some(StopReason::Interrupted);
     let all_done = run.unfinished_cells()?.is_empty();
     run.set_state(if all_done {
         RunState::Complete
-    } else if cancelled {
+    } else if cancelled || budget_stopped.is_some() {
         RunState::Interrupted
     } else {
         RunState::Running
     })?;
     Ok(Outcome {
         counts,
-        not_started,
+        not_started: not_launched.len(),
         cancelled,
+        budget_stopped,
     })
+}
+
+/// Record a cell as stopped by the budget (its exit code or signal kept).
+fn mark_budget(record: &mut CellRecord, message: String) {
+    let (exit_code, signal) = record
+        .failure
+        .as_ref()
+        .map(|f| (f.exit_code, f.signal))
+        .unwrap_or((None, None));
+    record.status = Status::Cancelled;
+    record.failure = Some(orch_protocol::Failure {
+        kind: BUDGET_FAILURE.into(),
+        message,
+        exit_code,
+        signal,
+    });
 }
 
 /// GPUs handed out to running cells, so that no two share one.

@@ -25,6 +25,7 @@ fn opts(concurrency: usize) -> RunnerOptions {
         images: Default::default(),
         gpu_devices: None,
         diagnose_rules: None,
+        cost: Default::default(),
     }
 }
 
@@ -125,4 +126,112 @@ async fn cancel_stops_launching_and_resume_runs_the_rest() {
         4,
         "the cancelled cell and the 3 never started"
     );
+}
+
+fn priced(run: &orch_store::Run, usd_per_s: f64, estimate_s: f64, max_usd: f64) -> RunnerOptions {
+    let mut o = opts(1);
+    for c in &run.plan.cells {
+        o.cost
+            .rates
+            .insert(c.id.clone(), orch_cost::Rate::flat("fake", usd_per_s));
+        o.cost.estimates.insert(c.id.clone(), estimate_s);
+    }
+    o.cost.max_usd = Some(max_usd);
+    o.cost.tick = Some(Duration::from_millis(50));
+    o
+}
+
+#[tokio::test]
+async fn budget_stops_a_cell_that_runs_past_its_estimate_and_launches_no_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::new(tmp.path());
+    let mut run = store
+        .create_run(
+            &plan(3),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap();
+    // Cells "run" 30 s at $1/s, estimated at 0.1 s each; the cap is $0.5.
+    let fake = Arc::new(FakeBackend::new(Duration::from_secs(30)));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (_c, cancel_rx) = watch::channel(false);
+    let opts = priced(&run, 1.0, 0.1, 0.5);
+    let started = std::time::Instant::now();
+    let outcome = execute(&mut run, fake.clone(), opts, tx, cancel_rx)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        outcome.budget_stopped.is_some() && !outcome.cancelled,
+        "{outcome:?}"
+    );
+    assert_eq!(fake.launched().len(), 1, "no cell launched after the stop");
+    assert_eq!(outcome.not_started, 2);
+    let rec = run.record().unwrap();
+    assert_eq!(rec.state, RunState::Interrupted);
+    for c in &rec.cells {
+        assert_eq!(c.status, "cancelled");
+        assert_eq!(c.failure.as_ref().unwrap().kind, orch_runner::BUDGET_FAILURE);
+    }
+    // Spent: within the cap plus what the cell cost while it stopped.
+    let spent = rec.cost.unwrap().usd;
+    assert!(spent <= 0.5 + 1.0 * (0.05 + 0.2), "{spent}");
+    assert!(spent >= 0.3, "{spent}");
+    let budget = rec.budget.unwrap();
+    assert!(
+        budget.stopped && (budget.accrued_usd - spent).abs() < 1e-9,
+        "{budget:?}"
+    );
+
+    // Resumed with the same cap, the run has nothing left to spend on.
+    let mut again = store.open_run(run.id()).unwrap();
+    let mut opts = priced(&again, 1.0, 0.1, 0.5);
+    opts.cost.prior_usd = spent;
+    let fake2 = Arc::new(FakeBackend::new(Duration::from_millis(10)));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (_c, cancel_rx) = watch::channel(false);
+    let outcome = execute(&mut again, fake2.clone(), opts, tx, cancel_rx)
+        .await
+        .unwrap();
+    // $0.5 - spent leaves less than a cell's estimate plus one tick only if
+    // spent is near the cap; otherwise cells run. Either way the cap holds.
+    let total = again.record().unwrap().cost.unwrap().usd;
+    assert!(total <= 0.5 + 1.0 * (0.05 + 0.2), "{total}");
+    assert!(outcome.budget_stopped.is_some() || outcome.all_succeeded());
+}
+
+#[tokio::test]
+async fn cells_get_their_cost_without_a_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::new(tmp.path());
+    let mut run = store
+        .create_run(
+            &plan(2),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap();
+    let fake =
+        Arc::new(FakeBackend::new(Duration::from_millis(100)).with_outcome("a.cpu.i-2", Status::Failed));
+    let mut o = priced(&run, 2.0, 1.0, 0.0);
+    o.cost.max_usd = None;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (_c, cancel_rx) = watch::channel(false);
+    execute(&mut run, fake, o, tx, cancel_rx).await.unwrap();
+    let rec = run.record().unwrap();
+    for c in &rec.cells {
+        let cost = c.cost.as_ref().unwrap();
+        assert!((cost.usd - 2.0 * c.duration_s.unwrap()).abs() < 1e-9);
+        assert_eq!(cost.wasted, c.status != "succeeded");
+    }
+    let total = rec.cost.unwrap();
+    assert_eq!(total.cells, 2);
+    assert!(total.wasted_usd > 0.0 && total.wasted_usd < total.usd);
+    assert!(rec.budget.is_none());
+    // The ledger has one line per record.
+    let ledger = std::fs::read_to_string(run.ledger_path()).unwrap();
+    assert_eq!(ledger.lines().count(), 2);
 }

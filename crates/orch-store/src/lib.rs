@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+mod ledger;
+pub use ledger::{cell_model, LEDGER_FILE};
+
 pub const DEFAULT_STORE: &str = "results";
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +105,9 @@ pub struct RunMeta {
     /// How many times the run was resumed.
     #[serde(default)]
     pub resumes: u32,
+    /// The cap of `orch run --max-cost` and whether it stopped the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<orch_cost::BudgetRecord>,
 }
 
 /// The stored record of one finished cell.
@@ -128,6 +134,15 @@ pub struct CellRecord {
     /// The named cause of a failure, read from the cell's logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<orch_diagnose::Diagnosis>,
+    /// The hardware the cell ran on (GPUs, driver, CUDA), as the agent saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<orch_protocol::Hardware>,
+    /// `hardware_mismatch`, `degraded_gpu`: the numbers are suspect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    /// What the cell cost, by phase; a failed cell's cost is waste.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<orch_cost::CellCost>,
 }
 
 impl CellRecord {
@@ -155,6 +170,9 @@ impl CellRecord {
             info: result.info,
             attempt,
             diagnosis: None,
+            hardware: result.hardware,
+            flags: result.flags,
+            cost: None,
         }
     }
 }
@@ -178,6 +196,12 @@ pub struct CellView {
     /// The named cause of a failure (`{kind, evidence, hint}`), when it failed.
     #[serde(default)]
     pub diagnosis: Option<orch_diagnose::Diagnosis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<orch_protocol::Hardware>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<orch_cost::CellCost>,
 }
 
 /// The whole run as `orch show --json` and `orch run --json` print it.
@@ -193,6 +217,12 @@ pub struct RunRecord {
     /// Cells per status.
     pub counts: BTreeMap<String, usize>,
     pub cells: Vec<CellView>,
+    /// What the run cost: its cells' costs summed (earlier attempts included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<orch_cost::RunCost>,
+    /// The cap of `--max-cost`, and whether it stopped the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<orch_cost::BudgetRecord>,
 }
 
 /// One line of `orch ls`.
@@ -249,6 +279,7 @@ impl Store {
             backend: backend.to_string(),
             environment,
             resumes: 0,
+            budget: None,
         };
         write_json(&dir.join("run.json"), &meta)?;
         Ok(Run { dir, meta, plan })
@@ -404,16 +435,25 @@ impl Run {
         Ok((dir, attempt))
     }
 
-    /// Store a finished cell. Atomic: the record is whole or absent.
+    /// Store a finished cell. Atomic: the record is whole or absent. Its
+    /// line is then appended to the cost ledger (a cache of the records).
     pub fn finish_cell(&self, record: &CellRecord) -> Result<()> {
         let dir = self.cell_dir(&record.id);
         std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
-        write_json(&dir.join("result.json"), record)
+        write_json(&dir.join("result.json"), record)?;
+        self.append_ledger(record)
     }
 
     /// Update the run's state (and the time of the update).
     pub fn set_state(&mut self, state: RunState) -> Result<()> {
         self.meta.state = state;
+        self.meta.updated_at = Utc::now();
+        write_json(&self.dir.join("run.json"), &self.meta)
+    }
+
+    /// Keep the budget of the run (`--max-cost`) in its metadata.
+    pub fn set_budget(&mut self, budget: orch_cost::BudgetRecord) -> Result<()> {
+        self.meta.budget = Some(budget);
         self.meta.updated_at = Utc::now();
         write_json(&self.dir.join("run.json"), &self.meta)
     }
@@ -427,8 +467,13 @@ impl Run {
     pub fn record(&self) -> Result<RunRecord> {
         let mut cells = Vec::with_capacity(self.plan.cells.len());
         let mut counts = BTreeMap::new();
+        let mut cost = orch_cost::RunCost::default();
         for c in &self.plan.cells {
-            let view = match self.cell_record(&c.id)? {
+            let record = self.cell_record(&c.id)?;
+            if let Some(c) = record.as_ref().and_then(|r| r.cost.as_ref()) {
+                cost.add(c, false);
+            }
+            let view = match record {
                 Some(r) => CellView {
                     id: r.id,
                     benchmark: r.benchmark,
@@ -441,6 +486,9 @@ impl Run {
                     duration_s: Some(r.duration_s),
                     info: r.info,
                     diagnosis: r.diagnosis,
+                    hardware: r.hardware,
+                    flags: r.flags,
+                    cost: r.cost,
                 },
                 None => CellView {
                     id: c.id.clone(),
@@ -454,6 +502,9 @@ impl Run {
                     duration_s: None,
                     info: BTreeMap::new(),
                     diagnosis: None,
+                    hardware: None,
+                    flags: Vec::new(),
+                    cost: None,
                 },
             };
             *counts.entry(view.status.clone()).or_insert(0) += 1;
@@ -476,6 +527,8 @@ impl Run {
             environment: self.meta.environment.clone(),
             counts,
             cells,
+            cost: self.add_earlier_attempts(cost),
+            budget: self.meta.budget.clone(),
         })
     }
 

@@ -13,6 +13,9 @@ pub struct Cli {
     /// Result store folder
     #[arg(long, global = true, env = "ORCH_STORE", default_value = orch_store::DEFAULT_STORE)]
     pub store: PathBuf,
+    /// Prices file over the built-in catalog (default: `$ORCH_PRICES`, else `~/.config/orch/prices.yaml`)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub prices: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -37,6 +40,14 @@ pub enum Command {
     Show(ShowArgs),
     /// Print the logs of a run's cells, kept after the cell is gone
     Logs(LogsArgs),
+    /// Write a run's report: rankings, $ per 1k tokens, comparisons, failures, hardware (md, csv, json, html)
+    Report(ReportArgs),
+    /// Compare two runs cell by cell with their cost (the same sweep on different GPUs, say)
+    Compare(CompareArgs),
+    /// The prices in use (catalog and your prices file) and where each came from
+    Prices(PricesArgs),
+    /// Spend across the runs in the store, with what failures wasted
+    Cost(CostArgs),
     /// The agent built into `orch` (used by the local backend)
     #[command(hide = true, disable_help_flag = true)]
     Agent {
@@ -79,6 +90,48 @@ pub struct RunArgs {
     /// Keep containers after their result is stored (docker backend)
     #[arg(long)]
     pub keep: bool,
+    /// Fail a cell whose GPUs differ from what it asked for (default: flag it `hardware_mismatch`)
+    #[arg(long)]
+    pub strict_hardware: bool,
+    /// Cap on the run's cost in US dollars: refuse to start above it, stop cells before passing it
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct PricesArgs {
+    /// Only this backend's prices
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CostBy {
+    Gpu,
+    Backend,
+    Suite,
+    Status,
+    Model,
+    Run,
+}
+
+#[derive(Debug, Args)]
+pub struct CostArgs {
+    /// Only cells that finished in this past period (`7d`, `24h`, `30m`)
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Group the spend by
+    #[arg(long, value_enum, default_value = "gpu")]
+    pub by: CostBy,
+    /// Print JSON
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV
+    #[arg(long)]
+    pub csv: bool,
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +177,9 @@ pub struct PlanArgs {
     /// Suite manifest
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
+    /// Backend whose prices the estimate uses
+    #[arg(long, default_value = "local")]
+    pub backend: String,
     /// GPUs for every cell, replacing the manifest's lists
     #[arg(long)]
     pub gpu: Option<String>,
@@ -180,4 +236,36 @@ pub struct LogsArgs {
     /// Only the last N lines of each log
     #[arg(long, value_name = "N")]
     pub tail: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Run id, id prefix, or `latest`
+    pub run: String,
+    /// Formats, comma-separated: `md`, `csv`, `json`, `html` (or `all`)
+    #[arg(long, default_value = "md", value_name = "FORMATS")]
+    pub format: String,
+    /// Folder for the files (`<run>.<format>`); without it one format prints on stdout and several go to `<store>/<run>/report/`
+    #[arg(short = 'o', long = "output", value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Throughput metric to rank by (default: `output_throughput`, `tokens_per_s`, ... see docs/report.md)
+    #[arg(long, value_name = "NAME")]
+    pub metric: Option<String>,
+    /// Latency family to summarise (`step_time`, `ttft`, `tpot`, `itl`, `e2el`, ...)
+    #[arg(long, value_name = "NAME")]
+    pub latency: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The first run (id, id prefix, or `latest`)
+    pub run_a: String,
+    /// The second run
+    pub run_b: String,
+    /// Metric to compare (default: each cell's throughput metric)
+    #[arg(long, value_name = "NAME")]
+    pub metric: Option<String>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
 }

@@ -30,6 +30,9 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
         if cause.is::<orch_diagnose::RulesError>() {
             return 2;
         }
+        if let Some(c) = cause.downcast_ref::<orch_cost::CostError>() {
+            return if c.is_user_error() { 2 } else { 1 };
+        }
         if let Some(i) = cause.downcast_ref::<orch_images::ImageError>() {
             return if i.is_user_error() { 2 } else { 1 };
         }

@@ -110,6 +110,9 @@ impl Reporter {
                     "[{}/{}] {} {} ({:.1}s)",
                     self.done, self.total, r.status, r.id, r.duration_s
                 );
+                if let Some(c) = r.cost.as_ref().filter(|c| c.usd > 0.0) {
+                    text.push_str(&format!(" {}", orch_cost::fmt_usd(c.usd)));
+                }
                 if let Some(m) = headline_metrics(&r.metrics) {
                     text.push_str(&format!(" {m}"));
                 }
@@ -212,14 +215,19 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
                 c.status.clone(),
                 c.gpu.clone(),
                 c.duration_s.map(|d| format!("{d:.1}s")).unwrap_or_default(),
+                crate::commands::cost::cell_cost_text(c),
                 headline_metrics(&c.metrics).unwrap_or_default(),
             ]
         })
         .collect();
-    out.push_str(&table(&["CELL", "STATUS", "GPU", "TIME", "METRICS"], &rows));
+    out.push_str(&table(
+        &["CELL", "STATUS", "GPU", "TIME", "COST", "METRICS"],
+        &rows,
+    ));
     for c in &rec.cells {
         out.push_str(&comparison_text(c));
     }
+    out.push_str(&hardware_text(rec));
     let failures: Vec<_> = rec
         .cells
         .iter()
@@ -239,11 +247,60 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         }
         out.push_str(&format!("logs: orch logs {}\n", rec.id));
     }
+    out.push_str(&crate::commands::cost::run_cost_text(rec));
     out.push_str(&format!(
         "{} — stored in {}\n",
         counts_text(&rec.counts),
         dir.display()
     ));
+    out
+}
+
+/// The machines the cells got (one line per distinct machine) and the cells
+/// whose numbers are suspect (`hardware_mismatch`, `degraded_gpu`).
+fn hardware_text(rec: &RunRecord) -> String {
+    let mut machines: Vec<String> = Vec::new();
+    for hw in rec.cells.iter().filter_map(|c| c.hardware.as_ref()) {
+        let gpus = if hw.gpus.is_empty() {
+            "no GPU".to_string()
+        } else {
+            let mut names: Vec<&str> = hw.gpus.iter().map(|g| g.name.as_str()).collect();
+            names.dedup();
+            format!("{} x {}", hw.gpus.len(), names.join(" + "))
+        };
+        let mut line = format!("{gpus}, {} CPUs", hw.cpus);
+        if let Some(d) = &hw.driver_version {
+            line.push_str(&format!(", driver {d}"));
+        }
+        if let Some(c) = &hw.cuda_version {
+            line.push_str(&format!(", CUDA {c}"));
+        }
+        if !machines.contains(&line) {
+            machines.push(line);
+        }
+    }
+    let mut out = String::new();
+    if !machines.is_empty() {
+        out.push_str(&format!("hardware: {}\n", machines.join("; ")));
+    }
+    let flagged: Vec<_> = rec.cells.iter().filter(|c| !c.flags.is_empty()).collect();
+    if !flagged.is_empty() {
+        out.push_str("flags:\n");
+        for c in flagged {
+            let why = c
+                .hardware
+                .as_ref()
+                .and_then(|h| h.mismatch.clone())
+                .or_else(|| {
+                    c.info
+                        .get("calibration_check")
+                        .and_then(|v| v["below"].as_array())
+                        .map(|b| b.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("; "))
+                })
+                .unwrap_or_default();
+            out.push_str(&format!("  {} [{}] {}\n", c.id, c.flags.join(", "), why));
+        }
+    }
     out
 }
 

@@ -94,7 +94,15 @@ pub fn check_models(plan: &Plan, weights_dir: &Path) -> Vec<ModelCheck> {
         .collect()
 }
 
-pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
+pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArgs) -> anyhow::Result<i32> {
+    if !orch_cost::catalog::BACKENDS.contains(&args.backend.as_str()) {
+        return Err(user(format!(
+            "unknown backend `{}`\nhint: the backends are {}",
+            args.backend,
+            orch_cost::catalog::BACKENDS.join(", ")
+        )));
+    }
+    let prices = orch_cost::Prices::load(prices_file)?;
     let gpus = match &args.gpu {
         Some(text) => Some(
             GpuSpec::parse_list(text)
@@ -110,15 +118,28 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
     let models = check_models(&plan, &weights_dir);
     let missing = models.iter().any(|m| !m.complete);
     let misfit = models.iter().any(|m| m.fit.iter().any(|f| !f.fits));
+    let estimates = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;
+    let total = plan_total(&estimates, &args.backend);
     if args.json {
         let cells: Vec<_> = plan
             .cells
             .iter()
-            .map(|c| serde_json::json!({"id": c.id, "gpu": c.gpu.to_string(), "params": c.params}))
+            .zip(&estimates)
+            .map(|(c, e)| {
+                serde_json::json!({
+                    "id": c.id,
+                    "gpu": c.gpu.to_string(),
+                    "params": c.params,
+                    "estimate": e.estimate,
+                    "usd_per_s": e.rate.usd_per_s,
+                    "price_source": e.rate.source,
+                })
+            })
             .collect();
         let out = serde_json::json!({
             "suite": plan.suite,
             "cells": cells,
+            "estimate": total,
             "weights_dir": weights_dir,
             "models": models,
             "ready": !missing && !misfit,
@@ -129,9 +150,34 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
         let rows: Vec<Vec<String>> = plan
             .cells
             .iter()
-            .map(|c| vec![c.id.clone(), c.gpu.to_string(), c.benchmark.clone()])
+            .zip(&estimates)
+            .map(|(c, e)| {
+                vec![
+                    c.id.clone(),
+                    c.gpu.to_string(),
+                    c.benchmark.clone(),
+                    if e.estimate.seconds < 10.0 {
+                        format!("{:.1}s", e.estimate.seconds)
+                    } else {
+                        format!("{:.0}s", e.estimate.seconds)
+                    },
+                    if e.estimate.priced {
+                        orch_cost::fmt_usd(e.estimate.usd)
+                    } else {
+                        "unpriced".into()
+                    },
+                    e.estimate.basis.as_str().to_string(),
+                ]
+            })
             .collect();
-        print!("{}", output::table(&["CELL", "GPU", "BENCHMARK"], &rows));
+        print!(
+            "{}",
+            output::table(
+                &["CELL", "GPU", "BENCHMARK", "EST TIME", "EST COST", "BASIS"],
+                &rows
+            )
+        );
+        println!("{}", total_text(&total));
         if !models.is_empty() {
             println!("\nmodels (weights volume {}):", weights_dir.display());
             for m in &models {
@@ -160,4 +206,65 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(if missing || misfit { 1 } else { 0 })
+}
+
+/// The estimate of a whole plan.
+#[derive(Debug, Serialize)]
+pub struct PlanEstimate {
+    pub backend: String,
+    pub usd: f64,
+    /// Cell-seconds (the cells' durations added up, as if run one at a time).
+    pub seconds: f64,
+    /// Cells counted at their timeout (no earlier run): `usd` is then an upper bound for them.
+    pub upper_bound_cells: usize,
+    pub history_cells: usize,
+    pub similar_cells: usize,
+    /// Cells whose GPU type has no price on the backend (not in `usd`).
+    pub unpriced_cells: usize,
+}
+
+fn plan_total(cells: &[crate::commands::cost::CellEstimate], backend: &str) -> PlanEstimate {
+    use orch_cost::Basis;
+    let count = |b: Basis| cells.iter().filter(|c| c.estimate.basis == b).count();
+    PlanEstimate {
+        backend: backend.to_string(),
+        usd: cells.iter().map(|c| c.estimate.usd).sum(),
+        seconds: cells.iter().map(|c| c.estimate.seconds).sum(),
+        upper_bound_cells: count(Basis::TimeoutUpperBound),
+        history_cells: count(Basis::History),
+        similar_cells: count(Basis::Similar),
+        unpriced_cells: cells.iter().filter(|c| !c.estimate.priced).count(),
+    }
+}
+
+fn total_text(t: &PlanEstimate) -> String {
+    let mut out = format!(
+        "estimate on {}: {} for {:.0}s of cell time",
+        t.backend,
+        orch_cost::fmt_usd(t.usd),
+        t.seconds
+    );
+    let mut basis = Vec::new();
+    if t.history_cells > 0 {
+        basis.push(format!("{} from the same cell's earlier run", t.history_cells));
+    }
+    if t.similar_cells > 0 {
+        basis.push(format!("{} from similar cells", t.similar_cells));
+    }
+    if t.upper_bound_cells > 0 {
+        basis.push(format!(
+            "{} at their timeout (no earlier run): an UPPER BOUND",
+            t.upper_bound_cells
+        ));
+    }
+    if !basis.is_empty() {
+        out.push_str(&format!(" ({})", basis.join("; ")));
+    }
+    if t.unpriced_cells > 0 {
+        out.push_str(&format!(
+            "\n{} cells have no price on `{}`: set one in your prices file (`orch prices`, docs/cost.md)",
+            t.unpriced_cells, t.backend
+        ));
+    }
+    out
 }

@@ -30,8 +30,14 @@ fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bo
     )))
 }
 
-pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32> {
+pub async fn run(
+    store: &orch_store::Store,
+    prices_file: Option<&std::path::Path>,
+    args: RunArgs,
+) -> anyhow::Result<i32> {
     orch_backend::check_name(&args.backend)?;
+    let prices = orch_cost::Prices::load(prices_file)?;
+    let cost_opts: orch_runner::CostOptions;
     let weights_dir = match args.backend.as_str() {
         "docker" => orch_backend::docker::weights_volume_dir(false)
             .await?
@@ -61,6 +67,11 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
                     run.meta.backend
                 )));
             }
+            // The cap counts what the run already spent.
+            let todo = run.unfinished_cells()?;
+            let prior = run.cost()?.map(|c| c.usd).unwrap_or(0.0);
+            let cells = crate::commands::cost::estimate_cells(store, &run.plan, &args.backend, &prices)?;
+            cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, prior)?;
             run.note_resume()?;
             run
         }
@@ -73,10 +84,16 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
                 })?),
                 None => None,
             };
-            let plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            let mut plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            for cell in &mut plan.cells {
+                cell.task.strict_hardware = args.strict_hardware;
+            }
             preflight(&plan, &weights_dir, args.no_preflight)?;
             // Everything a run needs is checked before its folder exists.
             prepared = make_backend(&args, &plan).await?;
+            let cells = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;
+            let todo: Vec<String> = plan.cells.iter().map(|c| c.id.clone()).collect();
+            cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
@@ -135,6 +152,7 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
             images,
             gpu_devices,
             diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
+            cost: cost_opts,
         },
         tx,
         cancel_rx,
@@ -152,6 +170,12 @@ pub async fn run(store: &orch_store::Store, args: RunArgs) -> anyhow::Result<i32
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
         print!("{}", output::run_text(&record, run.dir()));
+    }
+    if let Some(why) = &outcome.budget_stopped {
+        eprintln!(
+            "stopped by the budget (`--max-cost`): {why}\nhint: `orch run --resume {} --max-cost USD` with a higher cap runs the rest",
+            run.id()
+        );
     }
     if outcome.cancelled {
         eprintln!(

@@ -1,0 +1,240 @@
+//! What a cell cost.
+//!
+//! - [`catalog`]: the price catalog built in (`prices/catalog.yaml`), the
+//!   user's prices file over it, and the price per second of a cell;
+//! - [`cell_cost`]: a cell's cost from its billed seconds, by phase;
+//! - [`estimate`]: a cell's expected duration and cost before it runs;
+//! - [`ledger`]: one line per recorded cell (`costs.jsonl`), and spend
+//!   grouped by GPU, backend, suite, status or model;
+//! - [`budget`]: the accounting behind `orch run --max-cost`.
+//!
+//! No IO beyond reading a prices file.
+
+pub mod budget;
+pub mod catalog;
+pub mod estimate;
+pub mod ledger;
+
+pub use budget::{BudgetRecord, BudgetTracker};
+pub use catalog::{CostError, Prices, Rate};
+pub use estimate::{Basis, Estimate, History};
+pub use ledger::{GroupBy, LedgerLine, Spend, SpendGroup};
+
+use orch_protocol::{Phase, Status};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The cost of one cell, as stored in its record.
+///
+/// Contract: the fields below are read by `orch cost`, `orch report` and
+/// `orch compare`; add fields, never rename them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CellCost {
+    /// Total dollars billed for the cell.
+    pub usd: f64,
+    /// The cell did not succeed: what it cost bought no result.
+    pub wasted: bool,
+    /// GPUs billed.
+    pub gpus: u32,
+    /// Normalised GPU type (`H100`), `None` for CPU-only cells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Price of one GPU-second.
+    pub usd_per_gpu_s: f64,
+    /// Everything billed per second of this cell (GPUs, CPU, memory).
+    pub usd_per_s: f64,
+    /// Seconds billed.
+    pub billed_s: f64,
+    /// Dollars per phase (`provision`, `start`, `load`, `server_start`,
+    /// `warmup`, `measure`, `teardown`, `other` for time no phase covers).
+    pub by_phase: BTreeMap<String, f64>,
+    /// Where the price came from (`catalog: modal, 2026-11-01, https://...`,
+    /// `user: ~/.config/orch/prices.yaml`, `default: local is free`).
+    pub price_source: String,
+    /// False when no price is known for this cell's GPU type on its backend
+    /// (its `usd` then counts only what is priced, usually nothing).
+    #[serde(default = "yes")]
+    pub priced: bool,
+    /// The backend that billed it (`local`, `docker`, `modal`, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backend: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Name of the cost entry for billed time that no phase covers.
+pub const OTHER_PHASE: &str = "other";
+
+/// The cost of a cell that ran `billed_s` seconds (the host's wall time) at
+/// `rate`, split by the phases in `timings`.
+///
+/// Each phase costs its seconds at the cell's rate; billed time no phase
+/// covers (waiting for the agent's result, the host's bookkeeping) is
+/// `other`. When the phases add up to more than the billed time (clocks of
+/// two processes), they are scaled down so that the parts add up to `usd`.
+pub fn cell_cost(rate: &Rate, status: Status, billed_s: f64, timings: &BTreeMap<Phase, f64>) -> CellCost {
+    let billed_s = if billed_s.is_finite() {
+        billed_s.max(0.0)
+    } else {
+        0.0
+    };
+    let phases: Vec<(Phase, f64)> = timings
+        .iter()
+        .filter(|(_, s)| s.is_finite() && **s > 0.0)
+        .map(|(p, s)| (*p, *s))
+        .collect();
+    let covered: f64 = phases.iter().map(|(_, s)| s).sum();
+    let scale = if covered > billed_s && covered > 0.0 {
+        billed_s / covered
+    } else {
+        1.0
+    };
+    let mut by_phase = BTreeMap::new();
+    for (p, s) in &phases {
+        *by_phase.entry(p.as_str().to_string()).or_insert(0.0) += s * scale * rate.usd_per_s;
+    }
+    let other_s = (billed_s - covered * scale).max(0.0);
+    by_phase.insert(OTHER_PHASE.to_string(), other_s * rate.usd_per_s);
+    CellCost {
+        usd: billed_s * rate.usd_per_s,
+        wasted: status != Status::Succeeded,
+        gpus: rate.gpus,
+        gpu_type: rate.gpu_type.clone(),
+        usd_per_gpu_s: rate.usd_per_gpu_s,
+        usd_per_s: rate.usd_per_s,
+        billed_s,
+        by_phase,
+        price_source: rate.source.clone(),
+        priced: rate.priced,
+        backend: rate.backend.clone(),
+    }
+}
+
+/// What a whole run cost: the sum of its cells' costs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunCost {
+    /// Every recorded attempt of every cell, earlier attempts included.
+    pub usd: f64,
+    /// The part spent on cells that did not succeed.
+    pub wasted_usd: f64,
+    /// Dollars per phase, over every attempt.
+    pub by_phase: BTreeMap<String, f64>,
+    /// Recorded attempts with a cost.
+    pub cells: usize,
+    /// Recorded attempts whose GPU type has no price on their backend.
+    #[serde(default)]
+    pub unpriced_cells: usize,
+    /// The part spent on earlier attempts (moved to `interrupted/` by a
+    /// resume); included in `usd` and `wasted_usd`.
+    #[serde(default)]
+    pub earlier_attempts_usd: f64,
+}
+
+impl RunCost {
+    /// Add one recorded attempt.
+    pub fn add(&mut self, cost: &CellCost, earlier_attempt: bool) {
+        self.usd += cost.usd;
+        if cost.wasted {
+            self.wasted_usd += cost.usd;
+        }
+        for (p, usd) in &cost.by_phase {
+            *self.by_phase.entry(p.clone()).or_insert(0.0) += usd;
+        }
+        self.cells += 1;
+        if !cost.priced {
+            self.unpriced_cells += 1;
+        }
+        if earlier_attempt {
+            self.earlier_attempts_usd += cost.usd;
+        }
+    }
+}
+
+/// Dollars for people: more digits for small amounts.
+pub fn fmt_usd(usd: f64) -> String {
+    let a = usd.abs();
+    if a == 0.0 {
+        "$0".into()
+    } else if a < 0.01 {
+        format!("${usd:.6}")
+    } else if a < 100.0 {
+        format!("${usd:.4}")
+    } else {
+        format!("${usd:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100x8() -> Rate {
+        Prices::builtin()
+            .unwrap()
+            .rate("modal", &orch_manifest::GpuSpec::parse("H100:8").unwrap(), None)
+    }
+
+    #[test]
+    fn h100x8_for_100_s_by_hand() {
+        // The GPU part alone: 8 GPUs x 100 s x $0.001097 = $0.8776.
+        let rate = h100x8();
+        assert_eq!(rate.gpus, 8);
+        assert!((rate.usd_per_gpu_s - 0.001097).abs() < 1e-12);
+        let gpu_only = Rate {
+            usd_per_s: rate.usd_per_gpu_s * 8.0,
+            ..rate.clone()
+        };
+        let timings = BTreeMap::from([(Phase::Measure, 100.0)]);
+        let c = cell_cost(&gpu_only, Status::Succeeded, 100.0, &timings);
+        assert!((c.usd - 0.8776).abs() < 1e-9, "{}", c.usd);
+        assert!((c.by_phase["measure"] - 0.8776).abs() < 1e-9);
+        assert_eq!(c.by_phase[OTHER_PHASE], 0.0);
+        assert!(!c.wasted);
+
+        // With Modal's minimum CPU and memory request billed on top:
+        // 0.125 cores x $0.0000131 + 0.125 GiB x $0.00000222 per second.
+        let c = cell_cost(&rate, Status::Succeeded, 100.0, &timings);
+        let cpu_mem = 100.0 * (0.125 * 0.0000131 + 0.125 * 0.00000222);
+        assert!((c.usd - (0.8776 + cpu_mem)).abs() < 1e-9, "{}", c.usd);
+        assert!(c.price_source.contains("2025-08"), "{}", c.price_source);
+    }
+
+    #[test]
+    fn phases_and_other_add_up_and_failures_are_waste() {
+        let rate = Rate::flat("local", 0.5);
+        let timings = BTreeMap::from([
+            (Phase::Provision, 1.0),
+            (Phase::Start, 2.0),
+            (Phase::Measure, 4.0),
+        ]);
+        let c = cell_cost(&rate, Status::Failed, 10.0, &timings);
+        assert!(c.wasted);
+        assert!((c.usd - 5.0).abs() < 1e-12);
+        assert!((c.by_phase["provision"] - 0.5).abs() < 1e-12);
+        assert!((c.by_phase["other"] - 1.5).abs() < 1e-12);
+        let sum: f64 = c.by_phase.values().sum();
+        assert!((sum - c.usd).abs() < 1e-12);
+
+        // Phases longer than the billed time are scaled into it.
+        let c = cell_cost(&rate, Status::Succeeded, 3.5, &timings);
+        let sum: f64 = c.by_phase.values().sum();
+        assert!((sum - c.usd).abs() < 1e-12 && (c.usd - 1.75).abs() < 1e-12);
+        assert_eq!(c.by_phase["other"], 0.0);
+    }
+
+    #[test]
+    fn run_cost_sums_cells() {
+        let rate = Rate::flat("local", 1.0);
+        let mut run = RunCost::default();
+        run.add(&cell_cost(&rate, Status::Succeeded, 2.0, &BTreeMap::new()), false);
+        run.add(&cell_cost(&rate, Status::Oom, 3.0, &BTreeMap::new()), false);
+        run.add(&cell_cost(&rate, Status::Cancelled, 1.0, &BTreeMap::new()), true);
+        assert_eq!(run.usd, 6.0);
+        assert_eq!(run.wasted_usd, 4.0);
+        assert_eq!(run.earlier_attempts_usd, 1.0);
+        assert_eq!(run.by_phase["other"], 6.0);
+        assert_eq!(run.cells, 3);
+    }
+}

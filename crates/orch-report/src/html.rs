@@ -1,0 +1,545 @@
+//! A self-contained HTML page: tables rendered here, charts drawn in the
+//! browser by inline JS (report.js) from the report embedded as JSON. No
+//! network: CSS, JS and data are inline; charts are SVG.
+
+use crate::fmt::{num, params, ratio, usd};
+use crate::md::{better_text, budget_text, cost_summary, counts_text, cpu_text, free_note, hardware_text};
+use crate::model::{CellRow, Report};
+use crate::ReportError;
+use std::fmt::Write;
+
+const CSS: &str = include_str!("report.css");
+const JS: &str = include_str!("report.js");
+
+/// Text safe in HTML content and attribute values.
+pub(crate) fn h(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JSON safe inside `<script type="application/json">`: no `<`, `>` or `&`
+/// (so no `</script>`), no line separators.
+pub(crate) fn script_json(json: &str) -> String {
+    json.replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+}
+
+fn code(s: &str) -> String {
+    format!("<code>{}</code>", h(s))
+}
+
+struct Table {
+    out: String,
+    numeric: Vec<bool>,
+    wrap: Vec<bool>,
+}
+
+impl Table {
+    fn new(header: &[&str], numeric: &[bool]) -> Table {
+        let mut out = String::from("<div class=\"scroll\"><table><thead><tr>");
+        for (i, c) in header.iter().enumerate() {
+            let cls = if numeric.get(i).copied().unwrap_or(false) {
+                " class=\"n\""
+            } else {
+                ""
+            };
+            let _ = write!(out, "<th{cls}>{}</th>", h(c));
+        }
+        out.push_str("</tr></thead><tbody>\n");
+        Table {
+            out,
+            numeric: numeric.to_vec(),
+            wrap: Vec::new(),
+        }
+    }
+
+    /// Columns whose text may wrap (long free text).
+    fn wrap(mut self, cols: &[usize]) -> Table {
+        for c in cols {
+            if self.wrap.len() <= *c {
+                self.wrap.resize(c + 1, false);
+            }
+            self.wrap[*c] = true;
+        }
+        self
+    }
+
+    /// A row of already-escaped HTML fragments.
+    fn row(&mut self, class: &str, cells: &[String]) {
+        if class.is_empty() {
+            self.out.push_str("<tr>");
+        } else {
+            let _ = write!(self.out, "<tr class=\"{class}\">");
+        }
+        for (i, c) in cells.iter().enumerate() {
+            let cls = if self.numeric.get(i).copied().unwrap_or(false) {
+                " class=\"n\""
+            } else if self.wrap.get(i).copied().unwrap_or(false) {
+                " class=\"wrap\""
+            } else {
+                ""
+            };
+            let _ = write!(self.out, "<td{cls}>{c}</td>");
+        }
+        self.out.push_str("</tr>\n");
+    }
+
+    fn end(mut self) -> String {
+        self.out.push_str("</tbody></table></div>\n");
+        self.out
+    }
+}
+
+fn opt(v: Option<f64>, f: fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_default()
+}
+
+fn flags_html(f: &[String]) -> String {
+    if f.is_empty() {
+        String::new()
+    } else {
+        format!("<span class=\"flag\">⚠ {}</span>", h(&f.join(", ")))
+    }
+}
+
+fn status(s: &str) -> String {
+    format!("<span class=\"status-{0}\">{0}</span>", h(s))
+}
+
+fn flagged(f: &[String]) -> &'static str {
+    if f.is_empty() {
+        ""
+    } else {
+        "flagged"
+    }
+}
+
+fn cost_cell(c: &CellRow) -> String {
+    match &c.cost {
+        Some(k) if c.status != "succeeded" || k.wasted => {
+            format!("<span class=\"status-failed\">{} wasted</span>", h(&usd(k.usd)))
+        }
+        Some(k) => h(&usd(k.usd)),
+        None => String::new(),
+    }
+}
+
+pub fn render(r: &Report) -> Result<String, ReportError> {
+    let data = script_json(&serde_json::to_string(r)?);
+    let run = &r.run;
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <meta name=\"generator\" content=\"orch-report {}\">\n<title>orch report · {}</title>\n\
+         <style>\n{CSS}</style>\n\
+         <script>window.addEventListener('error',function(e){{document.documentElement.setAttribute('data-report-error',String(e.message||'script error'));}});</script>\n\
+         </head>\n<body>\n<main>\n",
+        env!("CARGO_PKG_VERSION"),
+        h(&run.id)
+    );
+
+    // Header: what ran, what it cost.
+    let _ = writeln!(o, "<h1>Report of {}</h1>", code(&run.id));
+    let mut facts = vec![
+        format!("suite {}", code(&run.suite)),
+        format!("backend {}", code(&run.backend)),
+        h(&run.state),
+        h(&run.created_at.format("%Y-%m-%d %H:%M UTC").to_string()),
+        format!("host {}", code(&run.hostname)),
+        format!("orch {}", h(&run.orch_version)),
+    ];
+    if let Some(c) = &run.git_commit {
+        facts.push(format!("commit {}", code(&c[..c.len().min(12)])));
+    }
+    let _ = writeln!(o, "<p class=\"facts\">{}</p>", facts.join(" · "));
+    o.push_str("<div id=\"report-error\" hidden></div>\n<div class=\"kpis\">\n");
+    let kpi = |o: &mut String, class: &str, big: &str, small: &str| {
+        let _ = writeln!(
+            o,
+            "<div class=\"kpi {class}\"><b>{}</b><span>{}</span></div>",
+            h(big),
+            h(small)
+        );
+    };
+    let failed = r.failures.len();
+    kpi(
+        &mut o,
+        "",
+        &r.cells.len().to_string(),
+        &format!("cells: {}", counts_text(r)),
+    );
+    if let Some(t) = r.totals.usd {
+        kpi(&mut o, "", &usd(t), "total cost");
+        if let Some(w) = r.totals.wasted_usd {
+            kpi(
+                &mut o,
+                if w > 0.0 { "bad" } else { "" },
+                &usd(w),
+                "wasted by failures",
+            );
+        }
+    } else {
+        kpi(&mut o, "", "–", "no cost recorded");
+    }
+    if let Some(best) = r
+        .rankings
+        .first()
+        .and_then(|rk| rk.entries.first().map(|e| (rk, e)))
+    {
+        kpi(
+            &mut o,
+            "",
+            &num(best.1.value),
+            &format!("best {} ({})", best.0.metric, best.1.cell),
+        );
+    }
+    if let Some(c) = r.cost_ranking.first() {
+        kpi(
+            &mut o,
+            "",
+            &usd(c.usd_per_1k_tokens),
+            &format!("cheapest per 1k output tokens ({})", c.cell),
+        );
+    }
+    if failed > 0 {
+        kpi(&mut o, "bad", &failed.to_string(), "cells failed");
+    }
+    o.push_str("</div>\n<nav><a href=\"#throughput\">throughput</a><a href=\"#cost\">cost</a>");
+    if r.cells.iter().any(|c| c.latency.is_some()) {
+        o.push_str("<a href=\"#latency\">latency</a>");
+    }
+    o.push_str("<a href=\"#cells\">cells</a>");
+    if !r.comparisons.is_empty() {
+        o.push_str("<a href=\"#comparisons\">comparisons</a>");
+    }
+    if !r.failures.is_empty() {
+        o.push_str("<a href=\"#failures\">failures</a>");
+    }
+    o.push_str("<a href=\"#hardware\">hardware</a></nav>\n");
+    let _ = writeln!(o, "<p class=\"note\">cost: {}</p>", h(&cost_summary(r)));
+    if let Some(b) = budget_text(r) {
+        let _ = writeln!(o, "<p class=\"note\">budget: {}</p>", h(&b));
+    }
+
+    // Throughput.
+    o.push_str("<section id=\"throughput\">\n<h2>Ranking by throughput</h2>\n");
+    if r.rankings.is_empty() {
+        o.push_str("<p class=\"note\">No succeeded cell reported a throughput metric.</p>\n");
+    }
+    for rk in &r.rankings {
+        let _ = writeln!(
+            o,
+            "<h3>{} <span class=\"note\">({}; one bar per cell, coloured by GPU)</span></h3>",
+            code(&rk.metric),
+            better_text(rk.better)
+        );
+        let _ = writeln!(
+            o,
+            "<div class=\"chart\" data-chart=\"throughput\" data-metric=\"{}\"></div>",
+            h(&rk.metric)
+        );
+        let mut t = Table::new(
+            &["#", "cell", "GPU", &rk.metric, "$/1k tokens"],
+            &[true, false, false, true, true],
+        );
+        for e in &rk.entries {
+            t.row(
+                flagged(&e.flags),
+                &[
+                    e.rank.to_string(),
+                    format!("{} {}", code(&e.cell), flags_html(&e.flags)),
+                    h(&e.gpu),
+                    num(e.value),
+                    opt(e.usd_per_1k_tokens, usd),
+                ],
+            );
+        }
+        o.push_str(&t.end());
+    }
+    o.push_str("</section>\n");
+
+    // Cost.
+    o.push_str("<section id=\"cost\">\n<h2>Ranking by cost-efficiency ($ per 1k output tokens)</h2>\n");
+    if r.cost_ranking.is_empty() {
+        let _ = writeln!(
+            o,
+            "<p class=\"note\">{}</p>",
+            if r.has_cost() {
+                "No succeeded cell has both a cost and an output-token rate."
+            } else {
+                "No cell has a cost (records made before cost tracking): cost columns are empty."
+            }
+        );
+    } else {
+        o.push_str("<p class=\"note\">$/1k tokens = the cell's cost per second / its output tokens per second × 1000; cheapest first.</p>\n");
+        if let Some(n) = free_note(r) {
+            let _ = writeln!(o, "<p class=\"note\"><b>{}</b></p>", h(&n));
+        }
+        o.push_str("<div class=\"chart\" data-chart=\"cost\"></div>\n");
+        let mut t = Table::new(
+            &["#", "cell", "GPU", "$/1k tokens", "output tokens/s", "$/GPU-hour"],
+            &[true, false, false, true, true, true],
+        );
+        for e in &r.cost_ranking {
+            t.row(
+                flagged(&e.flags),
+                &[
+                    e.rank.to_string(),
+                    format!("{} {}", code(&e.cell), flags_html(&e.flags)),
+                    h(&e.gpu),
+                    usd(e.usd_per_1k_tokens),
+                    format!("{} {}", num(e.token_rate), code(&e.token_metric)),
+                    opt(e.usd_per_gpu_hour, usd),
+                ],
+            );
+        }
+        o.push_str(&t.end());
+    }
+    o.push_str("</section>\n");
+
+    // Latency distributions, one chart per family.
+    let mut families: Vec<(String, String)> = Vec::new();
+    for c in r.cells.iter().filter(|c| c.status == "succeeded") {
+        if let Some(l) = &c.latency {
+            if !families.iter().any(|(f, _)| *f == l.family) {
+                families.push((l.family.clone(), l.label()));
+            }
+        }
+    }
+    if !families.is_empty() {
+        o.push_str("<section id=\"latency\">\n<h2>Latency distributions</h2>\n");
+        o.push_str("<p class=\"note\">Per cell: line from min to max (or to p99), box from median to p95 (or p90), thick mark at the median, thin mark at p99, dot at the mean.</p>\n");
+        for (f, label) in &families {
+            let _ = writeln!(
+                o,
+                "<h3>{}</h3>\n<div class=\"chart\" data-chart=\"latency\" data-family=\"{}\"></div>",
+                code(label),
+                h(f)
+            );
+        }
+        o.push_str("</section>\n");
+    }
+
+    // Every cell: what it did and cost first, its latency statistics after.
+    o.push_str("<section id=\"cells\">\n<h2>Cells</h2>\n");
+    let mut t = Table::new(
+        &[
+            "cell",
+            "status",
+            "GPU",
+            "throughput",
+            "$/1k tokens",
+            "cost",
+            "time",
+            "latency",
+            "mean",
+            "median",
+            "p95",
+            "p99",
+            "std",
+            "flags",
+        ],
+        &[
+            false, false, false, true, true, true, true, false, true, true, true, true, true, false,
+        ],
+    )
+    .wrap(&[13]);
+    for c in &r.cells {
+        let l = c.latency.as_ref();
+        t.row(
+            flagged(&c.flags),
+            &[
+                format!("<code title=\"{}\">{}</code>", h(&params(&c.params)), h(&c.id)),
+                status(&c.status),
+                h(&c.gpu),
+                c.throughput
+                    .as_ref()
+                    .map(|x| format!("{} {}", num(x.value), code(&x.name)))
+                    .unwrap_or_default(),
+                opt(c.usd_per_1k_tokens, usd),
+                cost_cell(c),
+                c.duration_s.map(|d| format!("{d:.1}s")).unwrap_or_default(),
+                l.map(|l| h(&l.label())).unwrap_or_default(),
+                opt(l.and_then(|l| l.mean), num),
+                opt(l.and_then(|l| l.median), num),
+                opt(l.and_then(|l| l.p95), num),
+                opt(l.and_then(|l| l.p99), num),
+                opt(l.and_then(|l| l.std), num),
+                flags_html(&c.flags),
+            ],
+        );
+    }
+    o.push_str(&t.end());
+    o.push_str("</section>\n");
+
+    // Comparisons.
+    if !r.comparisons.is_empty() {
+        o.push_str("<section id=\"comparisons\">\n<h2>Comparisons</h2>\n");
+        o.push_str("<p class=\"note\">Speedup of the other variant over the base with its bootstrap 95% interval (1× = no change; > 1× better, whatever the metric's direction). Verdict: faster, slower, or same (within the noise threshold or the interval).</p>\n");
+        for cmp in &r.comparisons {
+            let mut facts = vec![h(&cmp.gpu), status(&cmp.status)];
+            if let Some(n) = cmp.rounds {
+                facts.push(format!("{n} rounds"));
+            }
+            if let Some(n) = cmp.noise {
+                facts.push(format!("noise threshold {}%", num(n * 100.0)));
+            }
+            let _ = writeln!(
+                o,
+                "<h3>{} <span class=\"note\">({})</span></h3>",
+                code(&cmp.cell),
+                facts.join(", ")
+            );
+            if !cmp.rows.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "<div class=\"chart\" data-chart=\"comparison\" data-cell=\"{}\"></div>",
+                    h(&cmp.cell)
+                );
+                let mut t = Table::new(
+                    &["pair", "metric", "ratio", "95% CI", "speedup", "verdict"],
+                    &[false, false, true, true, true, false],
+                );
+                for x in &cmp.rows {
+                    t.row(
+                        "",
+                        &[
+                            format!("{} vs {}", code(&x.other), code(&x.base)),
+                            code(&x.metric),
+                            ratio(x.ratio),
+                            format!("[{}, {}]", ratio(x.ci_low), ratio(x.ci_high)),
+                            ratio(x.speedup),
+                            format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
+                        ],
+                    );
+                }
+                o.push_str(&t.end());
+            } else {
+                o.push_str("<p class=\"note\">No pair of variants was compared (a variant failed or measured nothing).</p>\n");
+            }
+            for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
+                let _ = write!(
+                    o,
+                    "<p>variant {} {}: {}",
+                    code(&v.name),
+                    status(&v.status),
+                    h(v.failure.as_deref().unwrap_or(""))
+                );
+                if let Some(d) = &v.diagnosis {
+                    let _ = write!(o, "<br>cause {}; hint: {}", code(&d.kind), h(&d.hint));
+                }
+                o.push_str("</p>\n");
+            }
+        }
+        o.push_str("</section>\n");
+    }
+
+    // Failures.
+    if !r.failures.is_empty() {
+        o.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
+        for f in &r.failures {
+            let _ = writeln!(
+                o,
+                "<div class=\"failure\"><h3>{} {} <span class=\"note\">{}</span></h3>",
+                code(&f.cell),
+                status(&f.status),
+                h(&f.gpu)
+            );
+            if let Some(x) = &f.failure {
+                let _ = writeln!(o, "<p><b>failure</b> {}: {}</p>", code(&x.kind), h(&x.message));
+            }
+            match &f.diagnosis {
+                Some(d) => {
+                    let _ = writeln!(o, "<p><b>cause</b> {}</p>", code(&d.kind));
+                    if !d.evidence.is_empty() {
+                        let ev: Vec<String> = d.evidence.iter().take(5).map(|e| h(e)).collect();
+                        let _ = writeln!(o, "<pre>{}</pre>", ev.join("\n"));
+                    }
+                    let _ = writeln!(o, "<p><b>hint</b> {}</p>", h(&d.hint));
+                }
+                None => o.push_str("<p><b>cause</b> not diagnosed</p>\n"),
+            }
+            if let Some(w) = f.wasted_usd {
+                let _ = writeln!(o, "<p><b>wasted</b> {}</p>", h(&usd(w)));
+            }
+            let _ = writeln!(
+                o,
+                "<p class=\"note\">logs: {}</p></div>",
+                code(&format!("orch logs {} {}", run.id, f.cell))
+            );
+        }
+        o.push_str("</section>\n");
+    }
+
+    // Hardware.
+    o.push_str("<section id=\"hardware\">\n<h2>Hardware</h2>\n");
+    if !r.has_hardware() {
+        o.push_str(
+            "<p class=\"note\">No cell recorded its hardware (records made before hardware identity).</p>\n",
+        );
+    } else {
+        let mut t = Table::new(
+            &["cell", "asked", "GPUs", "driver", "CUDA", "CPU", "flags"],
+            &[false; 7],
+        )
+        .wrap(&[5, 6]);
+        for c in &r.cells {
+            let hw = c.hardware.as_ref();
+            let mut fl = flags_html(&c.flags);
+            if let Some(m) = hw.and_then(|x| x.mismatch.as_deref()) {
+                let _ = write!(fl, " {}", h(m));
+            }
+            t.row(
+                flagged(&c.flags),
+                &[
+                    code(&c.id),
+                    h(&c.gpu),
+                    hw.map(|x| h(&hardware_text(x))).unwrap_or_default(),
+                    h(hw.and_then(|x| x.driver_version.as_deref()).unwrap_or("")),
+                    h(hw.and_then(|x| x.cuda_version.as_deref()).unwrap_or("")),
+                    hw.map(|x| h(&cpu_text(x))).unwrap_or_default(),
+                    fl,
+                ],
+            );
+        }
+        o.push_str(&t.end());
+    }
+    o.push_str("</section>\n");
+
+    let _ = write!(
+        o,
+        "<footer>orch report v{} · generated from the run record; the JSON below holds every number.</footer>\n</main>\n\
+         <script type=\"application/json\" id=\"orch-report-data\">{data}</script>\n<script>\n{JS}</script>\n</body>\n</html>\n",
+        crate::model::REPORT_VERSION
+    );
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping() {
+        assert_eq!(h("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        let j = script_json(r#"{"m":"</script><b>&"}"#);
+        assert!(!j.contains("</script>") && !j.contains('<') && !j.contains('&'));
+        let back: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(back["m"], "</script><b>&");
+    }
+}

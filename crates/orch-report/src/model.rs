@@ -1,0 +1,575 @@
+//! The report of one run, built from its [`RunRecord`]: what every format
+//! renders. Pure: no IO.
+
+use crate::metrics::{self, Latency};
+use crate::ReportError;
+use chrono::{DateTime, Utc};
+use orch_compare::Better;
+use orch_cost::CellCost;
+use orch_diagnose::Diagnosis;
+use orch_protocol::{Failure, Hardware};
+use orch_store::{CellView, RunRecord};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Bumped when a field of the JSON report changes meaning or goes away.
+pub const REPORT_VERSION: u32 = 1;
+
+/// What the caller chose (`--metric`, `--latency`); `None` is the default
+/// order of [`crate::metrics`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Options {
+    /// The throughput metric to rank by.
+    pub metric: Option<String>,
+    /// The latency family to summarise (`step_time`, `ttft`, ...).
+    pub latency: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub report_version: u32,
+    pub run: RunInfo,
+    pub options: Options,
+    pub totals: Totals,
+    /// One ranking per throughput metric (cells with the same metric rank together).
+    pub rankings: Vec<Ranking>,
+    /// Succeeded cells with a cost and an output-token rate, cheapest first.
+    pub cost_ranking: Vec<CostEntry>,
+    pub cells: Vec<CellRow>,
+    pub comparisons: Vec<CompareCell>,
+    pub failures: Vec<FailureRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub id: String,
+    pub suite: String,
+    pub state: String,
+    pub backend: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub hostname: String,
+    pub orch_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_commit: Option<String>,
+    /// Cells per status.
+    pub counts: BTreeMap<String, usize>,
+    /// The cap of `orch run --max-cost`, and whether it stopped the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<orch_cost::BudgetRecord>,
+}
+
+/// What the run cost: the store's run-level sum when it has one (it counts
+/// earlier attempts of resumed cells too), else the cells' costs summed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Dollars of every recorded attempt with a cost; `None` when none has one.
+    pub usd: Option<f64>,
+    /// Dollars of attempts that did not succeed.
+    pub wasted_usd: Option<f64>,
+    /// Part of `usd` spent on earlier attempts of resumed cells.
+    pub earlier_attempts_usd: f64,
+    /// GPU-hours billed (the cells' current records).
+    pub gpu_hours: Option<f64>,
+    /// Dollars per phase, summed.
+    pub by_phase: BTreeMap<String, f64>,
+    /// Cells whose record has a cost.
+    pub cells_with_cost: usize,
+    /// Cells with a cost whose GPU type has no known price on their backend.
+    pub unpriced_cells: usize,
+    /// Finished cells recorded without a cost (older records).
+    pub cells_without_cost: usize,
+}
+
+/// A metric's value in a cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricValue {
+    pub name: String,
+    pub value: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellRow {
+    pub id: String,
+    pub benchmark: String,
+    pub status: String,
+    /// The GPUs asked for (`H100:8`, `none`).
+    pub gpu: String,
+    pub params: BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
+    /// The throughput metric (see [`metrics::THROUGHPUT_ORDER`]).
+    pub throughput: Option<MetricValue>,
+    /// The output-token rate that $ per 1k tokens is computed from.
+    pub token_rate: Option<MetricValue>,
+    /// The latency family summarised (see [`metrics::LATENCY_ORDER`]).
+    pub latency: Option<Latency>,
+    /// `cost.usd_per_s / token rate × 1000`, for a succeeded cell with both.
+    pub usd_per_1k_tokens: Option<f64>,
+    /// `cost.usd_per_gpu_s × 3600`, for a cell with GPUs and a cost.
+    pub usd_per_gpu_hour: Option<f64>,
+    /// Rank in its throughput ranking (1 = best).
+    pub throughput_rank: Option<usize>,
+    /// Rank in the cost-efficiency ranking (1 = cheapest per 1k tokens).
+    pub cost_rank: Option<usize>,
+    pub cost: Option<CellCost>,
+    pub hardware: Option<Hardware>,
+    pub flags: Vec<String>,
+    pub failure: Option<Failure>,
+    pub diagnosis: Option<Diagnosis>,
+    /// Every metric the cell reported.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ranking {
+    pub metric: String,
+    pub better: Better,
+    /// What one unit of the metric is (`output tokens`, `requests`).
+    pub unit: String,
+    pub entries: Vec<RankEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankEntry {
+    /// Competition ranking: equal values share a rank (1, 1, 3).
+    pub rank: usize,
+    pub cell: String,
+    pub gpu: String,
+    pub value: f64,
+    pub usd_per_1k_tokens: Option<f64>,
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostEntry {
+    pub rank: usize,
+    pub cell: String,
+    pub gpu: String,
+    pub usd_per_1k_tokens: f64,
+    pub token_metric: String,
+    pub token_rate: f64,
+    pub usd_per_gpu_hour: Option<f64>,
+    pub flags: Vec<String>,
+}
+
+/// A `compare` cell: its pairwise comparisons and its variants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareCell {
+    pub cell: String,
+    pub gpu: String,
+    pub status: String,
+    pub rounds: Option<u64>,
+    pub noise: Option<f64>,
+    pub rows: Vec<CompareRow>,
+    pub variants: Vec<VariantRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareRow {
+    pub base: String,
+    pub other: String,
+    pub metric: String,
+    /// mean(other) / mean(base).
+    pub ratio: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// > 1: `other` is better, whatever the metric's direction.
+    pub speedup: f64,
+    pub verdict: String,
+    /// One of the headline serving metrics (shown first; the text formats
+    /// show only these when there are any).
+    pub key: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VariantRow {
+    pub name: String,
+    pub status: String,
+    pub rounds: Option<u64>,
+    pub failure: Option<String>,
+    pub diagnosis: Option<Diagnosis>,
+}
+
+/// A cell that did not succeed, with its named cause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureRow {
+    pub cell: String,
+    pub status: String,
+    pub gpu: String,
+    pub failure: Option<Failure>,
+    pub diagnosis: Option<Diagnosis>,
+    /// What the cell cost (all of it waste), when recorded.
+    pub wasted_usd: Option<f64>,
+}
+
+/// Headline metrics of a comparison, as `orch show` prints them.
+pub const KEY_COMPARE_METRICS: &[&str] = &[
+    "output_throughput",
+    "request_throughput",
+    "mean_ttft_ms",
+    "median_itl_ms",
+    "mean_tpot_ms",
+    "mean_e2el_ms",
+];
+
+/// $ per 1k output tokens: the cell's cost rate over its token rate.
+pub fn usd_per_1k_tokens(usd_per_s: f64, tokens_per_s: f64) -> Option<f64> {
+    (usd_per_s.is_finite() && tokens_per_s.is_finite() && tokens_per_s > 0.0 && usd_per_s >= 0.0)
+        .then(|| usd_per_s / tokens_per_s * 1000.0)
+}
+
+/// Competition ranks of values already sorted best first: equal values
+/// share a rank, the next rank skips (1, 1, 3).
+pub fn competition_ranks(sorted: &[f64]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(sorted.len());
+    for (i, v) in sorted.iter().enumerate() {
+        if i > 0 && sorted[i - 1] == *v {
+            out.push(out[i - 1]);
+        } else {
+            out.push(i + 1);
+        }
+    }
+    out
+}
+
+fn better_first(better: Better) -> impl Fn(&f64, &f64) -> std::cmp::Ordering {
+    move |a, b| match better {
+        Better::Higher => b.total_cmp(a),
+        Better::Lower => a.total_cmp(b),
+    }
+}
+
+/// Every metric name any cell reported, for hints.
+fn metric_names(rec: &RunRecord) -> Vec<String> {
+    let mut names: Vec<String> = rec.cells.iter().flat_map(|c| c.metrics.keys().cloned()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+impl Report {
+    /// Build the report of a run. Errors only for a `--metric` or
+    /// `--latency` that no cell has.
+    pub fn build(rec: &RunRecord, options: &Options) -> Result<Report, ReportError> {
+        check_choice(rec, options)?;
+        let mut cells: Vec<CellRow> = rec.cells.iter().map(|c| cell_row(c, options)).collect();
+
+        // Throughput rankings, one per metric, groups in plan order.
+        let mut rankings: Vec<Ranking> = Vec::new();
+        for c in cells.iter().filter(|c| c.status == "succeeded") {
+            let Some(t) = &c.throughput else { continue };
+            if !rankings.iter().any(|r| r.metric == t.name) {
+                rankings.push(Ranking {
+                    metric: t.name.clone(),
+                    better: orch_compare::better_for(&t.name),
+                    unit: metrics::work_unit(&t.name),
+                    entries: Vec::new(),
+                });
+            }
+        }
+        for r in &mut rankings {
+            let mut members: Vec<&CellRow> = cells
+                .iter()
+                .filter(|c| {
+                    c.status == "succeeded" && c.throughput.as_ref().is_some_and(|t| t.name == r.metric)
+                })
+                .collect();
+            let order = better_first(r.better);
+            members.sort_by(|a, b| order(&value(a), &value(b)));
+            let values: Vec<f64> = members.iter().map(|c| value(c)).collect();
+            r.entries = members
+                .iter()
+                .zip(competition_ranks(&values))
+                .map(|(c, rank)| RankEntry {
+                    rank,
+                    cell: c.id.clone(),
+                    gpu: c.gpu.clone(),
+                    value: value(c),
+                    usd_per_1k_tokens: c.usd_per_1k_tokens,
+                    flags: c.flags.clone(),
+                })
+                .collect();
+        }
+
+        // Cost-efficiency: $ per 1k output tokens, cheapest first.
+        let mut priced: Vec<&CellRow> = cells.iter().filter(|c| c.usd_per_1k_tokens.is_some()).collect();
+        priced.sort_by(|a, b| per_1k(a).total_cmp(&per_1k(b)));
+        let values: Vec<f64> = priced.iter().map(|c| per_1k(c)).collect();
+        let cost_ranking: Vec<CostEntry> = priced
+            .iter()
+            .zip(competition_ranks(&values))
+            .filter_map(|(c, rank)| {
+                let t = c.token_rate.as_ref()?;
+                Some(CostEntry {
+                    rank,
+                    cell: c.id.clone(),
+                    gpu: c.gpu.clone(),
+                    usd_per_1k_tokens: per_1k(c),
+                    token_metric: t.name.clone(),
+                    token_rate: t.value,
+                    usd_per_gpu_hour: c.usd_per_gpu_hour,
+                    flags: c.flags.clone(),
+                })
+            })
+            .collect();
+
+        for c in &mut cells {
+            c.throughput_rank = rankings
+                .iter()
+                .flat_map(|r| r.entries.iter())
+                .find(|e| e.cell == c.id)
+                .map(|e| e.rank);
+            c.cost_rank = cost_ranking.iter().find(|e| e.cell == c.id).map(|e| e.rank);
+        }
+
+        Ok(Report {
+            report_version: REPORT_VERSION,
+            run: RunInfo {
+                id: rec.id.clone(),
+                suite: rec.suite.clone(),
+                state: serde_json::to_value(rec.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                backend: rec.backend.clone(),
+                created_at: rec.created_at,
+                updated_at: rec.updated_at,
+                hostname: rec.environment.hostname.clone(),
+                orch_version: rec.environment.orch_version.clone(),
+                git_commit: rec.environment.git_commit.clone(),
+                counts: rec.counts.clone(),
+                budget: rec.budget.clone(),
+            },
+            options: options.clone(),
+            totals: totals(rec),
+            rankings,
+            cost_ranking,
+            comparisons: rec.cells.iter().filter_map(compare_cell).collect(),
+            failures: rec
+                .cells
+                .iter()
+                .filter(|c| c.status != "succeeded" && c.status != "pending")
+                .map(|c| FailureRow {
+                    cell: c.id.clone(),
+                    status: c.status.clone(),
+                    gpu: c.gpu.clone(),
+                    failure: c.failure.clone(),
+                    diagnosis: c.diagnosis.clone(),
+                    wasted_usd: c.cost.as_ref().map(|k| k.usd),
+                })
+                .collect(),
+            cells,
+        })
+    }
+
+    /// Does any cell carry a cost?
+    pub fn has_cost(&self) -> bool {
+        self.totals.cells_with_cost > 0
+    }
+
+    /// Does any cell carry hardware or flags?
+    pub fn has_hardware(&self) -> bool {
+        self.cells
+            .iter()
+            .any(|c| c.hardware.is_some() || !c.flags.is_empty())
+    }
+}
+
+fn value(c: &CellRow) -> f64 {
+    c.throughput.as_ref().map(|t| t.value).unwrap_or(f64::NAN)
+}
+
+fn per_1k(c: &CellRow) -> f64 {
+    c.usd_per_1k_tokens.unwrap_or(f64::NAN)
+}
+
+fn check_choice(rec: &RunRecord, options: &Options) -> Result<(), ReportError> {
+    if let Some(m) = &options.metric {
+        if !rec.cells.iter().any(|c| c.metrics.contains_key(m)) {
+            return Err(ReportError::UnknownMetric {
+                flag: "--metric",
+                name: m.clone(),
+                run: rec.id.clone(),
+                available: metric_names(rec),
+            });
+        }
+    }
+    if let Some(l) = &options.latency {
+        let has = rec.cells.iter().any(|c| {
+            metrics::latency_families(&c.metrics)
+                .iter()
+                .any(|f| &f.family == l)
+        });
+        if !has {
+            let mut fams: Vec<String> = rec
+                .cells
+                .iter()
+                .flat_map(|c| metrics::latency_families(&c.metrics))
+                .map(|f| f.family)
+                .collect();
+            fams.sort();
+            fams.dedup();
+            return Err(ReportError::UnknownMetric {
+                flag: "--latency",
+                name: l.clone(),
+                run: rec.id.clone(),
+                available: fams,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn finite(m: Option<(&str, f64)>) -> Option<MetricValue> {
+    m.filter(|(_, v)| v.is_finite()).map(|(n, v)| MetricValue {
+        name: n.to_string(),
+        value: v,
+    })
+}
+
+fn cell_row(c: &CellView, options: &Options) -> CellRow {
+    let succeeded = c.status == "succeeded";
+    let throughput = finite(metrics::throughput_metric(&c.metrics, options.metric.as_deref()));
+    let token_rate = finite(metrics::token_rate(&c.metrics));
+    let families = metrics::latency_families(&c.metrics);
+    let latency = match &options.latency {
+        Some(l) => families.into_iter().find(|f| &f.family == l),
+        None => families.into_iter().next(),
+    };
+    // An unpriced cost (no price known for the GPU on its backend) is no rate.
+    let priced = c.cost.as_ref().filter(|k| k.priced);
+    let usd_per_1k_tokens = match (priced, &token_rate) {
+        (Some(cost), Some(t)) if succeeded => usd_per_1k_tokens(cost.usd_per_s, t.value),
+        _ => None,
+    };
+    let usd_per_gpu_hour = priced.filter(|k| k.gpus > 0).map(|k| k.usd_per_gpu_s * 3600.0);
+    CellRow {
+        id: c.id.clone(),
+        benchmark: c.benchmark.clone(),
+        status: c.status.clone(),
+        gpu: c.gpu.clone(),
+        params: c.params.clone(),
+        duration_s: c.duration_s,
+        throughput,
+        token_rate,
+        latency,
+        usd_per_1k_tokens,
+        usd_per_gpu_hour,
+        throughput_rank: None,
+        cost_rank: None,
+        cost: c.cost.clone(),
+        hardware: c.hardware.clone(),
+        flags: c.flags.clone(),
+        failure: c.failure.clone(),
+        diagnosis: c.diagnosis.clone(),
+        metrics: c.metrics.clone(),
+    }
+}
+
+fn totals(rec: &RunRecord) -> Totals {
+    let mut t = Totals::default();
+    let (mut usd, mut wasted, mut gpu_s) = (0.0, 0.0, 0.0);
+    for c in &rec.cells {
+        match &c.cost {
+            Some(k) => {
+                t.cells_with_cost += 1;
+                if !k.priced {
+                    t.unpriced_cells += 1;
+                }
+                usd += k.usd;
+                if k.wasted || c.status != "succeeded" {
+                    wasted += k.usd;
+                }
+                gpu_s += k.billed_s * k.gpus as f64;
+                for (p, v) in &k.by_phase {
+                    *t.by_phase.entry(p.clone()).or_insert(0.0) += v;
+                }
+            }
+            None if c.status != "pending" => t.cells_without_cost += 1,
+            None => {}
+        }
+    }
+    if t.cells_with_cost > 0 {
+        t.usd = Some(usd);
+        t.wasted_usd = Some(wasted);
+        t.gpu_hours = Some(gpu_s / 3600.0);
+    }
+    // The store's sum also counts earlier attempts (moved aside by a resume).
+    if let Some(rc) = &rec.cost {
+        t.usd = Some(rc.usd);
+        t.wasted_usd = Some(rc.wasted_usd);
+        t.earlier_attempts_usd = rc.earlier_attempts_usd;
+        t.by_phase = rc.by_phase.clone();
+    }
+    t
+}
+
+fn compare_cell(c: &CellView) -> Option<CompareCell> {
+    let list = c.info.get("comparison")?.as_array()?;
+    let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("?").to_string();
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let mut rows: Vec<CompareRow> = list
+        .iter()
+        .map(|x| {
+            let metric = s(x, "metric");
+            CompareRow {
+                key: KEY_COMPARE_METRICS.contains(&metric.as_str()),
+                base: s(x, "base"),
+                other: s(x, "other"),
+                ratio: f(x, "ratio"),
+                ci_low: f(x, "ci_low"),
+                ci_high: f(x, "ci_high"),
+                speedup: f(x, "speedup"),
+                verdict: s(x, "verdict"),
+                metric,
+            }
+        })
+        .collect();
+    // Headline metrics first, in their documented order; the rest by name.
+    let pos = |m: &str| {
+        KEY_COMPARE_METRICS
+            .iter()
+            .position(|k| *k == m)
+            .unwrap_or(usize::MAX)
+    };
+    rows.sort_by(|a, b| {
+        (
+            a.base.as_str(),
+            a.other.as_str(),
+            pos(&a.metric),
+            a.metric.as_str(),
+        )
+            .cmp(&(
+                b.base.as_str(),
+                b.other.as_str(),
+                pos(&b.metric),
+                b.metric.as_str(),
+            ))
+    });
+    let variants = c
+        .info
+        .get("variants")
+        .and_then(|v| v.as_object())
+        .map(|vars| {
+            vars.iter()
+                .map(|(name, v)| VariantRow {
+                    name: name.clone(),
+                    status: s(v, "status"),
+                    rounds: v["rounds"].as_u64(),
+                    failure: v["failure"].as_str().map(String::from),
+                    diagnosis: serde_json::from_value(v["diagnosis"].clone()).ok(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(CompareCell {
+        cell: c.id.clone(),
+        gpu: c.gpu.clone(),
+        status: c.status.clone(),
+        rounds: c.info.get("rounds").and_then(|v| v.as_u64()),
+        noise: c.info.get("noise").and_then(|v| v.as_f64()),
+        rows,
+        variants,
+    })
+}
