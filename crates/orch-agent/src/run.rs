@@ -65,6 +65,11 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         r.hardware = Some(hardware);
         return finish(r, out_dir, ctx);
     }
+    if let Some(msg) = builtin_without_cuda(task, &hardware) {
+        let mut r = CellResult::failed(&task.cell_id, Status::Failed, "workload_error", msg);
+        r.hardware = Some(hardware);
+        return finish(r, out_dir, ctx);
+    }
     let hz = gpu::telemetry_hz(&task.env);
     let sampler = gpus
         .filter(|g| g.count() > 0 && hz > 0.0)
@@ -115,6 +120,31 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     }
     result.hardware = Some(hardware);
     finish(result, out_dir, ctx)
+}
+
+/// A builtin workload of a GPU cell, on a machine with GPUs, in an agent
+/// built without CUDA would measure the CPU and call it the GPU's figure:
+/// refuse, and say which agent to use. (On a host without GPUs the cell runs
+/// on the CPU, flagged `hardware_mismatch`.)
+fn builtin_without_cuda(task: &TaskSpec, hw: &orch_protocol::Hardware) -> Option<String> {
+    if cfg!(feature = "cuda") || hw.gpus.is_empty() {
+        return None;
+    }
+    let gpu = task.gpu.trim();
+    if gpu.is_empty() || gpu.eq_ignore_ascii_case("none") {
+        return None;
+    }
+    let (name, device) = match &task.workload {
+        Workload::Builtin(BuiltinWorkload::Transformer(c)) => ("transformer", c.device.as_deref()),
+        Workload::Builtin(BuiltinWorkload::Calibrate(c)) => ("calibrate", c.device.as_deref()),
+        _ => return None,
+    };
+    if device.is_some() {
+        return None;
+    }
+    Some(format!(
+        "the cell asks for `{gpu}` but this agent was built without CUDA, so builtin `{name}` would measure the CPU\nhint: set `ORCH_AGENT` to an `orch-agent` built with `--features cuda`, or set `device: cpu` to measure the CPU on purpose"
+    ))
 }
 
 /// Steps and tokens of the measured phase, for energy per step and per token:
@@ -265,4 +295,62 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     }
     ctx.emit(Event::Result { result });
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orch_protocol::{CalibrateConfig, GpuInfo, Hardware, Measure, TransformerConfig};
+
+    fn task(gpu: &str, workload: Workload) -> TaskSpec {
+        TaskSpec {
+            version: PROTOCOL_VERSION,
+            run_id: "r".into(),
+            cell_id: "c".into(),
+            gpu: gpu.into(),
+            params: Default::default(),
+            env: Default::default(),
+            secret_env: vec![],
+            workload,
+            measure: Measure::default(),
+            logs: Default::default(),
+            memory_limit_bytes: None,
+            weights_dir: None,
+            strict_hardware: false,
+        }
+    }
+
+    #[test]
+    fn a_cpu_only_agent_refuses_to_measure_a_present_gpu() {
+        let with_gpu = Hardware {
+            gpus: vec![GpuInfo {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                ..GpuInfo::default()
+            }],
+            ..Hardware::default()
+        };
+        let tr = Workload::Builtin(BuiltinWorkload::Transformer(TransformerConfig::default()));
+        let cal = Workload::Builtin(BuiltinWorkload::Calibrate(CalibrateConfig::default()));
+        if cfg!(feature = "cuda") {
+            assert_eq!(builtin_without_cuda(&task("H100", tr), &with_gpu), None);
+            return;
+        }
+        let msg = builtin_without_cuda(&task("H100", tr.clone()), &with_gpu).unwrap();
+        assert!(
+            msg.contains("`--features cuda`") && msg.contains("hint:"),
+            "{msg}"
+        );
+        assert!(builtin_without_cuda(&task("H100", cal), &with_gpu).is_some());
+        // CPU cells, hosts without GPUs, explicit devices and commands run.
+        assert_eq!(builtin_without_cuda(&task("none", tr.clone()), &with_gpu), None);
+        assert_eq!(
+            builtin_without_cuda(&task("H100", tr), &Hardware::default()),
+            None
+        );
+        let explicit = Workload::Builtin(BuiltinWorkload::Transformer(TransformerConfig {
+            device: Some("cpu".into()),
+            ..Default::default()
+        }));
+        assert_eq!(builtin_without_cuda(&task("H100", explicit), &with_gpu), None);
+    }
 }
