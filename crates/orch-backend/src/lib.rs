@@ -102,27 +102,6 @@ pub trait Backend: Send + Sync {
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError>;
 }
 
-/// One line of an agent's event stream (its stdout): the final result is
-/// returned, other events are relayed, anything else is ignored (it stays in
-/// `events.jsonl`).
-pub fn handle_event_line(
-    line: &str,
-    cell_id: &str,
-    events: &mpsc::UnboundedSender<CellEvent>,
-) -> Option<CellResult> {
-    match serde_json::from_str::<Event>(line.trim()) {
-        Ok(Event::Result { result }) => Some(result),
-        Ok(event) => {
-            let _ = events.send(CellEvent {
-                cell_id: cell_id.to_string(),
-                event,
-            });
-            None
-        }
-        Err(_) => None,
-    }
-}
-
 /// The event stream of one cell, shared by every backend: relays the
 /// agent's events, returns its result, and measures the `provision` phase,
 /// from the cell's launch (this relay's creation) until the agent's
@@ -185,5 +164,49 @@ pub fn check_name(name: &str) -> Result<(), BackendError> {
         "local" | "docker" => Ok(()),
         n if BACKENDS.contains(&n) => Err(BackendError::NotBuilt(n.to_string())),
         n => Err(BackendError::Unknown(n.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orch_protocol::Status;
+
+    #[test]
+    fn relay_measures_provision_until_the_agent_started() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut relay = EventRelay::new("c", tx);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let started = Event::Started {
+            cell_id: "c".into(),
+            agent_version: "x".into(),
+            pid: 1,
+        };
+        assert!(relay.line(&started.to_line()).is_none());
+        assert!(matches!(
+            rx.try_recv().map(|e| e.event),
+            Ok(Event::Started { .. })
+        ));
+        let p = relay.provision_s().unwrap();
+        assert!((0.03..1.0).contains(&p), "{p}");
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // A later `Started` (none is sent, but a replayed stream) changes nothing.
+        relay.line(&started.to_line());
+        assert_eq!(relay.provision_s(), Some(p));
+        let result = Event::Result {
+            result: CellResult::new("c", Status::Succeeded),
+        };
+        let r = relay.line(&result.to_line()).unwrap();
+        assert_eq!(r.timings.get(&Phase::Provision), Some(&p));
+        // A result made up for a dead agent gets it too; one without a
+        // `Started` (the agent never ran) gets none.
+        let made_up = relay.stamp(CellResult::new("c", Status::Failed));
+        assert_eq!(made_up.timings.get(&Phase::Provision), Some(&p));
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let never = EventRelay::new("c", tx);
+        assert!(never
+            .stamp(CellResult::new("c", Status::Failed))
+            .timings
+            .is_empty());
     }
 }

@@ -233,24 +233,56 @@ impl Store {
     /// when missing or stale. With `since`, only attempts that finished at
     /// or after it (runs that ended before it are not read at all).
     pub fn cost_lines(&self, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
-        let mut out = Vec::new();
-        for id in self.run_ids()? {
-            let dir = self.root.join(&id);
+        let ids = self.run_ids()?;
+        let one = |id: &String| -> Result<Vec<LedgerLine>> {
+            let dir = self.root.join(id);
             if let Some(since) = since {
                 let meta: RunMeta = read_json(&dir.join("run.json"))?;
                 // A run that ended before `since` recorded nothing after it.
                 if meta.state != RunState::Running && meta.updated_at < since {
-                    continue;
+                    return Ok(vec![]);
                 }
             }
             let lines = match read_fresh_ledger(&dir) {
                 Some(lines) => lines,
-                None => self.open_run(&id)?.rebuild_ledger()?,
+                None => self.open_run(id)?.rebuild_ledger()?,
             };
-            match since {
-                Some(s) => out.extend(lines.into_iter().filter(|l| l.finished_at >= s)),
-                None => out.extend(lines),
+            Ok(match since {
+                Some(s) => lines.into_iter().filter(|l| l.finished_at >= s).collect(),
+                None => lines,
+            })
+        };
+        // Runs are independent: read them on every core, keep their order.
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(ids.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut per_run: Vec<Option<Result<Vec<LedgerLine>>>> = (0..ids.len()).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(id) = ids.get(i) else { break };
+                            done.push((i, one(id)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            for h in handles {
+                // A worker only panics if reading a ledger panics: pass it on.
+                for (i, r) in h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                    per_run[i] = Some(r);
+                }
             }
+        });
+        let mut out = Vec::new();
+        for r in per_run.into_iter().flatten() {
+            out.extend(r?);
         }
         Ok(out)
     }

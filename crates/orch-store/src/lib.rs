@@ -441,7 +441,10 @@ impl Run {
         let dir = self.cell_dir(&record.id);
         std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
         write_json(&dir.join("result.json"), record)?;
-        self.append_ledger(record)
+        // The ledger is a cache of the records: a line that cannot be
+        // appended leaves it stale, and the next reader rebuilds it.
+        let _ = self.append_ledger(record);
+        Ok(())
     }
 
     /// Update the run's state (and the time of the update).

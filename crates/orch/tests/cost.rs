@@ -289,7 +289,7 @@ fn max_cost_stops_a_run_midway_within_the_cap() {
     assert!(spent >= cap - PRICE * (2.0 * tick + 0.5), "spent {spent}");
     assert!((f(&budget["accrued_usd"]) - spent).abs() < 1e-9, "{budget}");
 
-    let show = env.run(&["show", "latest"]);
+    let show = env.run(&["show", rec["id"].as_str().unwrap()]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
         text.contains("budget: $0.0500 cap") && text.contains("STOPPED"),
@@ -351,19 +351,23 @@ benchmarks:
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let rec = json(&out);
     let cells = rec["cells"].as_array().unwrap();
+    // (A phase's cost is its seconds at the cell's price, within 1%: the
+    // host's and the agent's clocks can overrun the billed time by a few
+    // milliseconds, and then the phases are scaled into it.)
     let srv = cells.iter().find(|c| c["id"] == "srv.cpu").unwrap();
     let t = f(&srv["timings"]["server_start"]);
     assert!((1.0..2.5).contains(&t), "server_start {t}: {srv}");
     assert!(
-        (f(&srv["cost"]["by_phase"]["server_start"]) - t * PRICE).abs() < 1e-9,
+        (f(&srv["cost"]["by_phase"]["server_start"]) - t * PRICE).abs() <= 0.01 * t * PRICE,
         "{srv}"
     );
     assert_eq!(srv["cost"]["wasted"], true, "a failed server's cost is waste");
     let cmd = cells.iter().find(|c| c["id"] == "cmd.cpu").unwrap();
     let load = f(&cmd["timings"]["load"]);
-    assert!((0.5..1.5).contains(&load), "load {load}: {cmd}");
+    // `sleep 0.5` between the markers, as the agent reads them.
+    assert!((0.4..1.5).contains(&load), "load {load}: {cmd}");
     assert!(
-        (f(&cmd["cost"]["by_phase"]["load"]) - load * PRICE).abs() < 1e-9,
+        (f(&cmd["cost"]["by_phase"]["load"]) - load * PRICE).abs() <= 0.01 * load * PRICE,
         "{cmd}"
     );
     assert!((f(&rec["cost"]["wasted_usd"]) - f(&srv["cost"]["usd"])).abs() < 1e-12);
