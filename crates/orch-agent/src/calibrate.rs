@@ -128,12 +128,7 @@ pub struct Expected {
 
 /// The expected figures of a GPU by its NVML name, if known.
 pub fn expected_for(name: &str) -> Option<(&'static str, Expected)> {
-    let words: Vec<String> = name
-        .to_ascii_uppercase()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(String::from)
-        .collect();
+    let words = crate::gpu::name_words(name);
     EXPECTED
         .iter()
         .find(|(key, _)| {

@@ -210,12 +210,7 @@ pub fn gpu_matches(requested: &str, name: &str, memory_bytes: u64) -> bool {
         }
         _ => (req.clone(), None),
     };
-    let words: Vec<String> = name
-        .to_ascii_uppercase()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(String::from)
-        .collect();
+    let words = name_words(name);
     let model_ok = words.contains(&model)
         // `H100` also names `H100-SXM5-80GB`-style single tokens.
         || words.iter().any(|w| w.starts_with(&model) && w[model.len()..].starts_with(|c: char| !c.is_ascii_digit() && c != 'S'));
@@ -230,6 +225,16 @@ pub fn gpu_matches(requested: &str, name: &str, memory_bytes: u64) -> bool {
             (have / gb - 1.0).abs() < 0.15 || words.iter().any(|w| *w == format!("{gb}GB"))
         }
     }
+}
+
+/// The upper-case alphanumeric words of a GPU name (`NVIDIA A100-SXM4-80GB`
+/// → `NVIDIA`, `A100`, `SXM4`, `80GB`).
+pub fn name_words(name: &str) -> Vec<String> {
+    name.to_ascii_uppercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Telemetry rate from the task's environment (`ORCH_TELEMETRY_HZ`), else 10 Hz.
@@ -318,6 +323,14 @@ fn read(devices: &[(u32, nvml_wrapper::Device<'_>)]) -> Vec<Reading> {
     out
 }
 
+/// One JSON line of `telemetry.jsonl`; a file that cannot be written loses
+/// lines, never the cell.
+fn write_line<T: Serialize>(file: &mut Option<std::io::BufWriter<std::fs::File>>, value: &T) {
+    if let (Some(f), Ok(line)) = (file.as_mut(), serde_json::to_string(value)) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 fn sample_loop(gpus: &Gpus, period: Duration, rx: &mpsc::Receiver<Msg>, path: &Path) -> Summary {
     let started = Instant::now();
     // Handles looked up once: each sample is only the readings.
@@ -341,11 +354,7 @@ fn sample_loop(gpus: &Gpus, period: Duration, rx: &mpsc::Receiver<Msg>, path: &P
             gpus: readings,
         };
         acc.add(&s);
-        if let Some(f) = file.as_mut() {
-            if let Ok(line) = serde_json::to_string(&s) {
-                let _ = writeln!(f, "{line}");
-            }
-        }
+        write_line(&mut file, &s);
         next += period;
         let wait = next.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
@@ -354,13 +363,10 @@ fn sample_loop(gpus: &Gpus, period: Duration, rx: &mpsc::Receiver<Msg>, path: &P
                 // before its first `ORCH_PHASE` line).
                 phase = Some(p);
                 acc.relabel(p);
-                if let Some(f) = file.as_mut() {
-                    let _ = writeln!(
-                        f,
-                        "{}",
-                        json!({"t": started.elapsed().as_secs_f64(), "relabel": p})
-                    );
-                }
+                write_line(
+                    &mut file,
+                    &json!({"t": started.elapsed().as_secs_f64(), "relabel": p}),
+                );
             }
             Ok(Msg::Phase(PhaseChange::Enter(p))) => {
                 // Close the old span with a reading at its edge, open the new one with the same reading.
@@ -379,11 +385,7 @@ fn sample_loop(gpus: &Gpus, period: Duration, rx: &mpsc::Receiver<Msg>, path: &P
                     gpus: readings,
                 };
                 acc.add(&s);
-                if let Some(f) = file.as_mut() {
-                    if let Ok(line) = serde_json::to_string(&s) {
-                        let _ = writeln!(f, "{line}");
-                    }
-                }
+                write_line(&mut file, &s);
                 next = Instant::now() + period;
             }
             Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
