@@ -1,6 +1,10 @@
 //! CSV: one row per cell, for spreadsheets and pandas. Fixed columns first,
 //! then `param.<name>` for every parameter and `metric.<name>` for every
-//! metric any cell reported.
+//! metric any cell reported (GPU telemetry and calibration figures
+//! included: `metric.gpu_energy_j`, `metric.matmul_bf16_tflops`, ...). A
+//! run with calibration figures also gets `calibration_threshold`,
+//! `calibration_below` and `calibration.<figure>.{expected,ratio}` after the
+//! fixed columns.
 
 use crate::model::Report;
 use std::collections::BTreeSet;
@@ -64,7 +68,22 @@ pub const FIXED_COLUMNS: &[&str] = &[
 pub fn render(r: &Report) -> String {
     let params: BTreeSet<&String> = r.cells.iter().flat_map(|c| c.params.keys()).collect();
     let metrics: BTreeSet<&String> = r.cells.iter().flat_map(|c| c.metrics.keys()).collect();
+    let mut figures: Vec<&str> = Vec::new();
+    for f in r.calibration.iter().flat_map(|c| &c.figures) {
+        if f.expected.is_some() && !figures.contains(&f.metric.as_str()) {
+            figures.push(&f.metric);
+        }
+    }
+    let calibrated = !r.calibration.is_empty();
     let mut header: Vec<String> = FIXED_COLUMNS.iter().map(|s| s.to_string()).collect();
+    if calibrated {
+        header.push("calibration_threshold".into());
+        header.push("calibration_below".into());
+        for f in &figures {
+            header.push(format!("calibration.{f}.expected"));
+            header.push(format!("calibration.{f}.ratio"));
+        }
+    }
     header.extend(params.iter().map(|p| format!("param.{p}")));
     header.extend(metrics.iter().map(|m| format!("metric.{m}")));
     let mut out = String::new();
@@ -113,6 +132,26 @@ pub fn render(r: &Report) -> String {
             c.diagnosis.as_ref().map(|d| d.kind.clone()).unwrap_or_default(),
             c.diagnosis.as_ref().map(|d| d.hint.clone()).unwrap_or_default(),
         ];
+        if calibrated {
+            let cal = r.calibration.iter().find(|x| x.cell == c.id);
+            row.push(f(cal.and_then(|x| x.threshold)));
+            row.push(
+                cal.map(|x| {
+                    x.figures
+                        .iter()
+                        .filter(|g| g.below == Some(true))
+                        .map(|g| g.metric.as_str())
+                        .collect::<Vec<_>>()
+                        .join(";")
+                })
+                .unwrap_or_default(),
+            );
+            for name in &figures {
+                let g = cal.and_then(|x| x.figures.iter().find(|g| g.metric == *name));
+                row.push(f(g.and_then(|g| g.expected)));
+                row.push(f(g.and_then(|g| g.ratio)));
+            }
+        }
         for p in &params {
             row.push(match c.params.get(*p) {
                 Some(serde_json::Value::String(s)) => s.clone(),

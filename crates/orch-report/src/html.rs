@@ -3,7 +3,10 @@
 //! network: CSS, JS and data are inline; charts are SVG.
 
 use crate::fmt::{num, params, ratio, usd};
-use crate::md::{better_text, budget_text, cost_summary, counts_text, cpu_text, free_note, hardware_text};
+use crate::md::{
+    below_text, better_text, budget_text, calibration_gpu, cost_summary, counts_text, cpu_text, free_note,
+    hardware_text, mj, peak_gib, TELEMETRY_NOTE,
+};
 use crate::model::{CellRow, Report};
 use crate::ReportError;
 use std::fmt::Write;
@@ -137,6 +140,101 @@ fn cost_cell(c: &CellRow) -> String {
     }
 }
 
+/// GPU telemetry: the energy chart, then the table.
+fn telemetry(o: &mut String, r: &Report) {
+    if r.telemetry.is_empty() {
+        return;
+    }
+    o.push_str("<section id=\"telemetry\">\n<h2>GPU telemetry</h2>\n");
+    let _ = writeln!(o, "<p class=\"note\">{}</p>", h(TELEMETRY_NOTE));
+    if let Some(figure) = r.energy_chart_figure() {
+        let what = if figure == "energy_per_step_j" {
+            "GPU energy per measured step (J)"
+        } else {
+            "GPU energy per measured token (mJ)"
+        };
+        let _ = writeln!(
+            o,
+            "<h3>{what} <span class=\"note\">(lower is better; one bar per cell that has it, coloured by GPU)</span></h3>\n\
+             <div class=\"chart\" data-chart=\"energy\" data-figure=\"{figure}\"></div>"
+        );
+    }
+    let mut t = Table::new(
+        &[
+            "cell",
+            "GPU",
+            "util %",
+            "power W",
+            "energy J",
+            "J/step",
+            "mJ/token",
+            "peak memory",
+            "SM MHz",
+            "max °C",
+        ],
+        &[false, false, true, true, true, true, true, true, true, true],
+    );
+    for x in &r.telemetry {
+        t.row(
+            flagged(&x.flags),
+            &[
+                format!("{} {}", code(&x.cell), flags_html(&x.flags)),
+                h(&x.gpu),
+                opt(x.util_mean_pct, num),
+                opt(x.power_mean_w, num),
+                opt(x.energy_j, num),
+                opt(x.energy_per_step_j, num),
+                opt(x.energy_per_token_j, mj),
+                opt(x.peak_memory_bytes, peak_gib),
+                opt(x.sm_clock_mean_mhz, num),
+                opt(x.temp_max_c, num),
+            ],
+        );
+    }
+    o.push_str(&t.end());
+    o.push_str("</section>\n");
+}
+
+/// Calibration figures against the GPU model's expected figures.
+fn calibration(o: &mut String, r: &Report) {
+    if r.calibration.is_empty() {
+        return;
+    }
+    o.push_str("<section id=\"calibration\">\n<h2>Calibration</h2>\n");
+    o.push_str("<p class=\"note\">ratio = measured / the GPU model's expected figure; a figure below the threshold flags the cell <code>degraded_gpu</code>.</p>\n");
+    let mut t = Table::new(
+        &[
+            "cell", "GPU", "figure", "measured", "expected", "ratio", "unit", "check",
+        ],
+        &[false, false, false, true, true, true, false, false],
+    );
+    for c in &r.calibration {
+        for f in &c.figures {
+            let check = below_text(f.below, c.threshold);
+            let check = if f.below == Some(true) {
+                format!("<span class=\"flag\">{}</span>", h(&check))
+            } else {
+                h(&check)
+            };
+            t.row(
+                if f.below == Some(true) { "flagged" } else { "" },
+                &[
+                    format!("{} {}", code(&c.cell), flags_html(&c.flags)),
+                    h(&calibration_gpu(c)),
+                    code(&f.metric),
+                    num(f.measured),
+                    opt(f.expected, num),
+                    opt(f.ratio, ratio),
+                    h(&f.unit),
+                    check,
+                ],
+            );
+        }
+    }
+    o.push_str(&t.end());
+    o.push_str("</section>\n");
+}
+
 pub fn render(r: &Report) -> Result<String, ReportError> {
     let data = script_json(&serde_json::to_string(r)?);
     let run = &r.run;
@@ -224,6 +322,12 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         o.push_str("<a href=\"#latency\">latency</a>");
     }
     o.push_str("<a href=\"#cells\">cells</a>");
+    if !r.telemetry.is_empty() {
+        o.push_str("<a href=\"#telemetry\">telemetry</a>");
+    }
+    if !r.calibration.is_empty() {
+        o.push_str("<a href=\"#calibration\">calibration</a>");
+    }
     if !r.comparisons.is_empty() {
         o.push_str("<a href=\"#comparisons\">comparisons</a>");
     }
@@ -386,6 +490,9 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     }
     o.push_str(&t.end());
     o.push_str("</section>\n");
+
+    telemetry(&mut o, r);
+    calibration(&mut o, r);
 
     // Comparisons.
     if !r.comparisons.is_empty() {

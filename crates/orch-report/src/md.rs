@@ -1,7 +1,7 @@
 //! Markdown: the report people paste into a pull request or a wiki.
 
 use crate::fmt::{gib, num, params, ratio, usd};
-use crate::model::{CellRow, Report};
+use crate::model::{CalibrationCell, CellRow, Report};
 use orch_compare::Better;
 use orch_protocol::Hardware;
 use std::fmt::Write;
@@ -185,6 +185,122 @@ fn cost_cell(c: &CellRow) -> String {
     }
 }
 
+/// Peak memory in GiB, one decimal: `35.6 GiB`.
+pub(crate) fn peak_gib(bytes: f64) -> String {
+    if bytes.is_finite() && bytes >= 0.0 {
+        gib(bytes as u64)
+    } else {
+        String::new()
+    }
+}
+
+/// Joules per token shown as millijoules (`20.18`).
+pub(crate) fn mj(joules: f64) -> String {
+    num(joules * 1000.0)
+}
+
+/// The note under the telemetry table.
+pub(crate) const TELEMETRY_NOTE: &str = "Utilisation, power, energy and SM clock cover the measured phase; peak memory and temperature the whole cell. Energy is of all the cell's GPUs together: J per measured step, mJ (millijoules) per measured token.";
+
+/// A calibration figure's verdict against its threshold.
+pub(crate) fn below_text(below: Option<bool>, threshold: Option<f64>) -> String {
+    match below {
+        Some(true) => match threshold {
+            Some(t) => format!("⚠ below {}×", num(t)),
+            None => "⚠ below".into(),
+        },
+        Some(false) => match threshold {
+            Some(t) => format!("ok (≥ {}×)", num(t)),
+            None => "ok".into(),
+        },
+        None => "no expected figure".into(),
+    }
+}
+
+/// The GPU a calibration was checked as: `H100 (NVIDIA H100 80GB HBM3)`.
+pub(crate) fn calibration_gpu(c: &CalibrationCell) -> String {
+    match (&c.model, &c.gpu_name) {
+        (Some(m), Some(n)) if m != n => format!("{m} ({n})"),
+        (Some(m), _) => m.clone(),
+        (None, Some(n)) => n.clone(),
+        (None, None) => c.gpu.clone(),
+    }
+}
+
+fn telemetry(out: &mut String, r: &Report) {
+    if r.telemetry.is_empty() {
+        return;
+    }
+    out.push_str("## GPU telemetry\n\n");
+    let rows: Vec<Vec<String>> = r
+        .telemetry
+        .iter()
+        .map(|t| {
+            vec![
+                cell_name(&t.cell, &t.flags),
+                esc(&t.gpu),
+                opt(t.util_mean_pct, num),
+                opt(t.power_mean_w, num),
+                opt(t.energy_j, num),
+                opt(t.energy_per_step_j, num),
+                opt(t.energy_per_token_j, mj),
+                opt(t.peak_memory_bytes, peak_gib),
+                opt(t.sm_clock_mean_mhz, num),
+                opt(t.temp_max_c, num),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "cell",
+            "GPU",
+            "util %",
+            "power W",
+            "energy J",
+            "J/step",
+            "mJ/token",
+            "peak memory",
+            "SM MHz",
+            "max °C",
+        ],
+        &[false, false, true, true, true, true, true, true, true, true],
+        &rows,
+    );
+    let _ = writeln!(out, "{TELEMETRY_NOTE}\n");
+}
+
+fn calibration(out: &mut String, r: &Report) {
+    if r.calibration.is_empty() {
+        return;
+    }
+    out.push_str("## Calibration\n\n");
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for c in &r.calibration {
+        for f in &c.figures {
+            rows.push(vec![
+                cell_name(&c.cell, &c.flags),
+                esc(&calibration_gpu(c)),
+                code(&f.metric),
+                num(f.measured),
+                opt(f.expected, num),
+                opt(f.ratio, ratio),
+                esc(&f.unit),
+                below_text(f.below, c.threshold),
+            ]);
+        }
+    }
+    table(
+        out,
+        &[
+            "cell", "GPU", "figure", "measured", "expected", "ratio", "unit", "check",
+        ],
+        &[false, false, false, true, true, true, false, false],
+        &rows,
+    );
+    out.push_str("ratio = measured / the GPU model's expected figure; a figure below the threshold flags the cell `degraded_gpu`.\n\n");
+}
+
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let run = &r.run;
@@ -349,6 +465,9 @@ pub fn render(r: &Report) -> String {
         table(&mut out, &["cell", "benchmark", "parameters"], &[false; 3], &rows);
         out.push_str("</details>\n\n");
     }
+
+    telemetry(&mut out, r);
+    calibration(&mut out, r);
 
     // Comparisons.
     if !r.comparisons.is_empty() {

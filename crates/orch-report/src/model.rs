@@ -38,6 +38,14 @@ pub struct Report {
     pub cells: Vec<CellRow>,
     pub comparisons: Vec<CompareCell>,
     pub failures: Vec<FailureRow>,
+    /// GPU telemetry of the cells that recorded any (`gpu_*` metrics), in
+    /// plan order; absent when none did (CPU runs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub telemetry: Vec<TelemetryRow>,
+    /// Calibration figures (`matmul_*_tflops`, `bandwidth_gbs`) against the
+    /// GPU model's expected figures; absent when no cell measured any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calibration: Vec<CalibrationCell>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -203,6 +211,83 @@ pub struct FailureRow {
     pub wasted_usd: Option<f64>,
 }
 
+/// What the agent's GPU sampler recorded for a cell (docs/results.md,
+/// "Hardware, telemetry and flags"). Utilisation, power, energy and SM
+/// clock cover the measured phase; peak memory and temperature the whole
+/// cell. Energy is of all the cell's GPUs together, in joules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TelemetryRow {
+    pub cell: String,
+    pub gpu: String,
+    pub status: String,
+    pub util_mean_pct: Option<f64>,
+    pub power_mean_w: Option<f64>,
+    pub energy_j: Option<f64>,
+    pub energy_per_step_j: Option<f64>,
+    pub energy_per_token_j: Option<f64>,
+    pub peak_memory_bytes: Option<f64>,
+    pub sm_clock_mean_mhz: Option<f64>,
+    pub temp_max_c: Option<f64>,
+    pub flags: Vec<String>,
+}
+
+/// A cell's calibration figures, checked against its GPU model's expected
+/// figures (`info.calibration_check`) when the agent knew them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationCell {
+    pub cell: String,
+    /// The GPUs asked for.
+    pub gpu: String,
+    pub status: String,
+    /// The GPU found (`NVIDIA H100 80GB HBM3`), from the check.
+    pub gpu_name: Option<String>,
+    /// The model whose expected figures were used (`H100`).
+    pub model: Option<String>,
+    /// A figure under `threshold` × expected is below (flag `degraded_gpu`).
+    pub threshold: Option<f64>,
+    pub figures: Vec<CalibrationFigure>,
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationFigure {
+    /// `matmul_bf16_tflops`, `bandwidth_gbs`, ...
+    pub metric: String,
+    /// `TFLOP/s`, `GB/s`.
+    pub unit: String,
+    pub measured: f64,
+    pub expected: Option<f64>,
+    /// measured / expected.
+    pub ratio: Option<f64>,
+    /// Under the threshold; `None` without an expected figure.
+    pub below: Option<bool>,
+}
+
+/// Calibration figures in the order the report shows them; any other
+/// `matmul_*_tflops` follows by name.
+pub const CALIBRATION_ORDER: &[&str] = &[
+    "matmul_bf16_tflops",
+    "matmul_f16_tflops",
+    "matmul_f32_tflops",
+    "bandwidth_gbs",
+];
+
+/// Is a metric a calibration figure?
+pub fn is_calibration_metric(name: &str) -> bool {
+    name == "bandwidth_gbs" || (name.starts_with("matmul_") && name.ends_with("_tflops"))
+}
+
+/// The unit of a calibration figure, from its name.
+pub fn calibration_unit(name: &str) -> &'static str {
+    if name.ends_with("_tflops") {
+        "TFLOP/s"
+    } else if name.ends_with("_gbs") {
+        "GB/s"
+    } else {
+        ""
+    }
+}
+
 /// Headline metrics of a comparison, as `orch show` prints them.
 pub const KEY_COMPARE_METRICS: &[&str] = &[
     "output_throughput",
@@ -240,10 +325,13 @@ fn better_first(better: Better) -> impl Fn(&f64, &f64) -> std::cmp::Ordering {
     }
 }
 
-/// Every metric name any cell reported, for hints.
+/// Every metric name any cell reported, for hints: the workloads' own
+/// first, the agent's telemetry (`gpu_*`, `telemetry_*`) after them, so a
+/// long list cut short still shows what ranks.
 fn metric_names(rec: &RunRecord) -> Vec<String> {
     let mut names: Vec<String> = rec.cells.iter().flat_map(|c| c.metrics.keys().cloned()).collect();
-    names.sort();
+    let agent = |n: &str| n.starts_with("gpu_") || n.starts_with("telemetry_");
+    names.sort_by(|a, b| agent(a).cmp(&agent(b)).then(a.cmp(b)));
     names.dedup();
     names
 }
@@ -359,6 +447,8 @@ impl Report {
                     wasted_usd: c.cost.as_ref().map(|k| k.usd),
                 })
                 .collect(),
+            telemetry: rec.cells.iter().filter_map(telemetry_row).collect(),
+            calibration: rec.cells.iter().filter_map(calibration_cell).collect(),
             cells,
         })
     }
@@ -368,12 +458,126 @@ impl Report {
         self.totals.cells_with_cost > 0
     }
 
+    /// The energy figure the HTML chart shows: per step when any cell has
+    /// it, else per token when any has that; `None` without either.
+    pub fn energy_chart_figure(&self) -> Option<&'static str> {
+        if self.telemetry.iter().any(|t| t.energy_per_step_j.is_some()) {
+            Some("energy_per_step_j")
+        } else if self.telemetry.iter().any(|t| t.energy_per_token_j.is_some()) {
+            Some("energy_per_token_j")
+        } else {
+            None
+        }
+    }
+
     /// Does any cell carry hardware or flags?
     pub fn has_hardware(&self) -> bool {
         self.cells
             .iter()
             .any(|c| c.hardware.is_some() || !c.flags.is_empty())
     }
+}
+
+fn finite_metric(c: &CellView, name: &str) -> Option<f64> {
+    c.metrics.get(name).copied().filter(|v| v.is_finite())
+}
+
+fn telemetry_row(c: &CellView) -> Option<TelemetryRow> {
+    if !c.metrics.keys().any(|k| k.starts_with("gpu_")) {
+        return None;
+    }
+    let m = |name: &str| finite_metric(c, name);
+    Some(TelemetryRow {
+        cell: c.id.clone(),
+        gpu: c.gpu.clone(),
+        status: c.status.clone(),
+        util_mean_pct: m("gpu_util_mean_pct"),
+        power_mean_w: m("gpu_power_mean_w"),
+        energy_j: m("gpu_energy_j"),
+        energy_per_step_j: m("gpu_energy_per_step_j"),
+        energy_per_token_j: m("gpu_energy_per_token_j"),
+        peak_memory_bytes: m("gpu_peak_memory_bytes"),
+        sm_clock_mean_mhz: m("gpu_sm_clock_mean_mhz"),
+        temp_max_c: m("gpu_temp_max_c"),
+        flags: c.flags.clone(),
+    })
+}
+
+fn calibration_cell(c: &CellView) -> Option<CalibrationCell> {
+    let check = c.info.get("calibration_check");
+    let checks = check.and_then(|x| x.get("checks")).and_then(|x| x.as_object());
+    let below_list: Vec<&str> = check
+        .and_then(|x| x.get("below"))
+        .and_then(|x| x.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    let threshold = check.and_then(|x| x.get("threshold")).and_then(|x| x.as_f64());
+    // Every figure the cell measured, and any the check names.
+    let mut names: Vec<String> = c
+        .metrics
+        .keys()
+        .filter(|k| is_calibration_metric(k))
+        .cloned()
+        .collect();
+    for k in checks.into_iter().flat_map(|o| o.keys()) {
+        if !names.contains(k) {
+            names.push(k.clone());
+        }
+    }
+    let rank = |n: &str| {
+        CALIBRATION_ORDER
+            .iter()
+            .position(|x| *x == n)
+            .unwrap_or(usize::MAX)
+    };
+    names.sort_by(|a, b| rank(a).cmp(&rank(b)).then(a.cmp(b)));
+    let figures: Vec<CalibrationFigure> = names
+        .into_iter()
+        .filter_map(|name| {
+            let chk = checks.and_then(|o| o.get(&name));
+            let num = |k: &str| chk.and_then(|x| x.get(k)).and_then(|x| x.as_f64());
+            let measured = finite_metric(c, &name).or_else(|| num("measured"))?;
+            let expected = num("expected").filter(|e| e.is_finite() && *e > 0.0);
+            let ratio = num("ratio")
+                .filter(|r| r.is_finite())
+                .or_else(|| expected.map(|e| measured / e));
+            let below = if below_list.contains(&name.as_str()) {
+                Some(true)
+            } else {
+                match (ratio, threshold) {
+                    (Some(r), Some(t)) => Some(r < t),
+                    _ => None,
+                }
+            };
+            Some(CalibrationFigure {
+                unit: calibration_unit(&name).to_string(),
+                metric: name,
+                measured,
+                expected,
+                ratio,
+                below,
+            })
+        })
+        .collect();
+    if figures.is_empty() {
+        return None;
+    }
+    let text = |k: &str| {
+        check
+            .and_then(|x| x.get(k))
+            .and_then(|x| x.as_str())
+            .map(String::from)
+    };
+    Some(CalibrationCell {
+        cell: c.id.clone(),
+        gpu: c.gpu.clone(),
+        status: c.status.clone(),
+        gpu_name: text("gpu"),
+        model: text("model"),
+        threshold,
+        figures,
+        flags: c.flags.clone(),
+    })
 }
 
 fn value(c: &CellRow) -> f64 {

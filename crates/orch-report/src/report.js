@@ -1,7 +1,8 @@
 // Charts of an orch report, drawn into inline SVG from the JSON embedded in
 // the page (#orch-report-data). No network, no library. When every chart is
-// drawn the <html> element gets data-rendered="ok" and data-bars/data-dists
-// counts; on any error it gets data-report-error and a red banner shows.
+// drawn the <html> element gets data-rendered="ok" and data-bars (throughput,
+// cost and energy bars together)/data-dists counts; on any error it gets
+// data-report-error and a red banner shows.
 (function () {
   'use strict';
   var SVG = 'http://www.w3.org/2000/svg';
@@ -218,6 +219,21 @@
       });
       legend(host, uniqueGpus(rows));
       bars += barChart(host, rows, 'cost', usd);
+    });
+    hosts('energy').forEach(function (host) {
+      var figure = host.getAttribute('data-figure');
+      var perToken = figure === 'energy_per_token_j';
+      var rows = (data.telemetry || []).filter(function (t) {
+        return t[figure] !== null && t[figure] !== undefined && isFinite(t[figure]);
+      }).map(function (t) {
+        // Per token in millijoules: joules per token are small numbers.
+        var v = perToken ? t[figure] * 1000 : t[figure];
+        return { cell: t.cell, label: t.cell, value: v, gpu: t.gpu, flagged: t.flags.length > 0,
+          note: perToken ? 'mJ per token' : 'J per step' };
+      });
+      if (!rows.length) { throw new Error('no cell has ' + figure); }
+      legend(host, uniqueGpus(rows));
+      bars += barChart(host, rows, 'energy', num);
     });
     hosts('latency').forEach(function (host) {
       var fam = host.getAttribute('data-family');

@@ -1,6 +1,6 @@
 //! The HTML report opened in headless Chromium: its inline script must draw
 //! every chart (one bar per cell, one distribution per cell, one interval per
-//! comparison row) without error. A broken script fails these tests.
+//! comparison row, one energy bar per cell with the figure) without error. A broken script fails these tests.
 //!
 //! Set `ORCH_REPORT_SAMPLE_DIR` to keep the page and a screenshot there.
 
@@ -49,8 +49,25 @@ fn charts_render_in_chromium() {
     // The comparison's headline rows: output_throughput and mean_ttft_ms.
     assert_eq!(r.intervals, 2);
     assert!(dom.contains("data-verdict=\"faster\""));
-    // 3 throughput + 1 cost + 2 latency + 1 comparison charts.
-    assert_eq!(r.svgs, 7);
+    // GPU energy per step: one bar per cell that has the figure (H100 and
+    // A100; the serving cell has energy per token only).
+    let per_step: Vec<&str> = report
+        .telemetry
+        .iter()
+        .filter(|t| t.energy_per_step_j.is_some())
+        .map(|t| t.cell.as_str())
+        .collect();
+    assert_eq!(per_step.len(), 2);
+    assert_eq!(r.energy_bars, per_step.len());
+    for c in &per_step {
+        assert!(
+            dom.contains(&format!("class=\"bar energy\" data-cell=\"{c}\"")),
+            "no energy bar for {c}"
+        );
+    }
+    assert!(!dom.contains("class=\"bar energy\" data-cell=\"serve.h100x2.rate-4\""));
+    // 3 throughput + 1 cost + 2 latency + 1 comparison + 1 energy charts.
+    assert_eq!(r.svgs, 8);
 
     if let Some(dir) = std::env::var_os("ORCH_REPORT_SAMPLE_DIR") {
         let dir = Path::new(&dir);
@@ -77,6 +94,40 @@ fn a_run_without_cost_still_draws_its_throughput() {
     let dom = browser::dump_dom(&chromium, &file);
     let r = browser::check(&dom).unwrap_or_else(|e| panic!("{e}\n--- DOM ---\n{dom}"));
     assert_eq!((r.throughput_bars, r.cost_bars), (5, 0));
+}
+
+#[test]
+fn energy_per_token_when_no_cell_has_per_step() {
+    let Some(chromium) = browser::require("energy_per_token_when_no_cell_has_per_step") else {
+        return;
+    };
+    // With the calibrate cell (its table renders too) and no per-step figure:
+    // the chart shows energy per token, one bar per cell that has it.
+    let mut run = fixture::run_with_calibration();
+    for c in &mut run.cells {
+        c.metrics.remove("gpu_energy_per_step_j");
+    }
+    let report = Report::build(&run, &Options::default()).unwrap();
+    let with_token = report
+        .telemetry
+        .iter()
+        .filter(|t| t.energy_per_token_j.is_some())
+        .count();
+    assert_eq!((report.telemetry.len(), with_token), (4, 3));
+    let tmp = tempfile::tempdir().unwrap();
+    let file = page(tmp.path(), "r.html", &render(&report, Format::Html).unwrap());
+    let dom = browser::dump_dom(&chromium, &file);
+    let r = browser::check(&dom).unwrap_or_else(|e| panic!("{e}\n--- DOM ---\n{dom}"));
+    assert_eq!(r.energy_bars, with_token);
+    assert!(!dom.contains("class=\"bar energy\" data-cell=\"calibrate.h100\""));
+    assert!(dom.contains("id=\"calibration\""));
+
+    // A CPU run: no telemetry, no energy chart, and the page still renders.
+    let report = Report::build(&fixture::without_telemetry(fixture::run()), &Options::default()).unwrap();
+    let file = page(tmp.path(), "cpu.html", &render(&report, Format::Html).unwrap());
+    let dom = browser::dump_dom(&chromium, &file);
+    let r = browser::check(&dom).unwrap_or_else(|e| panic!("{e}\n--- DOM ---\n{dom}"));
+    assert_eq!((r.energy_bars, r.svgs), (0, 7));
 }
 
 /// The check is worth something only if a broken script fails it.

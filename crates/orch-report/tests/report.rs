@@ -397,3 +397,190 @@ fn html_is_self_contained() {
     assert_eq!(html.matches("data-chart=\"latency\"").count(), 2);
     assert_eq!(html.matches("data-chart=\"comparison\"").count(), 1);
 }
+
+#[test]
+fn gpu_telemetry_by_hand() {
+    let r = report();
+    // The cells with `gpu_*` metrics, in plan order.
+    let cells: Vec<&str> = r.telemetry.iter().map(|t| t.cell.as_str()).collect();
+    assert_eq!(
+        cells,
+        [
+            "transformer.h100.preset-small",
+            "transformer.a100-80gb.preset-small",
+            "serve.h100x2.rate-4"
+        ]
+    );
+    let h100 = &r.telemetry[0];
+    assert_eq!(
+        (h100.util_mean_pct, h100.power_mean_w, h100.energy_j),
+        (Some(97.5), Some(620.0), Some(4960.0))
+    );
+    assert_eq!(
+        (h100.energy_per_step_j, h100.energy_per_token_j),
+        (Some(4.96), Some(0.0124))
+    );
+    assert_eq!(h100.peak_memory_bytes, Some(36.0 * (1u64 << 30) as f64));
+    assert_eq!(
+        (h100.sm_clock_mean_mhz, h100.temp_max_c),
+        (Some(1980.0), Some(71.0))
+    );
+    // The serving cell has no steps: no energy per step.
+    assert_eq!(r.telemetry[2].energy_per_step_j, None);
+    assert_eq!(r.energy_chart_figure(), Some("energy_per_step_j"));
+    assert!(r.calibration.is_empty());
+
+    let md = render(&r, Format::Md).unwrap();
+    let expect = [
+        "## GPU telemetry\n\n| cell | GPU | util % | power W | energy J | J/step | mJ/token | peak memory | SM MHz | max °C |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n\
+         | `transformer.h100.preset-small` | H100 | 97.5 | 620 | 4960 | 4.96 | 12.4 | 36 GiB | 1980 | 71 |\n\
+         | `transformer.a100-80gb.preset-small` | A100-80GB | 95 | 350 | 7000 | 14 | 35 | 32 GiB | 1410 | 64 |\n\
+         | `serve.h100x2.rate-4` | H100:2 | 60 | 900 | 54000 |  | 360 | 70 GiB | 1755 | 68 |\n\n",
+        "mJ (millijoules) per measured token.\n",
+    ];
+    for e in expect {
+        assert!(md.contains(e), "markdown lacks:\n{e}\n--- in ---\n{md}");
+    }
+    assert!(!md.contains("## Calibration"), "{md}");
+    // After the cells, before the comparisons.
+    let at = |s: &str| md.find(s).unwrap();
+    assert!(at("## Cells") < at("## GPU telemetry") && at("## GPU telemetry") < at("## Comparisons"));
+
+    let v: serde_json::Value = serde_json::from_str(&render(&r, Format::Json).unwrap()).unwrap();
+    assert_eq!(v["telemetry"][0]["cell"], "transformer.h100.preset-small");
+    assert_eq!(v["telemetry"][0]["energy_per_step_j"], 4.96);
+    assert_eq!(v["telemetry"][0]["energy_per_token_j"], 0.0124);
+    assert_eq!(v["telemetry"][1]["power_mean_w"], 350.0);
+    assert!(v["telemetry"][2]["energy_per_step_j"].is_null());
+    assert_eq!(v["telemetry"][2]["energy_per_token_j"], 0.36);
+    assert!(v.get("calibration").is_none(), "{v}");
+    let back: Report = serde_json::from_value(v).unwrap();
+    assert_eq!(back.telemetry, r.telemetry);
+
+    let html = render(&r, Format::Html).unwrap();
+    assert_eq!(html.matches("data-chart=\"energy\"").count(), 1);
+    assert!(html.contains("data-figure=\"energy_per_step_j\""));
+    assert!(html.contains("<a href=\"#telemetry\">") && !html.contains("<a href=\"#calibration\">"));
+
+    // Telemetry metrics are CSV metric columns like any other.
+    let rows = parse_csv(&render(&r, Format::Csv).unwrap());
+    let col = |name: &str| rows[0].iter().position(|h| h == name).unwrap();
+    assert_eq!(rows[1][col("metric.gpu_energy_per_step_j")], "4.96");
+    assert!(!rows[0].iter().any(|h| h.starts_with("calibration")));
+
+    // Without per-step figures the chart shows energy per token.
+    let mut run = fixture::run();
+    for c in &mut run.cells {
+        c.metrics.remove("gpu_energy_per_step_j");
+    }
+    let r = Report::build(&run, &Options::default()).unwrap();
+    assert_eq!(r.energy_chart_figure(), Some("energy_per_token_j"));
+    assert!(render(&r, Format::Html)
+        .unwrap()
+        .contains("data-figure=\"energy_per_token_j\""));
+}
+
+#[test]
+fn a_run_without_telemetry_has_no_gpu_sections() {
+    let r = Report::build(&fixture::without_telemetry(fixture::run()), &Options::default()).unwrap();
+    assert!(r.telemetry.is_empty() && r.calibration.is_empty());
+    assert_eq!(r.energy_chart_figure(), None);
+    let md = render(&r, Format::Md).unwrap();
+    assert!(
+        !md.contains("GPU telemetry") && !md.contains("## Calibration"),
+        "{md}"
+    );
+    let json = render(&r, Format::Json).unwrap();
+    assert!(!json.contains("\"telemetry\"") && !json.contains("\"calibration\""));
+    let html = render(&r, Format::Html).unwrap();
+    assert!(!html.contains("data-chart=\"energy\"") && !html.contains("id=\"telemetry\""));
+    let csv = render(&r, Format::Csv).unwrap();
+    assert!(!csv.lines().next().unwrap().contains("calibration"));
+    // An older report (no such fields) still reads.
+    let back: Report = serde_json::from_str(&json).unwrap();
+    assert!(back.telemetry.is_empty());
+}
+
+#[test]
+fn calibration_against_expected_figures() {
+    let r = Report::build(&fixture::run_with_calibration(), &Options::default()).unwrap();
+    assert_eq!(r.calibration.len(), 1);
+    let c = &r.calibration[0];
+    assert_eq!(c.cell, "calibrate.h100");
+    assert_eq!((c.model.as_deref(), c.threshold), (Some("H100"), Some(0.8)));
+    assert_eq!(c.gpu_name.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    let figures: Vec<(&str, f64, Option<f64>, Option<bool>)> = c
+        .figures
+        .iter()
+        .map(|f| (f.metric.as_str(), f.measured, f.expected, f.below))
+        .collect();
+    assert_eq!(
+        figures,
+        [
+            ("matmul_bf16_tflops", 700.0, Some(760.0), Some(false)),
+            ("matmul_f16_tflops", 570.0, Some(760.0), Some(true)),
+            ("matmul_f32_tflops", 50.0, Some(50.0), Some(false)),
+            ("bandwidth_gbs", 3000.0, Some(3000.0), Some(false)),
+        ]
+    );
+    assert!(close(c.figures[0].ratio.unwrap(), 700.0 / 760.0));
+    assert_eq!(
+        (c.figures[0].unit.as_str(), c.figures[3].unit.as_str()),
+        ("TFLOP/s", "GB/s")
+    );
+    // The calibrate cell has telemetry too, without steps or tokens.
+    let t = r.telemetry.last().unwrap();
+    assert_eq!(
+        (t.cell.as_str(), t.energy_j, t.energy_per_step_j),
+        ("calibrate.h100", Some(5600.0), None)
+    );
+
+    let md = render(&r, Format::Md).unwrap();
+    let expect = [
+        "## Calibration\n\n| cell | GPU | figure | measured | expected | ratio | unit | check |\n|---|---|---|--:|--:|--:|---|---|\n\
+         | `calibrate.h100` ⚠ | H100 (NVIDIA H100 80GB HBM3) | `matmul_bf16_tflops` | 700 | 760 | 0.921 | TFLOP/s | ok (≥ 0.8×) |\n\
+         | `calibrate.h100` ⚠ | H100 (NVIDIA H100 80GB HBM3) | `matmul_f16_tflops` | 570 | 760 | 0.750 | TFLOP/s | ⚠ below 0.8× |\n\
+         | `calibrate.h100` ⚠ | H100 (NVIDIA H100 80GB HBM3) | `matmul_f32_tflops` | 50 | 50 | 1.000 | TFLOP/s | ok (≥ 0.8×) |\n\
+         | `calibrate.h100` ⚠ | H100 (NVIDIA H100 80GB HBM3) | `bandwidth_gbs` | 3000 | 3000 | 1.000 | GB/s | ok (≥ 0.8×) |\n",
+        "| `calibrate.h100` ⚠ | H100 | 98 | 625 | 5600 |  |  | 10 GiB | 1630 | 73 |\n",
+    ];
+    for e in expect {
+        assert!(md.contains(e), "markdown lacks:\n{e}\n--- in ---\n{md}");
+    }
+
+    let v: serde_json::Value = serde_json::from_str(&render(&r, Format::Json).unwrap()).unwrap();
+    let cal = &v["calibration"][0];
+    assert_eq!(cal["cell"], "calibrate.h100");
+    assert_eq!(cal["threshold"], 0.8);
+    assert_eq!(cal["figures"][1]["metric"], "matmul_f16_tflops");
+    assert_eq!(cal["figures"][1]["ratio"], 0.75);
+    assert_eq!(cal["figures"][1]["below"], true);
+    assert_eq!(cal["figures"][3]["expected"], 3000.0);
+
+    let rows = parse_csv(&render(&r, Format::Csv).unwrap());
+    let col = |name: &str| {
+        rows[0]
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+    };
+    let cal = rows.iter().find(|x| x[1] == "calibrate.h100").unwrap();
+    assert_eq!(cal[col("calibration_threshold")], "0.8");
+    assert_eq!(cal[col("calibration_below")], "matmul_f16_tflops");
+    assert_eq!(cal[col("calibration.matmul_f16_tflops.expected")], "760");
+    assert_eq!(cal[col("calibration.matmul_f16_tflops.ratio")], "0.75");
+    assert_eq!(cal[col("metric.matmul_f16_tflops")], "570");
+    let other = rows.iter().find(|x| x[1] == "command.cpu").unwrap();
+    assert_eq!(other[col("calibration_below")], "");
+
+    // Measured figures without a check: no expected figure, no verdict.
+    let mut run = fixture::run_with_calibration();
+    run.cells.last_mut().unwrap().info.clear();
+    let r = Report::build(&run, &Options::default()).unwrap();
+    let f = &r.calibration[0].figures[1];
+    assert_eq!((f.expected, f.ratio, f.below), (None, None, None));
+    assert!(render(&r, Format::Md)
+        .unwrap()
+        .contains("| `matmul_f16_tflops` | 570 |  |  | TFLOP/s | no expected figure |\n"));
+}

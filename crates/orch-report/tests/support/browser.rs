@@ -121,6 +121,8 @@ pub fn screenshot(chromium: &Path, html: &Path, png: &Path, height: u32) {
 pub struct Rendered {
     pub throughput_bars: usize,
     pub cost_bars: usize,
+    /// Bars of the GPU energy chart (per step, or per token).
+    pub energy_bars: usize,
     pub latency_rows: usize,
     pub intervals: usize,
     pub svgs: usize,
@@ -154,6 +156,7 @@ pub fn check(dom: &str) -> Result<Rendered, String> {
     let r = Rendered {
         throughput_bars: dom.matches("class=\"bar throughput\"").count(),
         cost_bars: dom.matches("class=\"bar cost\"").count(),
+        energy_bars: dom.matches("class=\"bar energy\"").count(),
         latency_rows: dom.matches("class=\"dist\"").count(),
         intervals: dom.matches("class=\"ci\"").count(),
         svgs: dom.matches("<svg").count(),
@@ -162,7 +165,7 @@ pub fn check(dom: &str) -> Result<Rendered, String> {
         let i = tag.find(&format!("{name}=\""))? + name.len() + 2;
         tag[i..].split('"').next()?.parse().ok()
     };
-    if attr("data-bars") != Some(r.throughput_bars + r.cost_bars) {
+    if attr("data-bars") != Some(r.throughput_bars + r.cost_bars + r.energy_bars) {
         return Err(format!("data-bars disagrees with the DOM: {tag} vs {r:?}"));
     }
     if attr("data-dists") != Some(r.latency_rows) || attr("data-cis") != Some(r.intervals) {

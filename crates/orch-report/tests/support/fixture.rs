@@ -1,6 +1,8 @@
 //! A run record as the store would hand it over: a transformer sweep on
 //! three GPUs, a vLLM-style serving cell, a 3-way comparison, an OOM cell
-//! with its diagnosis, and an older cell without cost or hardware.
+//! with its diagnosis, and an older cell without cost or hardware. The
+//! H100, A100 and serving cells carry GPU telemetry; [`run_with_calibration`]
+//! adds a `calibrate` cell with a figure below its threshold.
 #![allow(dead_code)]
 
 use chrono::{TimeZone, Utc};
@@ -103,6 +105,82 @@ fn transformer(gpu: &str, slug: &str, tokens_per_s: f64, step_ms: f64, usd_per_s
     c
 }
 
+#[allow(clippy::too_many_arguments)]
+pub fn telemetry(
+    util: f64,
+    power: f64,
+    energy: f64,
+    per_step: Option<f64>,
+    per_token: Option<f64>,
+    peak_gib: u64,
+    clock: f64,
+    temp: f64,
+) -> BTreeMap<String, f64> {
+    let mut m = metrics(&[
+        ("gpu_util_mean_pct", util),
+        ("gpu_power_mean_w", power),
+        ("gpu_energy_j", energy),
+        ("gpu_peak_memory_bytes", (peak_gib << 30) as f64),
+        ("gpu_sm_clock_mean_mhz", clock),
+        ("gpu_temp_max_c", temp),
+        ("telemetry_cpu_pct", 3.0),
+    ]);
+    if let Some(v) = per_step {
+        m.insert("gpu_energy_per_step_j".into(), v);
+    }
+    if let Some(v) = per_token {
+        m.insert("gpu_energy_per_token_j".into(), v);
+    }
+    m
+}
+
+/// A `calibrate` cell on an H100 whose f16 matmul is at 0.75 of the
+/// expected 760 TFLOP/s (threshold 0.8): flagged `degraded_gpu`.
+/// bf16 700/760 = 0.921053, f32 50/50 = 1, bandwidth 3000/3000 = 1.
+pub fn calibrate() -> CellView {
+    let mut c = cell("calibrate.h100", "calibrate", "H100", "succeeded");
+    c.metrics = metrics(&[
+        ("matmul_bf16_tflops", 700.0),
+        ("matmul_f16_tflops", 570.0),
+        ("matmul_f32_tflops", 50.0),
+        ("bandwidth_gbs", 3000.0),
+    ]);
+    c.metrics
+        .extend(telemetry(98.0, 625.0, 5600.0, None, None, 10, 1630.0, 73.0));
+    c.flags = vec!["degraded_gpu".into()];
+    c.hardware = Some(hardware("NVIDIA H100 80GB HBM3", 1, 80));
+    c.info.insert(
+        "calibration_check".into(),
+        json!({
+            "gpu": "NVIDIA H100 80GB HBM3", "model": "H100", "threshold": 0.8,
+            "checks": {
+                "matmul_bf16_tflops": {"measured": 700.0, "expected": 760.0, "ratio": 700.0 / 760.0},
+                "matmul_f16_tflops": {"measured": 570.0, "expected": 760.0, "ratio": 0.75},
+                "matmul_f32_tflops": {"measured": 50.0, "expected": 50.0, "ratio": 1.0},
+                "bandwidth_gbs": {"measured": 3000.0, "expected": 3000.0, "ratio": 1.0}
+            },
+            "below": ["matmul_f16_tflops"]
+        }),
+    );
+    c
+}
+
+/// The fixture run plus [`calibrate`] as its last cell.
+pub fn run_with_calibration() -> RunRecord {
+    let mut run = run();
+    run.cells.push(calibrate());
+    *run.counts.entry("succeeded".into()).or_insert(0) += 1;
+    run
+}
+
+/// The run with every `gpu_*` metric removed (as a CPU run records it).
+pub fn without_telemetry(mut run: RunRecord) -> RunRecord {
+    for c in &mut run.cells {
+        c.metrics.retain(|k, _| !k.starts_with("gpu_"));
+    }
+    run
+}
+
 /// The fixture run. Hand-computed expectations (see tests/report.rs):
 /// - tokens/s: H100 1000, A100 400, L4 200 (+ serve 500 output tok/s on H100:2)
 /// - $/s: H100 0.002, A100 0.001, L4 0.0003, serve 0.004
@@ -200,6 +278,42 @@ pub fn run() -> RunRecord {
     // An older record: no cost, no hardware.
     let mut old = cell("command.cpu", "command", "none", "succeeded");
     old.metrics = metrics(&[("md5_mib_per_s", 400.0), ("md5_ms", 640.0)]);
+
+    // GPU telemetry (hand-written; energy per step = energy / steps, per
+    // token = energy / tokens):
+    // H100 620 W × 8 s = 4960 J over 1000 steps of 400 tokens: 4.96 J/step, 12.4 mJ/token.
+    // A100 350 W × 20 s = 7000 J over 500 steps: 14 J/step, 35 mJ/token.
+    // serve H100:2 900 W × 60 s = 54000 J over 150000 tokens: 360 mJ/token, no steps.
+    cells[0].metrics.extend(telemetry(
+        97.5,
+        620.0,
+        4960.0,
+        Some(4.96),
+        Some(0.0124),
+        36,
+        1980.0,
+        71.0,
+    ));
+    cells[1].metrics.extend(telemetry(
+        95.0,
+        350.0,
+        7000.0,
+        Some(14.0),
+        Some(0.035),
+        32,
+        1410.0,
+        64.0,
+    ));
+    serve.metrics.extend(telemetry(
+        60.0,
+        900.0,
+        54000.0,
+        None,
+        Some(0.36),
+        70,
+        1755.0,
+        68.0,
+    ));
 
     cells.extend([serve, oom, cmp, old]);
     let mut counts = BTreeMap::new();
