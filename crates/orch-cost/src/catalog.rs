@@ -18,6 +18,7 @@
 //! everything else stays. Parsing is strict: an unknown field, backend or GPU
 //! type, or a negative price, is an error naming `file:line:column`.
 
+use orch_manifest::error::yaml_message;
 use orch_manifest::{GpuSpec, KNOWN_GPUS};
 use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
@@ -442,22 +443,6 @@ fn normalise_gpu_key(ty: &str) -> Option<String> {
                 .unwrap_or_else(|| CPU_ONLY.into()),
         ),
         Err(_) => None,
-    }
-}
-
-/// A YAML error's message without the location the crate appends (we print
-/// `file:line:column` ourselves).
-fn yaml_message(e: &serde_saphyr::Error) -> String {
-    match e {
-        serde_saphyr::Error::WithSnippet { error, .. } => yaml_message(error),
-        serde_saphyr::Error::Message { msg, .. } => msg.clone(),
-        other => {
-            let text = other.to_string();
-            match text.find(" at line ") {
-                Some(i) => text[..i].to_string(),
-                None => text,
-            }
-        }
     }
 }
 

@@ -81,7 +81,7 @@ impl ManifestError {
 
 /// The message of a YAML error without its location suffix (we print the
 /// location ourselves, as `file:line:column`).
-pub(crate) fn yaml_message(e: &serde_saphyr::Error) -> String {
+pub fn yaml_message(e: &serde_saphyr::Error) -> String {
     match e {
         serde_saphyr::Error::WithSnippet { error, .. } => yaml_message(error),
         serde_saphyr::Error::Message { msg, .. } => msg.clone(),
