@@ -159,21 +159,7 @@ fn telemetry(o: &mut String, r: &Report) {
              <div class=\"chart\" data-chart=\"energy\" data-figure=\"{figure}\"></div>"
         );
     }
-    let mut t = Table::new(
-        &[
-            "cell",
-            "GPU",
-            "util %",
-            "power W",
-            "energy J",
-            "J/step",
-            "mJ/token",
-            "peak memory",
-            "SM MHz",
-            "max °C",
-        ],
-        &[false, false, true, true, true, true, true, true, true, true],
-    );
+    let mut t = Table::new(crate::model::TELEMETRY_COLUMNS, crate::model::TELEMETRY_NUMERIC);
     for x in &r.telemetry {
         t.row(
             flagged(&x.flags),

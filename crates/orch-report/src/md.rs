@@ -252,19 +252,8 @@ fn telemetry(out: &mut String, r: &Report) {
         .collect();
     table(
         out,
-        &[
-            "cell",
-            "GPU",
-            "util %",
-            "power W",
-            "energy J",
-            "J/step",
-            "mJ/token",
-            "peak memory",
-            "SM MHz",
-            "max °C",
-        ],
-        &[false, false, true, true, true, true, true, true, true, true],
+        crate::model::TELEMETRY_COLUMNS,
+        crate::model::TELEMETRY_NUMERIC,
         &rows,
     );
     let _ = writeln!(out, "{TELEMETRY_NOTE}\n");

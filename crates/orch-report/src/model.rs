@@ -777,3 +777,19 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
         variants,
     })
 }
+
+/// The columns of the GPU telemetry table, the same in every format.
+pub const TELEMETRY_COLUMNS: &[&str] = &[
+    "cell",
+    "GPU",
+    "util %",
+    "power W",
+    "energy J",
+    "J/step",
+    "mJ/token",
+    "peak memory",
+    "SM MHz",
+    "max °C",
+];
+/// Which [`TELEMETRY_COLUMNS`] hold numbers (right-aligned).
+pub const TELEMETRY_NUMERIC: &[bool] = &[false, false, true, true, true, true, true, true, true, true];
