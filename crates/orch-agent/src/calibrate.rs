@@ -460,6 +460,7 @@ mod tests {
             memory_limit_bytes: None,
             weights_dir: None,
             strict_hardware: false,
+            gpu_fallback: vec![],
         };
         let cfg = CalibrateConfig {
             matmul_size: Some(128),

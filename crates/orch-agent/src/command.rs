@@ -60,6 +60,7 @@ pub fn run_with_logs(
         Err(r) => return *r,
     };
     command.env(METRICS_FILE_ENV, &metrics_path);
+    let token = crate::reaper::token_of(&command);
 
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join(format!("{prefix}stdout.log")), task.logs),
@@ -91,8 +92,10 @@ pub fn run_with_logs(
         }
     };
     let pgid = child.id() as i32;
-    // A command that reports no phases has all of its run counted as `measure`.
-    ctx.enter(Phase::Measure);
+    // Until its first `ORCH_PHASE` line the command is starting up (the live
+    // view says `start`, not `measure`); a command that reports no phases
+    // has all of its run counted as `measure` when it ends.
+    ctx.enter(Phase::Start);
 
     let (tx, rx) = mpsc::channel::<Note>();
     let stdout = child.stdout.take();
@@ -128,6 +131,7 @@ pub fn run_with_logs(
             Err(e) => {
                 kill_group(pgid, libc::SIGKILL);
                 let _ = child.wait();
+                kill_marked(token.as_deref());
                 return CellResult::failed(
                     cell,
                     Status::Failed,
@@ -155,9 +159,28 @@ pub fn run_with_logs(
         }
         thread::sleep(Duration::from_millis(10));
     };
+    for note in rx.try_iter() {
+        handle_note(note, ctx, &mut metrics, &mut saw_phase);
+    }
+    if !saw_phase {
+        ctx.relabel(Phase::Measure);
+    }
     ctx.enter(Phase::Teardown);
-    // Whatever the command left in its process group goes too.
+    // Whatever the command left in its process group goes too, and so does
+    // whatever left the group (`setsid`, daemons): found by its mark.
     kill_group(pgid, libc::SIGKILL);
+    let mut leftovers = kill_marked(token.as_deref());
+    if !leftovers.is_empty() {
+        ctx.message(format!(
+            "killed {} process(es) the command left running outside its process group",
+            leftovers.len()
+        ));
+    }
+    // On a GPU cell the cell ends when the GPU memory they held is free.
+    if !task.gpu.trim().eq_ignore_ascii_case("none") && !task.gpu.trim().is_empty() {
+        leftovers.push(pgid);
+        crate::reaper::wait_gpu_released(&leftovers, Duration::from_secs(60));
+    }
 
     // Readers end when the pipes close; a grandchild that left the group can
     // hold them open, so wait a bounded time.
@@ -258,11 +281,9 @@ fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, s
             metrics.insert(k, v);
         }
         Note::Phase(p) => {
-            if !*saw_phase {
-                // Time before the first phase line was process start-up.
-                ctx.relabel(Phase::Start);
-                *saw_phase = true;
-            }
+            // Time before the first phase line was process start-up (the
+            // phase opened at spawn).
+            *saw_phase = true;
             if ctx.phase() != Some(p) {
                 ctx.enter(p);
             }
@@ -297,6 +318,7 @@ pub(crate) fn supervised(
         .env("ORCH_CELL_ID", &task.cell_id)
         .env("ORCH_RUN_ID", &task.run_id)
         .env("ORCH_GPU", &task.gpu)
+        .env(crate::reaper::TOKEN_ENV, crate::reaper::spawn_token())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -360,6 +382,11 @@ pub(crate) fn terminate(child: &mut Child, pgid: i32, grace_s: f64) -> ExitStatu
     }
 }
 
+/// Kill every process carrying a workload process's mark (see [`crate::reaper`]).
+pub(crate) fn kill_marked(token: Option<&str>) -> Vec<i32> {
+    token.map(crate::reaper::kill_marked).unwrap_or_default()
+}
+
 pub(crate) fn kill_group(pgid: i32, sig: i32) {
     // SAFETY: plain syscall; ESRCH (group gone) is fine.
     unsafe {
@@ -367,17 +394,31 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) {
     }
 }
 
-/// Copy a pipe into its capture, handing each line (cut at `\n` or `\r`;
+/// Copy a pipe into its capture with the cell's secrets masked (also when a
+/// secret is split across reads), handing each line (cut at `\n` or `\r`;
 /// lines over `MAX_SCANNED_LINE` bytes are logged but not handed on) to
 /// `on_line` when given.
 pub(crate) fn pump(
+    src: impl Read,
+    cap: Capture,
+    on_line: Option<impl FnMut(&[u8])>,
+) -> std::io::Result<StreamInfo> {
+    pump_masked(src, cap, on_line, crate::secrets::masker())
+}
+
+/// [`pump`] with a given masker.
+pub fn pump_masked(
     mut src: impl Read,
     mut cap: Capture,
     mut on_line: Option<impl FnMut(&[u8])>,
+    masker: &orch_protocol::mask::Masker,
 ) -> std::io::Result<StreamInfo> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
     let mut line_too_long = false;
+    let mut mask = (!masker.is_empty()).then(|| masker.stream());
+    let mut masked: Vec<u8> = Vec::new();
+    let mut raw_bytes = 0u64;
     loop {
         let n = match src.read(&mut buf) {
             Ok(0) => break,
@@ -385,7 +426,15 @@ pub(crate) fn pump(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        cap.write(&buf[..n])?;
+        raw_bytes += n as u64;
+        match mask.as_mut() {
+            Some(m) => {
+                masked.clear();
+                m.push(&buf[..n], &mut masked);
+                cap.write(&masked)?;
+            }
+            None => cap.write(&buf[..n])?,
+        }
         if let Some(f) = on_line.as_mut() {
             for &b in &buf[..n] {
                 if b == b'\n' || b == b'\r' {
@@ -407,7 +456,15 @@ pub(crate) fn pump(
             f(&line);
         }
     }
-    cap.finish()
+    if let Some(m) = mask.as_mut() {
+        masked.clear();
+        m.finish(&mut masked);
+        cap.write(&masked)?;
+    }
+    let mut info = cap.finish()?;
+    // What the workload wrote, not what was kept after masking.
+    info.bytes = raw_bytes;
+    Ok(info)
 }
 
 fn scan_line(line: &[u8], tx: &mpsc::Sender<Note>) {
@@ -445,54 +502,15 @@ fn parse_marker_line(text: &str) -> Vec<Note> {
     vec![]
 }
 
-/// Metrics file: a JSON object; numbers kept, nested objects flattened with
-/// `.`, `{ "value": x }` objects taken as `x`, other values ignored.
+/// The metrics file, if the command wrote one (see
+/// [`orch_protocol::parse_metrics_json`]).
 fn read_metrics_file(path: &Path) -> Result<Option<BTreeMap<String, f64>>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read the metrics file `{}`: {e}", path.display())),
     };
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "the metrics file `${METRICS_FILE_ENV}` is not valid JSON ({e}); hint: write one JSON object of name -> number"
-        )
-    })?;
-    let serde_json::Value::Object(map) = value else {
-        return Err(format!(
-            "the metrics file `${METRICS_FILE_ENV}` holds JSON that is not an object; hint: write one JSON object of name -> number"
-        ));
-    };
-    let mut out = BTreeMap::new();
-    flatten("", &serde_json::Value::Object(map), &mut out);
-    Ok(Some(out))
-}
-
-fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
-    match v {
-        serde_json::Value::Number(n) => {
-            if let Some(f) = n.as_f64() {
-                out.insert(prefix.to_string(), f);
-            }
-        }
-        serde_json::Value::Object(map) => {
-            if let Some(val) = map.get("value").and_then(|v| v.as_f64()) {
-                if !prefix.is_empty() {
-                    out.insert(prefix.to_string(), val);
-                    return;
-                }
-            }
-            for (k, v) in map {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
-        }
-        _ => {}
-    }
+    orch_protocol::parse_metrics_json(&text).map(Some)
 }
 
 pub(crate) fn env_name(k: &str) -> String {

@@ -1,21 +1,33 @@
 //! The `compare` workload: variants of one server (baseline, human patch,
 //! agent patch, ...) set up side by side, then run in interleaved rounds
-//! (B H A, B H A, ...) after warm-up rounds, so drift hits all alike.
+//! after warm-up rounds, so drift hits all alike. Each round runs every
+//! variant once, in an order shuffled per round (seeded; the seed and the
+//! orders are recorded), so a position effect (a warm cache, clock boost, a
+//! neighbour's load at the start of a round) cannot pass for a difference.
 //!
 //! Per variant: a checkout of the repository at its ref, its patch applied
 //! with `git apply` (a patch that does not apply fails that variant, with
 //! git's report of the rejected hunks, before any server starts), its install
 //! command. Per round: the server workload (start, readiness, client,
 //! teardown) in `variants/<name>/round-<n>/`. A variant that fails is
-//! reported failed; the others go on. At the end every pair is compared per
-//! metric (ratio, bootstrap 95% interval, verdict) into `info.comparison`.
+//! reported failed; the others go on. With `max_rounds` (`rounds: auto`)
+//! rounds are added until every pair's primary-metric interval is within the
+//! noise threshold, `max_rounds` is reached, or another round would not fit
+//! in the cell timeout; `info.stopped_by` says which. At the end every pair
+//! is compared per metric (`orch_compare::compare_pair`: paired log-ratios,
+//! Student-t 95% interval, the primary metric's verdict, Holm-corrected
+//! secondary verdicts) into `info.comparison`.
 
 use crate::ctx::Ctx;
+use orch_compare::Options;
 use orch_protocol::{CellResult, CompareWorkload, Failure, Phase, Status, TaskSpec, Variant};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 struct VariantState {
     name: String,
@@ -70,8 +82,11 @@ fn setup(v: &Variant, repo: Option<&str>, root: &Path) -> Result<PathBuf, String
     }
     if let Some(patch) = &v.patch {
         // `--check` first: nothing is applied unless all of it applies.
-        git(&["apply", "--check", "--verbose", patch], Some(&src))
-            .map_err(|e| format!("the patch `{patch}` does not apply: {e}"))?;
+        if let Err(e) = git(&["apply", "--check", "--verbose", patch], Some(&src)) {
+            // git's report, kept beside the variant's other logs.
+            let _ = std::fs::write(vdir.join("patch.log"), &e);
+            return Err(format!("the patch `{patch}` does not apply: {e}"));
+        }
         git(&["apply", patch], Some(&src))?;
     }
     if let Some(install) = &v.install {
@@ -91,6 +106,66 @@ fn setup(v: &Variant, repo: Option<&str>, root: &Path) -> Result<PathBuf, String
         }
     }
     Ok(src)
+}
+
+/// Per-metric values of two variants over the rounds both measured, in
+/// round order (round `i` of both ran in the same block).
+fn paired(a: &VariantState, b: &VariantState) -> BTreeMap<String, (Vec<f64>, Vec<f64>)> {
+    let mut out: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for (ra, rb) in a.rounds.iter().zip(&b.rounds) {
+        for (k, va) in ra {
+            if let Some(vb) = rb.get(k) {
+                let e = out.entry(k.clone()).or_default();
+                e.0.push(*va);
+                e.1.push(*vb);
+            }
+        }
+    }
+    out
+}
+
+/// Why the rounds stopped.
+fn should_stop(
+    cmp: &CompareWorkload,
+    variants: &[VariantState],
+    primary: Option<&str>,
+    measured: u32,
+    elapsed_s: f64,
+    round_s: f64,
+    timeout_s: f64,
+) -> Option<&'static str> {
+    let Some(max) = cmp.max_rounds else {
+        return (measured >= cmp.rounds).then_some("rounds");
+    };
+    if measured >= max {
+        return Some("max_rounds");
+    }
+    if measured >= cmp.rounds {
+        if let Some(p) = primary {
+            let live: Vec<&VariantState> = variants.iter().filter(|v| v.failed.is_none()).collect();
+            let precise = live.iter().enumerate().all(|(i, a)| {
+                live.iter().skip(i + 1).all(|b| {
+                    let v = paired(a, b);
+                    v.get(p)
+                        .and_then(|(x, y)| orch_compare::precision(x, y, orch_compare::CONFIDENCE))
+                        .is_some_and(|h| h <= cmp.noise)
+                })
+            });
+            if precise {
+                return Some("precision");
+            }
+        }
+    }
+    // Another round (with a margin for its spread and the teardown) must
+    // fit before the host's timeout stops the cell.
+    (elapsed_s + 1.5 * round_s + 5.0 > timeout_s).then_some("timeout")
+}
+
+fn default_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
@@ -113,13 +188,59 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         });
     }
 
-    let total = cmp.warmup_rounds + cmp.rounds;
-    for round in 0..total {
+    let seed = cmp.seed.unwrap_or_else(default_seed);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut orders: Vec<Vec<String>> = Vec::new();
+    let mut primary: Option<String> = cmp.primary_metric.clone();
+    let mut primary_missing: Option<String> = None;
+    let mut round_s: Vec<f64> = Vec::new();
+    let mut round: u32 = 0;
+    let limit = match cmp.max_rounds {
+        Some(m) => format!(" (auto, at most {m})"),
+        None => format!("/{}", cmp.rounds),
+    };
+    let stopped_by = loop {
+        if ctx.stop_requested() {
+            break "cancelled";
+        }
+        let live: Vec<usize> = (0..variants.len())
+            .filter(|&i| variants[i].failed.is_none())
+            .collect();
+        if live.len() < 2 {
+            break "variants_failed";
+        }
+        if primary_missing.is_some() {
+            break "primary_metric_missing";
+        }
         let warm = round < cmp.warmup_rounds;
-        for v in variants.iter_mut().filter(|v| v.failed.is_none()) {
+        if !warm {
+            let mean_round = round_s.iter().sum::<f64>() / round_s.len().max(1) as f64;
+            if let Some(why) = should_stop(
+                cmp,
+                &variants,
+                primary.as_deref(),
+                round - cmp.warmup_rounds,
+                ctx.elapsed(),
+                mean_round,
+                task.measure.timeout_s,
+            ) {
+                break why;
+            }
+        }
+        let mut order = live;
+        order.shuffle(&mut rng);
+        orders.push(order.iter().map(|&i| variants[i].name.clone()).collect());
+        let label = if warm {
+            format!("warm-up round {}/{}", round + 1, cmp.warmup_rounds)
+        } else {
+            format!("round {}{limit}", round - cmp.warmup_rounds + 1)
+        };
+        let t0 = Instant::now();
+        for idx in order {
             if ctx.stop_requested() {
                 break;
             }
+            let v = &mut variants[idx];
             let rdir = out_dir
                 .join("variants")
                 .join(&v.name)
@@ -134,35 +255,40 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 Some(w) => v.dir.join(w).to_string_lossy().into_owned(),
                 None => v.dir.to_string_lossy().into_owned(),
             });
-            ctx.message(format!(
-                "round {}/{}{}: {}",
-                round + 1,
-                total,
-                if warm { " (warm-up)" } else { "" },
-                v.name
-            ));
+            ctx.message(format!("{label}: {}", v.name));
             let r = crate::server::run(&srv, task, &rdir, ctx);
             if r.status != Status::Succeeded {
                 let why = r
                     .failure
                     .map(|f| f.message)
                     .unwrap_or_else(|| r.status.to_string());
-                ctx.message(format!(
-                    "variant `{}` failed in round {}: {why}",
-                    v.name,
-                    round + 1
-                ));
+                ctx.message(format!("variant `{}` failed in {label}: {why}", v.name));
                 v.failed = Some(format!("round {}: {why}", round + 1));
                 continue;
             }
-            let headline: Vec<String> = ["output_throughput", "mean_ttft_ms", "median_itl_ms"]
+            match &primary {
+                None => primary = orch_compare::default_primary(r.metrics.keys().map(String::as_str)),
+                Some(p) if !r.metrics.contains_key(p) => {
+                    primary_missing = Some(format!(
+                        "the primary metric `{p}` is not among the metrics the rounds report ({}); hint: set `primary_metric` to one of them",
+                        r.metrics.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                    break;
+                }
+                Some(_) => {}
+            }
+            let mut keys: Vec<&str> = primary.iter().map(String::as_str).collect();
+            for k in ["mean_ttft_ms", "median_itl_ms"] {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            let headline: Vec<String> = keys
                 .iter()
                 .filter_map(|k| r.metrics.get(*k).map(|x| format!("{k}={x:.2}")))
                 .collect();
             ctx.message(format!(
-                "round {}/{} {}: {}",
-                round + 1,
-                total,
+                "{label} {}: {}",
                 v.name,
                 if headline.is_empty() {
                     "done".to_string()
@@ -174,20 +300,27 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 v.rounds.push(r.metrics);
             }
         }
-    }
+        round_s.push(t0.elapsed().as_secs_f64());
+        round += 1;
+    };
     ctx.enter(Phase::Teardown);
+    let measured = round.saturating_sub(cmp.warmup_rounds);
+    ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
 
     // Means per variant, and every pair compared.
     let mut result = CellResult::new(cell, Status::Succeeded);
     let mut info_variants = serde_json::Map::new();
     for v in &variants {
-        let mut means = BTreeMap::new();
-        if let Some(first) = v.rounds.first() {
-            for k in first.keys() {
-                let vals: Vec<f64> = v.rounds.iter().filter_map(|r| r.get(k).copied()).collect();
-                let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
-                means.insert(k.clone(), mean);
-                result.metrics.insert(format!("{}.{k}", v.name), mean);
+        let mut names: Vec<&String> = v.rounds.iter().flat_map(|r| r.keys()).collect();
+        names.sort();
+        names.dedup();
+        let mut values = serde_json::Map::new();
+        for k in names {
+            let vals: Vec<f64> = v.rounds.iter().filter_map(|r| r.get(k).copied()).collect();
+            let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
+            result.metrics.insert(format!("{}.{k}", v.name), mean);
+            if primary.as_deref() == Some(k.as_str()) {
+                values.insert(k.clone(), json!(vals));
             }
         }
         info_variants.insert(
@@ -196,24 +329,41 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 "status": if v.failed.is_some() { "failed" } else { "succeeded" },
                 "failure": v.failed,
                 "rounds": v.rounds.len(),
+                "values": values,
                 "logs": format!("variants/{}", v.name),
             }),
         );
     }
     let mut comparisons = Vec::new();
-    for (i, a) in variants.iter().enumerate() {
-        for b in variants.iter().skip(i + 1) {
-            if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
-                continue;
-            }
-            for metric in a.rounds[0].keys() {
-                let xa: Vec<f64> = a.rounds.iter().filter_map(|r| r.get(metric).copied()).collect();
-                let xb: Vec<f64> = b.rounds.iter().filter_map(|r| r.get(metric).copied()).collect();
-                let seed = (metric.len() * 31 + i) as u64;
-                if let Some(c) = orch_compare::compare(metric, &xa, &xb, cmp.noise, 2000, seed) {
+    let mut pairs = Vec::new();
+    if let Some(p) = primary.as_deref().filter(|_| primary_missing.is_none()) {
+        let opts = Options {
+            seed,
+            ..Options::new(cmp.noise)
+        };
+        for (i, a) in variants.iter().enumerate() {
+            for b in variants.iter().skip(i + 1) {
+                if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
+                    continue;
+                }
+                for c in orch_compare::compare_pair(&paired(a, b), p, &opts) {
                     let mut v = serde_json::to_value(&c).unwrap_or(Value::Null);
                     v["base"] = json!(a.name);
                     v["other"] = json!(b.name);
+                    if c.role == orch_compare::Role::Primary {
+                        pairs.push(json!({
+                            "base": a.name,
+                            "other": b.name,
+                            "metric": c.metric,
+                            "verdict": c.verdict,
+                            "speedup": c.speedup,
+                            "ci_low": c.ci_low,
+                            "ci_high": c.ci_high,
+                            "n": c.n,
+                            "mde": c.mde,
+                            "method": c.method,
+                        }));
+                    }
                     comparisons.push(v);
                 }
             }
@@ -223,8 +373,32 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         .info
         .insert("variants".into(), Value::Object(info_variants));
     result.info.insert("comparison".into(), Value::Array(comparisons));
-    result.info.insert("rounds".into(), json!(cmp.rounds));
+    result.info.insert("pairs".into(), Value::Array(pairs));
+    result.info.insert("rounds".into(), json!(measured));
+    result.info.insert(
+        "rounds_requested".into(),
+        match cmp.max_rounds {
+            Some(_) => json!("auto"),
+            None => json!(cmp.rounds),
+        },
+    );
+    if let Some(m) = cmp.max_rounds {
+        result.info.insert("max_rounds".into(), json!(m));
+    }
+    result.info.insert("stopped_by".into(), json!(stopped_by));
+    result
+        .info
+        .insert("warmup_rounds".into(), json!(cmp.warmup_rounds));
     result.info.insert("noise".into(), json!(cmp.noise));
+    result.info.insert("primary_metric".into(), json!(primary));
+    result
+        .info
+        .insert("method".into(), json!(orch_compare::Method::StudentT));
+    result
+        .info
+        .insert("confidence".into(), json!(orch_compare::CONFIDENCE));
+    result.info.insert("seed".into(), json!(seed));
+    result.info.insert("order".into(), json!(orders));
     let failed: Vec<String> = variants
         .iter()
         .filter_map(|v| v.failed.as_ref().map(|f| format!("`{}`: {f}", v.name)))
@@ -234,6 +408,14 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         result.failure = Some(Failure {
             kind: "cancelled".into(),
             message: "stopped on request".into(),
+            exit_code: None,
+            signal: None,
+        });
+    } else if let Some(why) = primary_missing {
+        result.status = Status::Failed;
+        result.failure = Some(Failure {
+            kind: "invalid_config".into(),
+            message: why,
             exit_code: None,
             signal: None,
         });

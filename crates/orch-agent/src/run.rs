@@ -13,8 +13,10 @@ use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("usage: orch-agent run --task FILE --out DIR\n       orch-agent version")]
+    #[error("usage: orch-agent run (--task FILE | --task-b64 BASE64) --out DIR [--ship] [--summary-file FILE]\n       orch-agent install DEST\n       orch-agent version")]
     Usage,
+    #[error("cannot install the agent at `{path}`: {source}")]
+    Install { path: PathBuf, source: std::io::Error },
     #[error("cannot read the task file `{path}`: {source}")]
     ReadTask { path: PathBuf, source: std::io::Error },
     #[error("the task file `{path}` is not a valid task: {source}\nhint: the task file is written by `orch`; is this agent the same version as `orch`?")]
@@ -225,12 +227,44 @@ pub fn main_with_args(args: &[String]) -> i32 {
     }
 }
 
+/// Copy this executable to `dest` (mode 755), through a temporary name so
+/// that a half-copied agent never runs.
+fn install(dest: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| AgentError::Install {
+        path: dest.to_path_buf(),
+        source,
+    };
+    let me = std::env::current_exe().map_err(err)?;
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    let tmp = dest.with_extension("part");
+    std::fs::copy(&me, &tmp).map_err(err)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+    std::fs::rename(&tmp, dest).map_err(err)?;
+    println!("orch-agent installed at {}", dest.display());
+    Ok(())
+}
+
 fn try_main(args: &[String]) -> Result<i32, AgentError> {
     let mut task_path = None;
+    let mut task_b64 = None;
     let mut out_dir = None;
+    let mut ship = false;
+    let mut summary_file = None;
     let mut it = args.iter();
     match it.next().map(String::as_str) {
         Some("run") => {}
+        Some("install") => {
+            // `orch-agent install DEST`: copy this executable to DEST (an init
+            // container of the agent image puts the agent into a volume the
+            // cell's container, of any image, runs it from).
+            let Some(dest) = it.next().map(PathBuf::from) else {
+                return Err(AgentError::Usage);
+            };
+            return install(&dest).map(|()| 0);
+        }
         Some("version") | Some("--version") | Some("-V") => {
             println!("orch-agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION})");
             return Ok(0);
@@ -240,17 +274,41 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--task" => task_path = it.next().map(PathBuf::from),
+            "--task-b64" => task_b64 = it.next().cloned(),
             "--out" => out_dir = it.next().map(PathBuf::from),
+            "--ship" => ship = true,
+            "--summary-file" => summary_file = it.next().map(PathBuf::from),
             _ => return Err(AgentError::Usage),
         }
     }
-    let (Some(task_path), Some(out_dir)) = (task_path, out_dir) else {
+    let Some(out_dir) = out_dir else {
         return Err(AgentError::Usage);
     };
-    let text = std::fs::read_to_string(&task_path).map_err(|source| AgentError::ReadTask {
-        path: task_path.clone(),
-        source,
-    })?;
+    let (task_path, text) = match (task_path, task_b64) {
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(&path).map_err(|source| AgentError::ReadTask {
+                path: path.clone(),
+                source,
+            })?;
+            (path, text)
+        }
+        (None, Some(b64)) => {
+            use base64::Engine as _;
+            let path = PathBuf::from("--task-b64");
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| AgentError::ReadTask {
+                    path: path.clone(),
+                    source: std::io::Error::other(e),
+                })?;
+            let text = String::from_utf8(bytes).map_err(|e| AgentError::ReadTask {
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+            (path, text)
+        }
+        _ => return Err(AgentError::Usage),
+    };
     let task: TaskSpec = serde_json::from_str(&text).map_err(|source| AgentError::ParseTask {
         path: task_path.clone(),
         source,
@@ -277,24 +335,104 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
     }
+    // Orphans of the workload become ours; if we are killed, the guard
+    // kills what is left. Forked here, before any thread starts.
+    crate::reaper::become_subreaper();
+    crate::reaper::start_guard();
+    let too_short = crate::secrets::install(&task);
 
-    let sink = Box::new(|e: &Event| {
-        let mut out = std::io::stdout().lock();
-        // A closed stdout (host gone) must not stop the workload's bookkeeping.
-        let _ = writeln!(out, "{}", e.to_line());
-        let _ = out.flush();
-    });
+    // Shipping: the output folder and the events go home over stdout, and
+    // the agent's own messages (stderr) become `agent.log`, shipped with them.
+    let shipper = if ship {
+        redirect_stderr(&out_dir.join("agent.log"));
+        Some(crate::ship::Shipper::start(&out_dir, Box::new(std::io::stdout())))
+    } else {
+        None
+    };
+    // Every event goes out with the cell's secrets masked.
+    let sink: crate::ctx::EventSink = match &shipper {
+        Some(s) => {
+            let mut inner = s.sink();
+            Box::new(move |e: &Event| match crate::secrets::masker().mask_value(e) {
+                Some(masked) => inner(&masked),
+                None => inner(e),
+            })
+        }
+        None => Box::new(|e: &Event| {
+            let line = match crate::secrets::masker().mask_value(e) {
+                Some(masked) => masked.to_line(),
+                None => e.to_line(),
+            };
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (host gone) must not stop the workload's bookkeeping.
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }),
+    };
     let mut ctx = Ctx::new(sink, stop);
-    let result = run_task(&task, &out_dir, &mut ctx);
-    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
-    if let Err(source) = write_atomic(&out_dir.join("result.json"), &json) {
-        return Err(AgentError::OutDir {
-            path: out_dir,
-            source,
-        });
+    for name in too_short {
+        ctx.message(format!(
+            "secret `{name}` is shorter than {} characters and is not masked",
+            orch_protocol::mask::MIN_SECRET_LEN
+        ));
     }
-    ctx.emit(Event::Result { result });
+    let mut result = run_task(&task, &out_dir, &mut ctx);
+    teardown(&task, &mut result, &mut ctx);
+    for path in crate::secrets::sweep(&out_dir) {
+        ctx.message(format!("masked a secret in `{}`", path.display()));
+    }
+    crate::secrets::masker().mask_in_place(&mut result);
+    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+    let written = write_atomic(&out_dir.join("result.json"), &json);
+    if let Some(path) = &summary_file {
+        let _ = std::fs::write(path, orch_protocol::ship::result_summary(&result, 4000));
+    }
+    match shipper {
+        Some(s) => s.finish(&Event::Result { result }),
+        None => {
+            if let Err(source) = written {
+                return Err(AgentError::OutDir {
+                    path: out_dir,
+                    source,
+                });
+            }
+            ctx.emit(Event::Result { result });
+        }
+    }
     Ok(0)
+}
+
+/// The end of a cell: no process of the workload survives it (see
+/// [`crate::reaper`]); on a GPU cell, the killed processes' GPU memory is
+/// released before the cell ends.
+fn teardown(task: &TaskSpec, result: &mut CellResult, ctx: &mut Ctx) {
+    let killed = crate::reaper::kill_descendants();
+    if killed.is_empty() {
+        return;
+    }
+    ctx.message(format!(
+        "killed {} leftover process(es) of the workload at the end of the cell",
+        killed.len()
+    ));
+    result
+        .info
+        .insert("leftover_processes_killed".into(), killed.len().into());
+    let gpu = task.gpu.trim();
+    if !gpu.is_empty() && !gpu.eq_ignore_ascii_case("none") {
+        crate::reaper::wait_gpu_released(&killed, std::time::Duration::from_secs(60));
+    }
+}
+
+/// Send this process's stderr to `path` (appending).
+fn redirect_stderr(path: &Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        // SAFETY: dup2 onto fd 2 with a valid open descriptor; `f` may close
+        // afterwards, fd 2 keeps its own reference to the file.
+        unsafe {
+            libc::dup2(f.as_raw_fd(), 2);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -317,6 +455,7 @@ mod tests {
             memory_limit_bytes: None,
             weights_dir: None,
             strict_hardware: false,
+            gpu_fallback: vec![],
         }
     }
 

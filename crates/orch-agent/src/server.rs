@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -66,6 +66,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         Ok(c) => c,
         Err(r) => return *r,
     };
+    let token = crate::reaper::token_of(&cmd);
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join("stdout.log"), task.logs),
         Capture::create(&out_dir.join("stderr.log"), task.logs),
@@ -214,11 +215,20 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
 
     // Teardown: the whole group, then wait for the port.
     ctx.enter(Phase::Teardown);
-    let group_pids = pids_in_group(pgid);
+    let mut group_pids = pids_in_group(pgid);
     if child.try_wait().ok().flatten().is_none() {
         terminate(&mut child, pgid, task.measure.kill_grace_s);
     }
     kill_group(pgid, libc::SIGKILL);
+    // Engine processes and workers that left the group (`setsid`) go too.
+    let leftovers = command::kill_marked(token.as_deref());
+    if !leftovers.is_empty() {
+        ctx.message(format!(
+            "killed {} server process(es) left running outside its process group",
+            leftovers.len()
+        ));
+    }
+    group_pids.extend(leftovers.iter().map(|p| *p as u32));
     if let Some(p) = port {
         let until = Instant::now() + Duration::from_secs(30);
         while connect(p).is_some() && Instant::now() < until {
@@ -228,7 +238,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
     // With GPUs: wait until none of the server's processes holds GPU memory.
     if task.gpu != "none" {
         let until = Instant::now() + Duration::from_secs(60);
-        while gpu_pids().is_some_and(|held| held.iter().any(|p| group_pids.contains(p)))
+        while crate::reaper::gpu_pids().is_some_and(|held| held.iter().any(|p| group_pids.contains(p)))
             && Instant::now() < until
         {
             thread::sleep(POLL);
@@ -314,19 +324,4 @@ fn pids_in_group(pgid: i32) -> Vec<u32> {
         }
     }
     out
-}
-
-/// PIDs holding GPU memory, per `nvidia-smi` (`None` when it is absent).
-fn gpu_pids() -> Option<Vec<u32>> {
-    let out = Command::new("nvidia-smi")
-        .args(["--query-compute-apps=pid", "--format=csv,noheader"])
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status.success().then(|| {
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    })
 }

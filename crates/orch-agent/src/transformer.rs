@@ -697,6 +697,7 @@ mod tests {
             memory_limit_bytes: None,
             weights_dir: None,
             strict_hardware: false,
+            gpu_fallback: vec![],
         }
     }
 

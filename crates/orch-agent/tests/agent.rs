@@ -28,6 +28,7 @@ fn task(workload: Workload) -> TaskSpec {
         memory_limit_bytes: None,
         weights_dir: Some("/weights".into()),
         strict_hardware: false,
+        gpu_fallback: vec![],
     }
 }
 

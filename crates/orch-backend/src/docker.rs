@@ -355,23 +355,31 @@ impl Backend for DockerBackend {
             + Duration::from_secs_f64(launch.task.measure.timeout_s + grace)
             + Duration::from_secs(30);
         let mut pending = String::new();
+        let masker = crate::host_masker(&launch.secrets);
+        let mut log_mask = masker.stream();
+        let mut masked: Vec<u8> = Vec::new();
         let mut result: Option<CellResult> = None;
         let mut by_host: Option<Status> = None;
         loop {
             tokio::select! {
                 item = logs.next() => match item {
                     Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
-                        let _ = events_file.write_all(&message).await;
                         pending.push_str(&String::from_utf8_lossy(&message));
                         while let Some(nl) = pending.find('\n') {
                             let line: String = pending.drain(..=nl).collect();
+                            // Masked again on the host (see `host_masker`).
+                            let line = crate::secrets::mask_event_line(&masker, line.trim_end_matches('\n'));
+                            let _ = events_file.write_all(line.as_bytes()).await;
+                            let _ = events_file.write_all(b"\n").await;
                             if let Some(r) = relay.line(&line) {
                                 result = Some(r);
                             }
                         }
                     }
                     Some(Ok(bollard::container::LogOutput::StdErr { message })) => {
-                        let _ = agent_log.write_all(&message).await;
+                        masked.clear();
+                        log_mask.push(&message, &mut masked);
+                        let _ = agent_log.write_all(&masked).await;
                     }
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => break,
@@ -388,6 +396,13 @@ impl Backend for DockerBackend {
                 }
             }
         }
+        if !pending.is_empty() {
+            let line = crate::secrets::mask_event_line(&masker, &pending);
+            let _ = events_file.write_all(line.as_bytes()).await;
+        }
+        masked.clear();
+        log_mask.finish(&mut masked);
+        let _ = agent_log.write_all(&masked).await;
         let _ = events_file.flush().await;
         let _ = agent_log.flush().await;
         // The log stream ends when the container stops; wait for its state.

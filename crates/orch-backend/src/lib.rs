@@ -12,10 +12,15 @@
 //! | `docker`     | a container (Engine API)         | a named volume     | bind-mounted static binary    | planned |
 //! | `kubernetes` | a Job                            | a PVC              | an init container             | planned |
 //! | `modal`      | a sandbox (official client)      | a Modal volume     | copied into the sandbox image | planned |
+//! | `slurm`      | a batch job (`orch-backend-slurm`) | a shared folder  | `orch` on the shared filesystem | built |
 
 pub mod docker;
 pub mod fake;
+pub mod home;
 pub mod local;
+pub mod secrets;
+
+pub use secrets::host_masker;
 
 use async_trait::async_trait;
 use orch_protocol::{CellResult, Event, Phase, TaskSpec};
@@ -23,7 +28,7 @@ use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
 
 /// The backends orch has or will have, by name.
-pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal"];
+pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal", "slurm"];
 
 /// Everything a backend needs to run one cell.
 #[derive(Debug, Clone)]
@@ -64,7 +69,7 @@ pub enum BackendError {
         "backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default) or `--backend docker`"
     )]
     NotBuilt(String),
-    #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes and modal")]
+    #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes, modal and slurm")]
     Unknown(String),
     #[error("{action}: {source}")]
     Io { action: String, source: std::io::Error },
@@ -127,7 +132,7 @@ impl EventRelay {
     /// One line of the agent's event stream: the final result is returned
     /// (with the provision time), other events are relayed.
     pub fn line(&mut self, line: &str) -> Option<CellResult> {
-        match serde_json::from_str::<Event>(line.trim()) {
+        match Event::from_line(line) {
             Ok(Event::Result { result }) => Some(self.stamp(result)),
             Ok(event) => {
                 if matches!(event, Event::Started { .. }) && self.provision_s.is_none() {
@@ -161,7 +166,8 @@ impl EventRelay {
 /// Check a backend name: `Ok` for those built, a clear error for the others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
     match name {
-        "local" | "docker" => Ok(()),
+        "local" | "docker" | "slurm" => Ok(()),
+        "modal" | "kubernetes" => Ok(()),
         n if BACKENDS.contains(&n) => Err(BackendError::NotBuilt(n.to_string())),
         n => Err(BackendError::Unknown(n.to_string())),
     }

@@ -114,8 +114,12 @@ impl Backend for LocalBackend {
         tokio::fs::write(&task_path, task_json)
             .await
             .map_err(|source| io_err(format!("write `{}`", task_path.display()), source))?;
-        let agent_log = std::fs::File::create(dir.join("agent.log"))
+        let agent_log = tokio::fs::File::create(dir.join("agent.log"))
+            .await
             .map_err(|source| io_err(format!("create `{}`", dir.join("agent.log").display()), source))?;
+        // What the agent sends is masked already; the host masks again (an
+        // older agent, its own stderr) before anything reaches the store.
+        let masker = crate::host_masker(&launch.secrets);
         let mut events_file = tokio::fs::File::create(dir.join("events.jsonl"))
             .await
             .map_err(|source| io_err(format!("create `{}`", dir.join("events.jsonl").display()), source))?;
@@ -131,7 +135,7 @@ impl Backend for LocalBackend {
             .envs((!launch.devices.is_empty()).then(|| ("CUDA_VISIBLE_DEVICES", launch.devices.join(","))))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(agent_log))
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         #[cfg(target_os = "linux")]
@@ -148,6 +152,10 @@ impl Backend for LocalBackend {
             )
         })?;
         let pid = child.id();
+        let log_copy = child
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(crate::secrets::copy_masked(err, agent_log, masker.clone())));
         let Some(stdout) = child.stdout.take() else {
             return Err(io_err(
                 "read the agent's stdout".into(),
@@ -170,6 +178,7 @@ impl Backend for LocalBackend {
             tokio::select! {
                 line = lines.next_line(), if stdout_open => match line {
                     Ok(Some(line)) => {
+                        let line = crate::secrets::mask_event_line(&masker, &line);
                         let _ = events_file.write_all(line.as_bytes()).await;
                         let _ = events_file.write_all(b"\n").await;
                         if let Some(r) = relay.line(&line) {
@@ -202,6 +211,10 @@ impl Backend for LocalBackend {
             }
         };
         let _ = events_file.flush().await;
+        if let Some(copy) = log_copy {
+            // The agent's stderr ends with it (nothing it starts keeps it).
+            let _ = tokio::time::timeout(Duration::from_secs(5), copy).await;
+        }
 
         if let Some(r) = result {
             return Ok(r);

@@ -30,7 +30,7 @@ pub const CATALOG_YAML: &str = include_str!("../prices/catalog.yaml");
 /// Names a prices file to use instead of `~/.config/orch/prices.yaml`.
 pub const PRICES_ENV: &str = "ORCH_PRICES";
 /// The backends a prices file may name.
-pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal"];
+pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal", "slurm"];
 /// The GPU key that prices a CPU-only cell (per cell-second).
 pub const CPU_ONLY: &str = "none";
 
@@ -88,6 +88,11 @@ struct BackendFile {
     cpu_cores: Option<Spanned<f64>>,
     #[serde(default)]
     memory_gib: Option<Spanned<f64>>,
+    #[serde(default)]
+    region_multiplier: Option<Spanned<f64>>,
+    /// Per partition (slurm): entries over the backend's own.
+    #[serde(default)]
+    partitions: BTreeMap<String, Spanned<BackendFile>>,
 }
 
 /// One price (or billed quantity) and where it came from.
@@ -118,6 +123,35 @@ pub struct BackendPrices {
     pub cpu_cores: Option<Entry>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_gib: Option<Entry>,
+    /// Every price of the backend times this (Modal: pinning a region costs
+    /// a multiple of the base price; the multiple is the user's to set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region_multiplier: Option<Entry>,
+    /// Per partition (slurm): prices over the backend's own for cells of
+    /// that partition.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub partitions: BTreeMap<String, BackendPrices>,
+}
+
+impl BackendPrices {
+    /// These prices with a partition's entries over them.
+    fn with_partition(&self, part: &BackendPrices) -> BackendPrices {
+        let mut out = self.clone();
+        out.gpu.extend(part.gpu.clone());
+        for (slot, given) in [
+            (&mut out.cpu_core_s, &part.cpu_core_s),
+            (&mut out.memory_gib_s, &part.memory_gib_s),
+            (&mut out.cell_s, &part.cell_s),
+            (&mut out.cpu_cores, &part.cpu_cores),
+            (&mut out.memory_gib, &part.memory_gib),
+            (&mut out.region_multiplier, &part.region_multiplier),
+        ] {
+            if given.is_some() {
+                slot.clone_from(given);
+            }
+        }
+        out
+    }
 }
 
 /// The prices in use: the catalog with the user's file over it.
@@ -280,36 +314,24 @@ impl Prices {
                     name: name.clone(),
                     ..Default::default()
                 });
-            if let Some(n) = &b.note {
-                target.note = Some(n.clone());
-            }
-            if let Some(f) = b.default_free {
-                target.default_free = f;
-            }
-            for (ty, v) in &b.gpu {
-                let key = normalise_gpu_key(ty).ok_or_else(|| {
-                    invalid(
-                        v.referenced,
-                        format!("unknown GPU type `{ty}` in the prices of `{name}`"),
-                        format!(
-                            "the GPU types are {}, and `{CPU_ONLY}` for a CPU-only cell",
-                            KNOWN_GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
-                        ),
-                    )
-                })?;
-                target.gpu.insert(key, check(v, &format!("gpu.{ty}"))?);
-            }
-            let fields = [
-                (&b.cpu_core_s, "cpu_core_s", &mut target.cpu_core_s),
-                (&b.memory_gib_s, "memory_gib_s", &mut target.memory_gib_s),
-                (&b.cell_s, "cell_s", &mut target.cell_s),
-                (&b.cpu_cores, "cpu_cores", &mut target.cpu_cores),
-                (&b.memory_gib, "memory_gib", &mut target.memory_gib),
-            ];
-            for (given, what, slot) in fields {
-                if let Some(v) = given {
-                    *slot = Some(check(v, what)?);
+            fill(target, &b, &name, &check, &invalid)?;
+            for (part, pb) in &b.partitions {
+                if !pb.value.partitions.is_empty() {
+                    return Err(invalid(
+                        pb.referenced,
+                        format!("partition `{part}` of `{name}` has `partitions` of its own"),
+                        "partitions are one level under a backend".into(),
+                    ));
                 }
+                let slot = target
+                    .partitions
+                    .entry(part.clone())
+                    .or_insert_with(|| BackendPrices {
+                        name: format!("{name}/{part}"),
+                        ..Default::default()
+                    });
+                let check = |v: &Spanned<f64>, what: &str| check(v, &format!("partitions.{part}.{what}"));
+                fill(slot, &pb.value, &name, &check, &invalid)?;
             }
         }
         if let Some(p) = user {
@@ -322,11 +344,31 @@ impl Prices {
     /// `memory_limit_bytes` (the manifest's memory limit) replaces the
     /// backend's billed `memory_gib` when given.
     pub fn rate(&self, backend: &str, gpu: &GpuSpec, memory_limit_bytes: Option<u64>) -> Rate {
+        self.rate_in(backend, None, gpu, memory_limit_bytes)
+    }
+
+    /// [`Prices::rate`] of a cell in a partition (slurm): the partition's
+    /// entries, when the prices have any, over the backend's.
+    pub fn rate_in(
+        &self,
+        backend: &str,
+        partition: Option<&str>,
+        gpu: &GpuSpec,
+        memory_limit_bytes: Option<u64>,
+    ) -> Rate {
         let empty = BackendPrices {
             name: backend.to_string(),
             ..Default::default()
         };
-        let b = self.backends.get(backend).unwrap_or(&empty);
+        let base = self.backends.get(backend).unwrap_or(&empty);
+        let merged;
+        let b = match partition.and_then(|p| base.partitions.get(p)) {
+            Some(part) => {
+                merged = base.with_partition(part);
+                &merged
+            }
+            None => base,
+        };
         let key = gpu
             .gpu
             .map(|g| g.name.to_string())
@@ -364,6 +406,12 @@ impl Prices {
         if let Some(c) = &b.cell_s {
             usd_per_s += used(c);
         }
+        let mut usd_per_gpu_s = usd_per_gpu_s;
+        if let Some(m) = &b.region_multiplier {
+            let m = used(m);
+            usd_per_s *= m;
+            usd_per_gpu_s *= m;
+        }
         // A GPU cell needs its GPU's price; a CPU-only cell is priced by
         // `none`, or by the CPU and memory the backend bills.
         let priced = gpu_entry.is_some() || b.default_free || (gpu.is_cpu() && resources_billed);
@@ -386,15 +434,23 @@ impl Prices {
     /// Every price in use (of one backend, or all), for `orch prices`.
     pub fn rows(&self, backend: Option<&str>) -> Vec<PriceRow> {
         let mut out = Vec::new();
-        for b in self
+        // A backend's own rows, then its partitions' (`partition P gpu H100`).
+        let entries = self
             .backends
             .values()
             .filter(|b| backend.is_none_or(|n| n == b.name))
-        {
+            .flat_map(|b| {
+                std::iter::once((b.name.clone(), String::new(), b)).chain(
+                    b.partitions
+                        .iter()
+                        .map(|(p, pb)| (b.name.clone(), format!("partition {p} "), pb)),
+                )
+            });
+        for (name, prefix, b) in entries {
             let mut push = |item: String, e: &Entry, unit: &str| {
                 out.push(PriceRow {
-                    backend: b.name.clone(),
-                    item,
+                    backend: name.clone(),
+                    item: format!("{prefix}{item}"),
                     value: e.value,
                     unit: unit.into(),
                     source: e.source.clone(),
@@ -431,6 +487,56 @@ impl Prices {
     }
 }
 
+/// Checks one price of a prices file and makes its entry.
+type CheckPrice<'a> = dyn Fn(&Spanned<f64>, &str) -> Result<Entry, CostError> + 'a;
+
+/// One backend's (or partition's) entries of a prices file into `target`.
+fn fill(
+    target: &mut BackendPrices,
+    b: &BackendFile,
+    name: &str,
+    check: &CheckPrice,
+    invalid: &dyn Fn(Location, String, String) -> CostError,
+) -> Result<(), CostError> {
+    if let Some(n) = &b.note {
+        target.note = Some(n.clone());
+    }
+    if let Some(f) = b.default_free {
+        target.default_free = f;
+    }
+    for (ty, v) in &b.gpu {
+        let key = normalise_gpu_key(ty).ok_or_else(|| {
+            invalid(
+                v.referenced,
+                format!("unknown GPU type `{ty}` in the prices of `{name}`"),
+                format!(
+                    "the GPU types are {}, and `{CPU_ONLY}` for a CPU-only cell",
+                    KNOWN_GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        target.gpu.insert(key, check(v, &format!("gpu.{ty}"))?);
+    }
+    let fields = [
+        (&b.cpu_core_s, "cpu_core_s", &mut target.cpu_core_s),
+        (&b.memory_gib_s, "memory_gib_s", &mut target.memory_gib_s),
+        (&b.cell_s, "cell_s", &mut target.cell_s),
+        (&b.cpu_cores, "cpu_cores", &mut target.cpu_cores),
+        (&b.memory_gib, "memory_gib", &mut target.memory_gib),
+        (
+            &b.region_multiplier,
+            "region_multiplier",
+            &mut target.region_multiplier,
+        ),
+    ];
+    for (given, what, slot) in fields {
+        if let Some(v) = given {
+            *slot = Some(check(v, what)?);
+        }
+    }
+    Ok(())
+}
+
 /// `H100`, `h100`, `A100` (alias) → the normalised type; `none`/`cpu` → `none`.
 fn normalise_gpu_key(ty: &str) -> Option<String> {
     if ty.contains(':') {
@@ -448,7 +554,7 @@ fn normalise_gpu_key(ty: &str) -> Option<String> {
 
 fn yaml_hint(message: &str) -> String {
     if message.starts_with("unknown field") {
-        return "the fields are `backends:` then per backend `gpu`, `cpu_core_s`, `memory_gib_s`, `cell_s`, `cpu_cores`, `memory_gib`, `default_free`, `note`, `source`, `date`; see docs/cost.md".into();
+        return "the fields are `backends:` then per backend `gpu`, `cpu_core_s`, `memory_gib_s`, `cell_s`, `cpu_cores`, `memory_gib`, `default_free`, `note`, `source`, `date` (and `partitions` for slurm); see docs/cost.md".into();
     }
     "see docs/cost.md for the form of a prices file".into()
 }
@@ -566,6 +672,58 @@ mod tests {
     }
 
     #[test]
+    fn slurm_partitions_price_over_the_backend() {
+        let mut p = Prices::builtin().unwrap();
+        // Without prices a cluster's cells are unpriced.
+        assert!(!p.rate("slurm", &spec("H100"), None).priced);
+        p.apply_str(
+            "backends:\n  slurm:\n    gpu: {H100: 0.001, L4: 0.0002}\n    partitions:\n      preempt:\n        gpu: {H100: 0.0004}\n        cell_s: 0.0001\n",
+            "prices.yaml",
+            Some(Path::new("/p.yaml")),
+        )
+        .unwrap();
+        let h = p.rate_in("slurm", Some("preempt"), &spec("H100:8"), None);
+        assert!(
+            h.priced && (h.usd_per_s - (8.0 * 0.0004 + 0.0001)).abs() < 1e-12,
+            "{h:?}"
+        );
+        // Other GPU types of the partition keep the backend's price.
+        let l = p.rate_in("slurm", Some("preempt"), &spec("L4"), None);
+        assert!((l.usd_per_s - 0.0003).abs() < 1e-12, "{l:?}");
+        // Another (or no) partition: the backend's prices.
+        assert_eq!(
+            p.rate_in("slurm", Some("gpu"), &spec("H100:8"), None).usd_per_s,
+            0.008
+        );
+        assert_eq!(p.rate("slurm", &spec("H100"), None).usd_per_s, 0.001);
+        let rows = p.rows(Some("slurm"));
+        assert!(rows
+            .iter()
+            .any(|r| r.item == "partition preempt gpu H100" && r.value == 0.0004));
+        let e = p
+            .apply_str(
+                "backends:\n  slurm:\n    partitions:\n      a:\n        gpu: {H900: 1}\n",
+                "p.yaml",
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.yaml:5:") && e.contains("`H900`"), "{e}");
+        let e = p
+            .apply_str(
+                "backends:\n  slurm:\n    partitions:\n      a: {cell_s: -1}\n",
+                "p.yaml",
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("partitions.a.cell_s") && e.contains("at least 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn load_reads_the_named_file_and_refuses_a_missing_one() {
         let tmp = tempfile::tempdir().unwrap();
         let f = tmp.path().join("prices.yaml");
@@ -575,5 +733,26 @@ mod tests {
         assert_eq!(p.user_file.as_deref(), Some(f.as_path()));
         let e = Prices::load(Some(&tmp.path().join("nope.yaml"))).unwrap_err();
         assert!(e.to_string().contains("hint:"));
+    }
+}
+
+#[cfg(test)]
+mod region_tests {
+    use super::*;
+
+    #[test]
+    fn a_region_multiplier_scales_every_price_of_the_backend() {
+        let mut p = Prices::builtin().unwrap();
+        let gpu = GpuSpec::parse("H100:2").unwrap();
+        let base = p.rate("modal", &gpu, None);
+        p.apply_str(
+            "backends:\n  modal:\n    region_multiplier: 1.25\n",
+            "p.yaml",
+            None,
+        )
+        .unwrap();
+        let r = p.rate("modal", &gpu, None);
+        assert!((r.usd_per_s - base.usd_per_s * 1.25).abs() < 1e-12, "{r:?}");
+        assert!((r.usd_per_gpu_s - base.usd_per_gpu_s * 1.25).abs() < 1e-12);
     }
 }

@@ -10,6 +10,7 @@
 //! assert_eq!(d.kind, "cuda_oom");
 //! ```
 
+pub mod eval;
 mod rules;
 
 pub use rules::{user_config_path, RuleFile, RuleSpec, Rules, RulesError, DEFAULT_RULES, RULES_ENV};
@@ -38,7 +39,57 @@ pub const KINDS: &[&str] = &[
     "port_in_use",
     "host_oom_killed",
     "startup_timeout",
+    "patch_does_not_apply",
+    "slurm_unsatisfiable",
+    "slurm_memory_limit",
+    "slurm_time_limit",
+    "slurm_preempted",
+    "slurm_node_failure",
+    "slurm_pending_too_long",
+    "illegal_memory_access",
+    "gpu_hardware_fault",
+    "nccl_error",
+    "disk_full",
+    "kernel_build_failed",
+    "triton_resources",
+    "dtype_unsupported",
+    "trust_remote_code_required",
+    "image_build_failed",
+    "gpu_unavailable",
+    "sandbox_terminated",
+    "unschedulable",
+    "image_pull_failed",
+    "container_config_error",
+    "agent_install_failed",
+    "evicted",
+    "node_lost",
+    "pending_too_long",
     UNKNOWN,
+];
+
+/// Kinds named from what orch, a backend or a tool reports about a cell
+/// (`orch: slurm ...`, `orch: kubernetes ...`, `orch: modal ...` lines, git's
+/// report on a patch), not from a workload's own log: public issue threads
+/// hold no logs of them, so the real-log corpus (`tests/real`) does not
+/// cover them; `tests/corpus` has files for each.
+pub const BACKEND_KINDS: &[&str] = &[
+    "patch_does_not_apply",
+    "slurm_unsatisfiable",
+    "slurm_memory_limit",
+    "slurm_time_limit",
+    "slurm_preempted",
+    "slurm_node_failure",
+    "slurm_pending_too_long",
+    "image_build_failed",
+    "gpu_unavailable",
+    "sandbox_terminated",
+    "unschedulable",
+    "image_pull_failed",
+    "container_config_error",
+    "agent_install_failed",
+    "evicted",
+    "node_lost",
+    "pending_too_long",
 ];
 
 /// The kind when no rule matched.
@@ -164,6 +215,8 @@ struct Hit {
     context_line: Option<usize>,
     /// Evidence for hits that are not log lines (exit status).
     text: Option<String>,
+    /// The line joined with the next, when only that matched (a wrapped paste).
+    joined: Option<String>,
 }
 
 static ANSI: LazyLock<Regex> = LazyLock::new(|| {
@@ -191,19 +244,92 @@ static ERRORISH: LazyLock<Regex> = LazyLock::new(|| {
     .expect("valid error pattern")
 });
 
+static PASTE_PREFIX: LazyLock<Regex> = LazyLock::new(|| {
+    // A constant pattern, covered by tests: what pastes and log collectors put before a
+    // log line: a rich/ASCII table border (`│ `), a markdown quote (`> `), a
+    // `docker compose` service column (`vllm-1  | `).
+    Regex::new(r"^(?:[│┃║]\s*|>\s+|[A-Za-z][\w.-]*-\d+\s+\|\s)").expect("valid paste prefix pattern")
+});
+
+/// A line pasted from a terminal is often cut at the terminal's width and continued on
+/// the next line; lines at least this long are also matched joined with the next one.
+const WRAP_MIN: usize = 60;
+
+fn strip_paste(s: &str) -> &str {
+    let mut t = s.trim().trim_end_matches(['│', '┃', '║']).trim_end();
+    if let Some(m) = PASTE_PREFIX.find(t) {
+        t = t[m.end()..].trim_start();
+    }
+    t
+}
+
+fn clean_line(l: &str) -> Cow<'_, str> {
+    if l.contains('\x1b') {
+        let plain = ANSI.replace_all(l, "");
+        Cow::Owned(strip_paste(&plain).to_string())
+    } else {
+        Cow::Borrowed(strip_paste(l))
+    }
+}
+
 fn clean_lines(log: &str) -> Vec<Cow<'_, str>> {
-    log.split(['\n', '\r'])
-        .map(|l| {
-            let l = if l.contains('\x1b') {
-                Cow::Owned(ANSI.replace_all(l, "").into_owned())
-            } else {
-                Cow::Borrowed(l)
-            };
-            match l {
-                Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
-                Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
+    log.split(['\n', '\r']).map(clean_line).collect()
+}
+
+/// One pattern match: on line `line` alone, or (`joined`) on that line joined with the next.
+struct PatternHit {
+    line: usize,
+    pattern: usize,
+    joined: bool,
+}
+
+/// Every pattern match of `rules` in `lines`: each non-empty line alone, and each long
+/// line joined with the next one for the patterns that neither matches alone.
+fn pattern_matches(lines: &[Cow<'_, str>], rules: &Rules) -> Vec<PatternHit> {
+    let mut out = Vec::new();
+    let mut next: Option<Vec<usize>> = None;
+    for i in 0..lines.len() {
+        let here = match next.take() {
+            Some(m) => m,
+            None if lines[i].is_empty() => Vec::new(),
+            None => rules.matching_patterns(&lines[i]),
+        };
+        for &p in &here {
+            out.push(PatternHit {
+                line: i,
+                pattern: p,
+                joined: false,
+            });
+        }
+        let following = match lines.get(i + 1) {
+            Some(l) if !l.is_empty() => rules.matching_patterns(l),
+            _ => Vec::new(),
+        };
+        if lines[i].chars().count() >= WRAP_MIN && lines.get(i + 1).is_some_and(|l| !l.is_empty()) {
+            let joined = format!("{}{}", lines[i], lines[i + 1]);
+            for p in rules.matching_patterns(&joined) {
+                if !here.contains(&p) && !following.contains(&p) {
+                    out.push(PatternHit {
+                        line: i,
+                        pattern: p,
+                        joined: true,
+                    });
+                }
             }
-        })
+        }
+        next = Some(following);
+    }
+    out
+}
+
+/// Global indices of the patterns of `rules` that match somewhere in `log` (alone or
+/// across a wrapped line), ignoring `context`. The evaluation uses it to find the
+/// patterns that only one source triggers.
+pub fn patterns_triggered(log: &str, rules: &Rules) -> std::collections::BTreeSet<usize> {
+    let lines = clean_lines(log);
+    pattern_matches(&lines, rules)
+        .into_iter()
+        .map(|h| h.pattern)
         .collect()
 }
 
@@ -219,6 +345,17 @@ fn evidence_line(line: &str) -> String {
 
 /// Diagnose one log and how its process ended.
 pub fn diagnose_with_exit(log: &str, exit: Option<&ExitInfo>, rules: &Rules) -> Diagnosis {
+    diagnose_without(log, exit, rules, &std::collections::BTreeSet::new())
+}
+
+/// [`diagnose_with_exit`] as if the patterns of the given global indices (see
+/// [`patterns_triggered`]) were not in `rules`: the evaluation's leave-one-source-out.
+pub fn diagnose_without(
+    log: &str,
+    exit: Option<&ExitInfo>,
+    rules: &Rules,
+    skip: &std::collections::BTreeSet<usize>,
+) -> Diagnosis {
     let lines = clean_lines(log);
     let n = lines.len();
     let failure_point = lines
@@ -228,34 +365,35 @@ pub fn diagnose_with_exit(log: &str, exit: Option<&ExitInfo>, rules: &Rules) -> 
     let is_demoted = |l: &str| rules.demote.iter().any(|d| d.is_match(l));
 
     let mut hits: Vec<Hit> = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        if line.is_empty() {
+    let mut demoted: Vec<Option<bool>> = vec![None; n];
+    let mut seen: std::collections::BTreeSet<(usize, usize)> = std::collections::BTreeSet::new();
+    for m in pattern_matches(&lines, rules) {
+        if skip.contains(&m.pattern) {
             continue;
         }
-        let matched: Vec<usize> = match &rules.all {
-            Some((set, _)) if !set.is_match(line) => continue,
-            Some((set, owner)) => {
-                let mut rs: Vec<usize> = set.matches(line).iter().map(|p| owner[p]).collect();
-                rs.dedup();
-                rs
-            }
-            None => (0..rules.rules.len())
-                .filter(|&r| rules.rules[r].set.is_match(line))
-                .collect(),
-        };
-        let mut demoted: Option<bool> = None;
-        for r in matched {
-            let rule = &rules.rules[r];
-            let weak = !rule.match_warnings && *demoted.get_or_insert_with(|| is_demoted(line));
-            hits.push(Hit {
-                rule: Some(r),
-                kind: rule.kind.clone(),
-                line: i,
-                key: (!weak, rule.priority, i <= failure_point, i),
-                context_line: None,
-                text: None,
-            });
+        let (r, _) = rules.pattern_owner(m.pattern);
+        // One hit per rule and line.
+        if !seen.insert((r, m.line)) {
+            continue;
         }
+        let rule = &rules.rules[r];
+        let line = &lines[m.line];
+        let weak = !rule.match_warnings && *demoted[m.line].get_or_insert_with(|| is_demoted(line));
+        hits.push(Hit {
+            rule: Some(r),
+            kind: rule.kind.clone(),
+            line: m.line,
+            key: (!weak, rule.priority, m.line <= failure_point, m.line),
+            context_line: None,
+            text: None,
+            joined: m.joined.then(|| {
+                format!(
+                    "{}{}",
+                    lines[m.line],
+                    lines.get(m.line + 1).map(|l| l.as_ref()).unwrap_or("")
+                )
+            }),
+        });
     }
 
     // Rules with `context` count only where a context line is near enough.
@@ -304,6 +442,7 @@ pub fn diagnose_with_exit(log: &str, exit: Option<&ExitInfo>, rules: &Rules) -> 
                 key: (true, priority, true, n),
                 context_line: None,
                 text: Some(text),
+                joined: None,
             });
         }
     }
@@ -327,9 +466,10 @@ pub fn diagnose_with_exit(log: &str, exit: Option<&ExitInfo>, rules: &Rules) -> 
             .cmp(&(b.text.is_none(), b.key))
             .reverse()
     });
-    let text_of = |h: &Hit| match &h.text {
-        Some(t) => t.clone(),
-        None => evidence_line(&lines[h.line]),
+    let text_of = |h: &Hit| match (&h.text, &h.joined) {
+        (Some(t), _) => t.clone(),
+        (None, Some(j)) => evidence_line(j),
+        (None, None) => evidence_line(&lines[h.line]),
     };
     let mut evidence: Vec<String> = Vec::new();
     let add = |s: String, evidence: &mut Vec<String>| {

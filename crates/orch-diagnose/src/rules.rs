@@ -119,9 +119,13 @@ pub struct Rules {
     pub(crate) demote: Vec<Regex>,
     /// Ids of `disabled` rules, removed from the rules this file extends.
     pub(crate) removed: Vec<String>,
-    /// Every rule's patterns in one set (pattern index -> rule index), so that a
-    /// line is scanned once; `None` when too big to build (rules are then tried one by one).
-    pub(crate) all: Option<(RegexSet, Vec<usize>)>,
+    /// Every rule's patterns in one set, so that a line is scanned once; `None` when
+    /// too big to build (rules are then tried one by one).
+    pub(crate) all: Option<RegexSet>,
+    /// Global pattern index -> (rule index, pattern index within the rule).
+    pub(crate) owner: Vec<(usize, usize)>,
+    /// Rule index -> its first global pattern index.
+    pub(crate) first_pattern: Vec<usize>,
     /// The wrappers in one set, when it builds.
     pub(crate) wrapper_set: Option<RegexSet>,
 }
@@ -152,6 +156,8 @@ impl Rules {
             demote: Vec::new(),
             removed: Vec::new(),
             all: None,
+            owner: Vec::new(),
+            first_pattern: Vec::new(),
             wrapper_set: None,
         }
     }
@@ -265,6 +271,8 @@ impl Rules {
             demote: list("demote", &file.demote)?,
             removed: Vec::new(),
             all: None,
+            owner: Vec::new(),
+            first_pattern: Vec::new(),
             wrapper_set: None,
         };
         for (spec, rule) in rules {
@@ -314,27 +322,64 @@ impl Rules {
 
     fn reindex(&mut self) {
         let mut patterns = Vec::new();
-        let mut owner = Vec::new();
+        self.owner.clear();
+        self.first_pattern.clear();
         for (r, rule) in self.rules.iter().enumerate() {
-            for p in &rule.patterns {
+            self.first_pattern.push(patterns.len());
+            for (i, p) in rule.patterns.iter().enumerate() {
                 patterns.push(if rule.case_sensitive {
                     format!("(?:{p})")
                 } else {
                     format!("(?i:{p})")
                 });
-                owner.push(r);
+                self.owner.push((r, i));
             }
         }
         self.all = RegexSetBuilder::new(&patterns)
             .size_limit(REGEX_SIZE_LIMIT * patterns.len().max(1))
             .build()
-            .ok()
-            .map(|set| (set, owner));
+            .ok();
         self.wrapper_set = RegexSetBuilder::new(self.wrappers.iter().map(|w| w.as_str()))
             .case_insensitive(true)
             .size_limit(REGEX_SIZE_LIMIT * self.wrappers.len().max(1))
             .build()
             .ok();
+    }
+
+    /// Global indices of the patterns (of every rule) that match `line`, ascending.
+    pub(crate) fn matching_patterns(&self, line: &str) -> Vec<usize> {
+        match &self.all {
+            Some(set) => set.matches(line).into_iter().collect(),
+            None => self
+                .rules
+                .iter()
+                .enumerate()
+                .flat_map(|(r, rule)| {
+                    let first = self.first_pattern[r];
+                    rule.set.matches(line).into_iter().map(move |i| first + i)
+                })
+                .collect(),
+        }
+    }
+
+    /// The pattern of global index `g`: (rule index, pattern index within the rule).
+    pub(crate) fn pattern_owner(&self, g: usize) -> (usize, usize) {
+        self.owner[g]
+    }
+
+    /// Number of patterns over all rules.
+    pub fn pattern_count(&self) -> usize {
+        self.owner.len()
+    }
+
+    /// `(rule id or kind, pattern)` of global pattern `g`, for reports.
+    pub fn pattern_label(&self, g: usize) -> (String, String) {
+        let (r, i) = self.owner[g];
+        let rule = &self.rules[r];
+        (
+            rule.id.clone().unwrap_or_else(|| rule.kind.clone()),
+            rule.patterns[i].clone(),
+        )
     }
 
     pub(crate) fn is_wrapper(&self, line: &str) -> bool {

@@ -17,6 +17,51 @@ fn corpus() -> Vec<PathBuf> {
     files
 }
 
+fn real_logs() -> Vec<orch_diagnose::eval::LabelledLog> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real");
+    orch_diagnose::eval::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The corpus of real logs pasted into public issue threads (`tests/real/{tune,holdout}`):
+/// its shape (size, sources, kinds, unknowns) and the accuracy the README reports.
+#[test]
+fn real_corpus_is_diagnosed() {
+    let logs = real_logs();
+    assert!(logs.len() >= 80, "{} real logs, want at least 80", logs.len());
+    let mut per_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in &logs {
+        assert!(
+            l.source.contains('#') || l.source.starts_with("http"),
+            "{}: no `# source:` line",
+            l.path.display()
+        );
+        assert!(
+            KINDS.contains(&l.expected.as_str()),
+            "{}: unknown kind",
+            l.path.display()
+        );
+        *per_kind.entry(l.expected.as_str()).or_default() += 1;
+    }
+    for k in KINDS.iter().filter(|k| !orch_diagnose::BACKEND_KINDS.contains(k)) {
+        assert!(
+            per_kind.get(k).copied().unwrap_or(0) >= 3,
+            "kind {k} has fewer than 3 real logs: {per_kind:?}"
+        );
+    }
+    let report = orch_diagnose::eval::evaluate(&logs, &Rules::default());
+    println!("{}", report.to_text());
+    assert!(
+        report.sources * 10 >= logs.len() * 8,
+        "most logs come from their own thread"
+    );
+    assert!(report.total.accuracy >= 0.9, "accuracy {}", report.total.accuracy);
+    assert!(
+        report.total.accuracy_loso >= 0.85,
+        "leave-one-source-out accuracy {}",
+        report.total.accuracy_loso
+    );
+}
+
 fn expected_kind(path: &Path) -> String {
     let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
     let (kind, _source) = stem
@@ -76,6 +121,10 @@ fn corpus_is_diagnosed_by_name() {
         files.len(),
         100.0 * ok as f64 / files.len() as f64
     );
+    // The real corpus counts too: kinds added with it have no written-from-memory logs.
+    for l in real_logs() {
+        *per_kind.entry(l.expected).or_default() += 1;
+    }
     for k in KINDS {
         assert!(
             per_kind.get(*k).copied().unwrap_or(0) >= 2,
@@ -136,15 +185,21 @@ fn load_with_user_layers_an_explicit_file() {
     let path = std::env::temp_dir().join(format!("orch-diagnose-test-{}.yaml", std::process::id()));
     std::fs::write(
         &path,
-        "rules:\n  - kind: disk_full\n    priority: 70\n    patterns: ['No space left on device']\n    hint: free disk space\n",
+        "rules:\n  - kind: weights_volume_full\n    priority: 99\n    patterns: ['No space left on device: .?/weights']\n    hint: free space on the weights volume\n",
     )
     .unwrap();
     let rules = Rules::load_with_user(Some(&path));
     std::fs::remove_file(&path).ok();
     let rules = rules.unwrap();
-    let d = orch_diagnose::diagnose("OSError: [Errno 28] No space left on device", &rules);
+    let d = orch_diagnose::diagnose(
+        "OSError: [Errno 28] No space left on device: '/weights/x'",
+        &rules,
+    );
+    assert_eq!(d.kind, "weights_volume_full");
+    assert_eq!(d.hint, "free space on the weights volume");
+    // The defaults are there under it.
+    let d = orch_diagnose::diagnose("OSError: [Errno 28] No space left on device: '/tmp/x'", &rules);
     assert_eq!(d.kind, "disk_full");
-    assert_eq!(d.hint, "free disk space");
     // The defaults are still there.
     assert_eq!(
         orch_diagnose::diagnose("OSError: [Errno 98] Address already in use", &rules).kind,

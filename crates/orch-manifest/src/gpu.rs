@@ -85,6 +85,25 @@ pub enum GpuSpecError {
     BadCount { spec: String, given: String, max: u32 },
     #[error("empty GPU spec: write `TYPE[:COUNT]` (`H100`, `H100:8`) or `none`")]
     Empty,
+    /// `H100x8`, `h100*8`: the form of cell ids, not of requests.
+    #[error("unknown GPU type `{given}`: write `{suggestion}` (the count goes after a colon)")]
+    CountWithoutColon { given: String, suggestion: String },
+}
+
+/// `H100x8` / `H100*8` / `H100 x 8` → `H100:8` when the part before the
+/// count is a known type.
+fn colon_form(ty: &str) -> Option<String> {
+    let lower = ty.to_ascii_lowercase();
+    let cut = lower.rfind(['x', '*'])?;
+    let (t, n) = (lower[..cut].trim(), lower[cut + 1..].trim());
+    if n.is_empty() || !n.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let name = ALIASES.iter().find(|(a, _)| *a == t).map(|(_, n)| *n);
+    let g = KNOWN_GPUS
+        .iter()
+        .find(|g| g.name.eq_ignore_ascii_case(t) || Some(g.name) == name)?;
+    Some(format!("{}:{n}", g.name))
 }
 
 impl GpuSpec {
@@ -115,9 +134,15 @@ impl GpuSpec {
             .iter()
             .find(|g| g.name.eq_ignore_ascii_case(ty) || Some(g.name) == name)
             .copied()
-            .ok_or_else(|| GpuSpecError::UnknownType {
-                given: ty.into(),
-                known: KNOWN_GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
+            .ok_or_else(|| match colon_form(ty).filter(|_| count.is_none()) {
+                Some(suggestion) => GpuSpecError::CountWithoutColon {
+                    given: ty.into(),
+                    suggestion,
+                },
+                None => GpuSpecError::UnknownType {
+                    given: ty.into(),
+                    known: KNOWN_GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", "),
+                },
             })?;
         let count = match count {
             None => 1,
@@ -233,6 +258,18 @@ mod tests {
             Err(GpuSpecError::BadCount { .. })
         ));
         assert!(matches!(GpuSpec::parse(""), Err(GpuSpecError::Empty)));
+        for (given, want) in [
+            ("H100x8", "H100:8"),
+            ("a100-80gbx2", "A100-80GB:2"),
+            ("h100*4", "H100:4"),
+        ] {
+            let e = GpuSpec::parse(given).unwrap_err();
+            assert!(e.to_string().contains(&format!("`{want}`")), "{given}: {e}");
+        }
+        assert!(matches!(
+            GpuSpec::parse("X100x8"),
+            Err(GpuSpecError::UnknownType { .. })
+        ));
         assert_eq!(GpuSpec::parse_list("H100:8,L4").unwrap().len(), 2);
     }
 }

@@ -12,7 +12,7 @@ pub mod units;
 pub use error::{ManifestError, Pos};
 pub use gpu::{GpuSpec, GpuSpecError, KNOWN_GPUS};
 pub use plan::{CellPlan, ExpandOptions, Plan};
-pub use suite::{BuildDef, ImageDef, ModelRef, Suite};
+pub use suite::{BuildDef, ImageDef, KubernetesDef, ModelRef, SlurmDef, Suite, TolerationDef};
 
 use std::path::Path;
 

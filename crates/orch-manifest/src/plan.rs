@@ -3,7 +3,7 @@
 
 use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
-use crate::suite::{Benchmark, ImageDef, MeasureDef, ModelRef, Suite, WorkloadDef};
+use crate::suite::{Benchmark, ImageDef, KubernetesDef, MeasureDef, ModelRef, SlurmDef, Suite, WorkloadDef};
 use orch_protocol::{
     BuiltinWorkload, Client, CommandWorkload, CompareWorkload, LoadGen, LogLimits, Measure, Readiness,
     ServerWorkload, TaskSpec, TransformerConfig, Variant, Workload, PROTOCOL_VERSION,
@@ -36,6 +36,12 @@ pub struct Plan {
     #[serde(default)]
     pub models: Vec<ModelRef>,
     pub cells: Vec<CellPlan>,
+    /// The suite's `slurm:` section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmDef>,
+    /// The suite's `kubernetes:` section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesDef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +54,9 @@ pub struct CellPlan {
     /// Container image (container backends only).
     #[serde(default)]
     pub image: Option<ImageDef>,
+    /// Nodes the cell runs on (more than 1: `slurm` only).
+    #[serde(default = "one_node", skip_serializing_if = "is_one_node")]
+    pub nodes: u32,
     /// The agent's task (its `run_id` is filled in when the run starts).
     pub task: TaskSpec,
 }
@@ -116,6 +125,18 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
             .unwrap_or(LogLimits::default().tail_bytes),
     };
 
+    // `gpu_fallback` keys, normalised like every GPU spec (`h100:2` is `H100:2`).
+    let mut fallback = BTreeMap::<String, Vec<GpuSpec>>::new();
+    for (k, alts) in &suite.gpu_fallback {
+        let key = GpuSpec::parse(k).map_err(|e| {
+            invalid(
+                None,
+                format!("`gpu_fallback` key `{k}`: {e}"),
+                "keys are GPU specs as written in `gpus` (`H100:2`), values lists of alternatives",
+            )
+        })?;
+        fallback.insert(key.to_string(), alts.clone());
+    }
     let mut cells = Vec::new();
     let mut seen_bench = BTreeSet::new();
     let mut seen_ids = BTreeMap::<String, String>::new();
@@ -160,6 +181,17 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         }
         let mut env = suite.env.clone();
         env.extend(bench.env.clone());
+        let nodes = match &bench.nodes {
+            Some(n) if n.value == 0 => {
+                return Err(invalid(
+                    Pos::from_loc(n.referenced).or(bpos),
+                    format!("benchmark `{bname}`: `nodes` must be at least 1"),
+                    "leave `nodes` out for one node per cell",
+                ))
+            }
+            Some(n) => n.value,
+            None => 1,
+        };
 
         for gpu in &gpus {
             for params in &combos {
@@ -188,6 +220,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                     gpu: *gpu,
                     params: params.clone(),
                     image: image.clone(),
+                    nodes,
                     task: TaskSpec {
                         version: PROTOCOL_VERSION,
                         run_id: String::new(),
@@ -202,6 +235,10 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         memory_limit_bytes: memory_limit,
                         weights_dir: None,
                         strict_hardware: false,
+                        gpu_fallback: fallback
+                            .get(&gpu.to_string())
+                            .map(|alts| alts.iter().map(|g| g.to_string()).collect())
+                            .unwrap_or_default(),
                     },
                 });
             }
@@ -222,7 +259,90 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         secrets: suite.secrets,
         models: suite.models,
         cells,
+        slurm: check_slurm(suite.slurm, path)?,
+        kubernetes: check_kubernetes(suite.kubernetes, path)?,
     })
+}
+
+fn one_node() -> u32 {
+    1
+}
+
+fn is_one_node(n: &u32) -> bool {
+    *n == 1
+}
+
+/// The `kubernetes:` section's values that parsing alone does not check.
+fn check_kubernetes(def: Option<KubernetesDef>, path: &Path) -> Result<Option<KubernetesDef>, ManifestError> {
+    let Some(def) = def else { return Ok(None) };
+    let invalid = |msg: String, hint: &str| ManifestError::invalid(path, None, msg, hint);
+    for t in &def.tolerations {
+        if let Some(op) = t
+            .operator
+            .as_deref()
+            .filter(|o| !matches!(*o, "Exists" | "Equal"))
+        {
+            return Err(invalid(
+                format!("`kubernetes.tolerations`: operator `{op}` is neither `Exists` nor `Equal`"),
+                "write e.g. `{key: dedicated, operator: Equal, value: gpu, effect: NoSchedule}`",
+            ));
+        }
+        if let Some(e) = t
+            .effect
+            .as_deref()
+            .filter(|e| !matches!(*e, "NoSchedule" | "PreferNoSchedule" | "NoExecute"))
+        {
+            return Err(invalid(
+                format!("`kubernetes.tolerations`: effect `{e}` is not a taint effect"),
+                "the effects are `NoSchedule`, `PreferNoSchedule` and `NoExecute`",
+            ));
+        }
+    }
+    if let Some(ns) = def.namespace.as_deref().filter(|n| !is_dns_label(n)) {
+        return Err(invalid(
+            format!("`kubernetes.namespace`: `{ns}` is not a namespace name"),
+            "namespaces are lowercase letters, digits and `-` (at most 63)",
+        ));
+    }
+    Ok(Some(def))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// The `slurm:` section's values that parsing alone does not check.
+fn check_slurm(def: Option<SlurmDef>, path: &Path) -> Result<Option<SlurmDef>, ManifestError> {
+    let Some(def) = def else { return Ok(None) };
+    let invalid = |msg: String, hint: &str| ManifestError::invalid(path, None, msg, hint);
+    if let Some(a) = def.extra_args.iter().find(|a| !a.starts_with('-')) {
+        return Err(invalid(
+            format!("`slurm.extra_args`: `{a}` is not an option"),
+            "write each `sbatch` option whole, e.g. `extra_args: [\"--exclusive\", \"--reservation=lab\"]`",
+        ));
+    }
+    if let Some(g) = def
+        .gpu_request
+        .as_deref()
+        .filter(|g| !matches!(*g, "gres" | "gpus"))
+    {
+        return Err(invalid(
+            format!("`slurm.gpu_request`: `{g}` is neither `gres` nor `gpus`"),
+            "`gres` asks `--gres=gpu:TYPE:N`, `gpus` asks `--gpus-per-node=TYPE:N`",
+        ));
+    }
+    if def.cpus == Some(0) {
+        return Err(invalid(
+            "`slurm.cpus` must be at least 1".into(),
+            "leave it out for the partition's default",
+        ));
+    }
+    Ok(Some(def))
 }
 
 const NAME_HINT: &str = "names use letters, digits, `-`, `_` and `.`";
@@ -438,6 +558,11 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
     }))
 }
 
+/// `rounds: auto` starts with this many measured rounds.
+const AUTO_MIN_ROUNDS: u32 = 3;
+/// `rounds: auto` stops at this many unless `max_rounds` says otherwise.
+const DEFAULT_MAX_ROUNDS: u32 = 12;
+
 fn compare_workload(
     c: &crate::suite::CompareDef,
     workload: Workload,
@@ -473,11 +598,34 @@ fn compare_workload(
             base_dir.join(p).to_string_lossy().into_owned()
         }
     };
-    let rounds = c.rounds.unwrap_or(5);
+    let (rounds, max_rounds) = match (c.rounds, c.max_rounds) {
+        (Some(crate::suite::Rounds::Auto), max) => {
+            let max = max.unwrap_or(DEFAULT_MAX_ROUNDS);
+            if max < AUTO_MIN_ROUNDS {
+                return Err((
+                    format!("`max_rounds` must be at least {AUTO_MIN_ROUNDS}"),
+                    "`rounds: auto` starts with 3 rounds; the default is 12",
+                ));
+            }
+            (AUTO_MIN_ROUNDS, Some(max))
+        }
+        (_, Some(_)) => return Err((
+            "`max_rounds` is only for `rounds: auto`".into(),
+            "write `rounds: auto` to add rounds until the interval is narrow enough, or drop `max_rounds`",
+        )),
+        (Some(crate::suite::Rounds::Fixed(n)), None) => (n, None),
+        (None, None) => (5, None),
+    };
     if rounds < 2 {
         return Err((
             "`rounds` must be at least 2".into(),
-            "confidence intervals need repeated rounds; use 3 or more",
+            "confidence intervals need repeated rounds; use 3 or more, or `auto`",
+        ));
+    }
+    if c.primary_metric.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        return Err((
+            "`primary_metric` is empty".into(),
+            "name a metric the rounds report, e.g. `output_throughput`",
         ));
     }
     Ok(Workload::Compare(CompareWorkload {
@@ -495,6 +643,9 @@ fn compare_workload(
         rounds,
         warmup_rounds: c.warmup_rounds.unwrap_or(1),
         noise: c.noise.unwrap_or(0.02),
+        max_rounds,
+        primary_metric: c.primary_metric.clone(),
+        seed: c.seed,
         server,
     }))
 }

@@ -42,6 +42,16 @@ pub struct Suite {
     /// Container image of every cell on container backends.
     #[serde(default)]
     pub image: Option<ImageDef>,
+    /// GPU alternatives, tried in order when a backend cannot get a cell's
+    /// GPU (Modal: no capacity): `{"H100:2": ["A100-80GB:2", "L40S:2"]}`.
+    #[serde(default)]
+    pub gpu_fallback: BTreeMap<String, Vec<GpuSpec>>,
+    /// How cells run on a Slurm cluster (`--backend slurm`).
+    #[serde(default)]
+    pub slurm: Option<SlurmDef>,
+    /// How cells run on a Kubernetes cluster (`--backend kubernetes`).
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesDef>,
     pub benchmarks: Vec<Benchmark>,
 }
 
@@ -131,6 +141,9 @@ pub struct Benchmark {
     /// Overrides the suite's image for this benchmark.
     #[serde(default)]
     pub image: Option<ImageDef>,
+    /// Nodes per cell (multi-node cells; `slurm` backend), default 1.
+    #[serde(default)]
+    pub nodes: Option<Spanned<u32>>,
     /// Run the `server` workload for several variants in interleaved rounds
     /// and compare them (baseline vs human patch vs agent patch).
     #[serde(default)]
@@ -144,15 +157,52 @@ pub struct CompareDef {
     #[serde(default)]
     pub repo: Option<String>,
     pub variants: Vec<VariantDef>,
-    /// Measured rounds (default 5).
+    /// Measured rounds (default 5), or `auto`: rounds are added until the
+    /// primary metric's interval is within `noise`, up to `max_rounds`.
     #[serde(default)]
-    pub rounds: Option<u32>,
+    pub rounds: Option<Rounds>,
+    /// With `rounds: auto`: the most measured rounds (default 12).
+    #[serde(default)]
+    pub max_rounds: Option<u32>,
+    /// The metric that decides each pair's verdict (default: `output_throughput`
+    /// for the load generator, else the workload's headline rate).
+    #[serde(default)]
+    pub primary_metric: Option<String>,
+    /// Seed of the per-round shuffle of the variants (default: drawn at run
+    /// time and recorded).
+    #[serde(default)]
+    pub seed: Option<u64>,
     /// Rounds run first and not measured (default 1).
     #[serde(default)]
     pub warmup_rounds: Option<u32>,
     /// Relative difference under which a comparison is `same` (default 0.02).
     #[serde(default)]
     pub noise: Option<f64>,
+}
+
+/// `rounds:` of a comparison: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounds {
+    Fixed(u32),
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for Rounds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(u32),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Num(n) => Ok(Rounds::Fixed(n)),
+            Raw::Text(t) if t.trim() == "auto" => Ok(Rounds::Auto),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "invalid `rounds` `{t}`: write a number of rounds (`5`) or `auto`"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -271,4 +321,121 @@ pub struct LoadGenDef {
     pub stream: Option<bool>,
     #[serde(default)]
     pub seed: Option<u64>,
+}
+
+/// `slurm:` — how cells run as batch jobs on a Slurm cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// `--constraint` (node features: `h100&ib`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    /// Further `sbatch` options, each starting with `-`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// A folder the login node and the compute nodes share: the agent and
+    /// the job folders go there when the store is elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_dir: Option<String>,
+    /// The weights volume (a hub cache) on the shared filesystem (default
+    /// `<shared_dir>/weights`, else the local default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_dir: Option<String>,
+    /// A cell pending longer than this fails (`pending_too_long`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending: Option<Seconds>,
+    /// CPUs per node of a cell (`--cpus-per-task`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// GRES type per GPU type (`{H100: h100_80gb}`); default: the name in lowercase.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_types: BTreeMap<String, String>,
+    /// `gres` (`--gres=gpu:TYPE:N`, the default) or `gpus` (`--gpus-per-node=TYPE:N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_request: Option<String>,
+    /// Time between two `squeue` calls (default 2s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<Seconds>,
+}
+
+/// `kubernetes:` — how cells run as Jobs on a Kubernetes cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesDef {
+    /// Namespace of the Jobs (default: `--namespace`, else the kubeconfig context's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// kubeconfig context (default: `--context`, else the current one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Every pod's `nodeSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations added to the `nvidia.com/gpu` one GPU cells always get.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<TolerationDef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
+    /// Names of Secrets of type `kubernetes.io/dockerconfigjson`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// `/dev/shm` size (a memory `emptyDir`; NCCL needs more than the 64 MiB default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<Bytes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+    /// The node label naming the GPU type (default: GPU Feature Discovery's
+    /// `nvidia.com/gpu.product`, GKE's and Karpenter's labels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_label: Option<String>,
+    /// Label values per GPU type (`{H100: [NVIDIA-H100-80GB-HBM3]}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_types: BTreeMap<String, Vec<String>>,
+    /// A PersistentVolumeClaim holding the weights (a hub cache), mounted read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_pvc: Option<String>,
+    /// An existing Secret holding the suite's `secrets:` under their names
+    /// (default: orch creates one per run from the host's environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Registry the suite's built images were pushed to (`orch build --push
+    /// REGISTRY`): `image: {build: NAME}` runs `REGISTRY/orch/NAME:HASH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<String>,
+    /// The agent image (`orch build --agent --push REGISTRY` publishes it;
+    /// default `ORCH_AGENT_IMAGE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image: Option<String>,
+    /// A pod that makes no progress (pending, pulling) this long fails the cell (default 15m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending: Option<Seconds>,
+    /// An unschedulable pod fails the cell after this long, unless an
+    /// autoscaler is adding a node (default 5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable_grace: Option<Seconds>,
+    /// CPU request and limit of a cell (`8`, `500m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+}
+
+/// A pod toleration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TolerationDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Exists` or `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute` (empty: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }

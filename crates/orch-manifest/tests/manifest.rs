@@ -173,3 +173,125 @@ benchmarks:
         w => panic!("unexpected {w:?}"),
     }
 }
+
+fn compare_manifest(fields: &str) -> String {
+    format!(
+        r#"
+name: c
+benchmarks:
+  - name: cmp
+    compare:
+{fields}
+      variants: [{{name: a}}, {{name: b}}]
+    workload:
+      server: {{command: [python3, server.py], ready: {{tcp: 8100}}}}
+      client: {{shell: "true"}}
+"#
+    )
+}
+
+fn compare_of(text: &str) -> orch_protocol::CompareWorkload {
+    match load(text).unwrap().cells.remove(0).task.workload {
+        Workload::Compare(c) => c,
+        w => panic!("unexpected {w:?}"),
+    }
+}
+
+#[test]
+fn compare_rounds_auto_primary_metric_and_seed() {
+    let c = compare_of(&compare_manifest("      rounds: 5"));
+    assert_eq!(
+        (c.rounds, c.max_rounds, c.primary_metric, c.seed),
+        (5, None, None, None)
+    );
+    let c = compare_of(&compare_manifest("      rounds: auto"));
+    assert_eq!((c.rounds, c.max_rounds), (3, Some(12)));
+    let c = compare_of(&compare_manifest(
+        "      rounds: auto\n      max_rounds: 30\n      primary_metric: mean_tpot_ms\n      seed: 7",
+    ));
+    assert_eq!(
+        (c.rounds, c.max_rounds, c.primary_metric.as_deref(), c.seed),
+        (3, Some(30), Some("mean_tpot_ms"), Some(7))
+    );
+}
+
+#[test]
+fn compare_round_errors_name_the_field() {
+    for (fields, want) in [
+        ("      rounds: sometimes", "invalid `rounds` `sometimes`"),
+        (
+            "      rounds: 4\n      max_rounds: 9",
+            "`max_rounds` is only for `rounds: auto`",
+        ),
+        (
+            "      rounds: auto\n      max_rounds: 2",
+            "`max_rounds` must be at least 3",
+        ),
+        ("      rounds: 1", "`rounds` must be at least 2"),
+        ("      primary_metric: \" \"", "`primary_metric` is empty"),
+    ] {
+        let e = err(&compare_manifest(fields));
+        assert!(e.contains(want), "{fields}: {e}");
+        assert!(e.contains("hint:") || e.contains("suite.yaml:"), "{e}");
+    }
+}
+#[test]
+fn slurm_section_and_nodes_reach_the_plan() {
+    let plan = load(
+        r#"
+name: cluster
+slurm:
+  partition: gpu
+  account: lab
+  extra_args: ["--exclusive"]
+  max_pending: 30m
+  gpu_types: {H100: h100_80gb}
+benchmarks:
+  - name: ddp
+    nodes: 2
+    gpus: ["H100:8"]
+    workload: {shell: "true"}
+  - name: one
+    workload: {shell: "true"}
+"#,
+    )
+    .unwrap();
+    let s = plan.slurm.as_ref().unwrap();
+    assert_eq!(s.partition.as_deref(), Some("gpu"));
+    assert_eq!(s.max_pending.map(|d| d.0), Some(1800.0));
+    assert_eq!(s.gpu_types["H100"], "h100_80gb");
+    assert_eq!(plan.cells[0].nodes, 2);
+    assert_eq!(plan.cells[1].nodes, 1);
+    // The plan (stored with a run) keeps both through JSON.
+    let back: orch_manifest::Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+    assert_eq!(back, plan);
+}
+
+#[test]
+fn slurm_mistakes_are_named() {
+    let e = load("name: x\nslurm: {partitoin: gpu}\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("suite.yaml:2:") && e.contains("partitoin"), "{e}");
+    let e = load(
+        "name: x\nslurm: {extra_args: [exclusive]}\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`exclusive` is not an option") && e.contains("hint:"),
+        "{e}"
+    );
+    let e =
+        load("name: x\nslurm: {gpu_request: tres}\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n")
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("`tres`") && e.contains("hint:"), "{e}");
+    let e = load("name: x\nbenchmarks:\n  - name: a\n    nodes: 0\n    workload: {noop: true}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`nodes` must be at least 1") && e.contains("hint:"),
+        "{e}"
+    );
+}

@@ -9,8 +9,12 @@
 //! agent refuses a task whose version it does not speak, so an old agent baked
 //! into an image fails loudly instead of misreading a newer task.
 
+pub mod mask;
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+pub mod ship;
 
 /// Version of the task/event/result schema.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -58,6 +62,11 @@ pub struct TaskSpec {
     /// the GPUs asked for; without it the mismatch is only flagged.
     #[serde(default)]
     pub strict_hardware: bool,
+    /// Alternatives to `gpu`, tried in order when a backend cannot get it
+    /// (Modal: no capacity for the type). The backend sets `gpu` to the
+    /// alternative it runs, so the agent checks the hardware against that.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_fallback: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,10 +91,23 @@ pub struct CompareWorkload {
     #[serde(default)]
     pub repo: Option<String>,
     pub variants: Vec<Variant>,
+    /// Measured rounds; with `max_rounds` set (`rounds: auto`), the fewest.
     pub rounds: u32,
     pub warmup_rounds: u32,
     /// Relative difference under which a comparison is `same` (0.02 = 2%).
     pub noise: f64,
+    /// `rounds: auto`: rounds are added until the primary metric's interval
+    /// is within `noise` (half-width), up to this many, or the cell timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rounds: Option<u32>,
+    /// The metric that decides each pair's verdict (default: the headline
+    /// rate the rounds report, `output_throughput` for the load generator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_metric: Option<String>,
+    /// Seed of the per-round order of the variants (default: drawn at run
+    /// time; recorded either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// The server and client every variant runs (relative paths are in the
     /// variant's checkout).
     pub server: ServerWorkload,
@@ -562,6 +584,60 @@ impl Event {
         // float path (it writes `null` for those).
         serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
     }
+
+    /// Decode one line of the event stream (surrounding whitespace ignored).
+    pub fn from_line(line: &str) -> Result<Event, serde_json::Error> {
+        serde_json::from_str(line.trim())
+    }
+}
+
+/// The metrics file a workload writes at `$ORCH_METRICS_FILE`: one JSON
+/// object; numbers kept, nested objects flattened with `.`, `{"value": x}`
+/// objects taken as `x`, other values ignored. `Err` is the message for the
+/// cell's failure.
+pub fn parse_metrics_json(text: &str) -> Result<BTreeMap<String, f64>, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        format!(
+            "the metrics file `${METRICS_FILE_ENV}` is not valid JSON ({e}); hint: write one JSON object of name -> number"
+        )
+    })?;
+    if !value.is_object() {
+        return Err(format!(
+            "the metrics file `${METRICS_FILE_ENV}` holds JSON that is not an object; hint: write one JSON object of name -> number"
+        ));
+    }
+    let mut out = BTreeMap::new();
+    flatten_metrics("", &value, &mut out);
+    Ok(out)
+}
+
+fn flatten_metrics(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
+    match v {
+        serde_json::Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| f.is_finite()) {
+                out.insert(prefix.to_string(), f);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            if let Some(val) = map.get("value").and_then(|v| v.as_f64()) {
+                if !prefix.is_empty() {
+                    if val.is_finite() {
+                        out.insert(prefix.to_string(), val);
+                    }
+                    return;
+                }
+            }
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten_metrics(&key, v, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -587,6 +663,7 @@ mod tests {
             memory_limit_bytes: None,
             weights_dir: None,
             strict_hardware: false,
+            gpu_fallback: vec![],
         };
         let json = serde_json::to_string(&task).unwrap();
         let back: TaskSpec = serde_json::from_str(&json).unwrap();

@@ -483,7 +483,7 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     // Comparisons.
     if !r.comparisons.is_empty() {
         o.push_str("<section id=\"comparisons\">\n<h2>Comparisons</h2>\n");
-        o.push_str("<p class=\"note\">Speedup of the other variant over the base with its bootstrap 95% interval (1× = no change; > 1× better, whatever the metric's direction). Verdict: faster, slower, or same (within the noise threshold or the interval).</p>\n");
+        o.push_str("<p class=\"note\">Speedup of the other variant over the base with its 95% interval (1× = no change; > 1× better, whatever the metric's direction). Verdict: faster, slower, or same (within the noise threshold or the interval); the primary metric decides a pair's verdict.</p>\n");
         for cmp in &r.comparisons {
             let mut facts = vec![h(&cmp.gpu), status(&cmp.status)];
             if let Some(n) = cmp.rounds {
@@ -492,6 +492,7 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
             if let Some(n) = cmp.noise {
                 facts.push(format!("noise threshold {}%", num(n * 100.0)));
             }
+            facts.extend(crate::model::compare_facts(cmp).iter().map(|f| h(f)));
             let _ = writeln!(
                 o,
                 "<h3>{} <span class=\"note\">({})</span></h3>",
@@ -505,23 +506,41 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
                     h(&cmp.cell)
                 );
                 let mut t = Table::new(
-                    &["pair", "metric", "ratio", "95% CI", "speedup", "verdict"],
-                    &[false, false, true, true, true, false],
+                    &[
+                        "pair", "metric", "n", "ratio", "95% CI", "speedup", "MDE", "p", "verdict",
+                    ],
+                    &[false, false, true, true, true, true, true, true, false],
                 );
                 for x in &cmp.rows {
                     t.row(
                         "",
                         &[
                             format!("{} vs {}", code(&x.other), code(&x.base)),
-                            code(&x.metric),
+                            format!("{}{}", code(&x.metric), if x.primary { " (primary)" } else { "" }),
+                            x.n.map(|n| n.to_string()).unwrap_or_default(),
                             ratio(x.ratio),
                             format!("[{}, {}]", ratio(x.ci_low), ratio(x.ci_high)),
                             ratio(x.speedup),
+                            x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
+                            x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
                             format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
                         ],
                     );
                 }
                 o.push_str(&t.end());
+                let _ = writeln!(o, "<p class=\"note\">{}</p>", h(crate::model::COMPARE_NOTE));
+                if let Some(m) = &cmp.primary_metric {
+                    for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
+                        let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
+                        let _ = writeln!(
+                            o,
+                            "<p class=\"note\">{} per round, {}: {}</p>",
+                            code(m),
+                            code(&v.name),
+                            vals.join(", ")
+                        );
+                    }
+                }
             } else {
                 o.push_str("<p class=\"note\">No pair of variants was compared (a variant failed or measured nothing).</p>\n");
             }

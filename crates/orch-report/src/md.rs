@@ -469,20 +469,30 @@ pub fn render(r: &Report) -> String {
             if let Some(n) = cmp.noise {
                 facts.push(format!("noise threshold {}%", num(n * 100.0)));
             }
+            facts.extend(crate::model::compare_facts(cmp));
             let _ = writeln!(out, "### `{}` ({})\n", cmp.cell, facts.join(", "));
             let any_key = cmp.rows.iter().any(|x| x.key);
+            // Records from before primary metrics: every verdict stands alone.
+            let any_primary = cmp.rows.iter().any(|x| x.primary);
             let rows: Vec<Vec<String>> = cmp
                 .rows
                 .iter()
-                .filter(|x| !any_key || x.key)
+                .filter(|x| x.primary || !any_key || x.key)
                 .map(|x| {
                     vec![
                         format!("{} vs {}", code(&x.other), code(&x.base)),
-                        code(&x.metric),
+                        format!("{}{}", code(&x.metric), if x.primary { " (primary)" } else { "" }),
+                        x.n.map(|n| n.to_string()).unwrap_or_default(),
                         ratio(x.ratio),
                         format!("[{}, {}]", ratio(x.ci_low), ratio(x.ci_high)),
                         ratio(x.speedup),
-                        format!("**{}**", esc(&x.verdict)),
+                        x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
+                        x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
+                        if x.primary || !any_primary {
+                            format!("**{}**", esc(&x.verdict))
+                        } else {
+                            esc(&x.verdict)
+                        },
                     ]
                 })
                 .collect();
@@ -491,13 +501,23 @@ pub fn render(r: &Report) -> String {
             } else {
                 table(
                     &mut out,
-                    &["pair", "metric", "ratio", "95% CI", "speedup", "verdict"],
-                    &[false, false, true, true, true, false],
+                    &[
+                        "pair", "metric", "n", "ratio", "95% CI", "speedup", "MDE", "p", "verdict",
+                    ],
+                    &[false, false, true, true, true, true, true, true, false],
                     &rows,
                 );
-                out.push_str(
-                    "ratio = other / base (bootstrap 95% interval); speedup > 1: `other` is better whatever the metric's direction.\n\n",
-                );
+                out.push_str(crate::model::COMPARE_NOTE);
+                out.push_str("\n\n");
+                if let Some(m) = &cmp.primary_metric {
+                    for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
+                        let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
+                        let _ = writeln!(out, "- `{m}` per round, `{}`: {}", v.name, vals.join(", "));
+                    }
+                    if cmp.variants.iter().any(|v| !v.values.is_empty()) {
+                        out.push('\n');
+                    }
+                }
             }
             for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
                 let _ = writeln!(

@@ -169,6 +169,21 @@ pub struct CompareCell {
     pub status: String,
     pub rounds: Option<u64>,
     pub noise: Option<f64>,
+    /// The metric that decides each pair's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_metric: Option<String>,
+    /// The interval method (`student_t`; older records: a bootstrap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// `auto` or the fixed count asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds_requested: Option<String>,
+    /// Why the rounds stopped (`rounds`, `precision`, `max_rounds`, `timeout`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+    /// Seed of the per-round variant order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     pub rows: Vec<CompareRow>,
     pub variants: Vec<VariantRow>,
 }
@@ -188,6 +203,18 @@ pub struct CompareRow {
     /// One of the headline serving metrics (shown first; the text formats
     /// show only these when there are any).
     pub key: bool,
+    /// The primary metric: its verdict is the pair's.
+    #[serde(default)]
+    pub primary: bool,
+    /// Paired rounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    /// Minimum detectable effect at this n (fraction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mde: Option<f64>,
+    /// p-value (Holm-adjusted for secondary metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +224,9 @@ pub struct VariantRow {
     pub rounds: Option<u64>,
     pub failure: Option<String>,
     pub diagnosis: Option<Diagnosis>,
+    /// The primary metric's value in each measured round.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<f64>,
 }
 
 /// A cell that did not succeed, with its named cause.
@@ -288,6 +318,33 @@ pub fn calibration_unit(name: &str) -> &'static str {
     }
 }
 
+/// What the comparison tables' columns mean (md and html).
+pub const COMPARE_NOTE: &str = "ratio = other / base; speedup > 1: `other` is better whatever the metric's direction; the primary metric decides the pair's verdict, the other metrics' p-values are Holm-adjusted; MDE: the smallest difference found 80% of the time at this n.";
+
+/// The facts of a comparison under its title: primary metric, method,
+/// how the rounds ended, the order seed.
+pub fn compare_facts(c: &CompareCell) -> Vec<String> {
+    let mut f = Vec::new();
+    if let Some(m) = &c.primary_metric {
+        f.push(format!("primary metric {m}"));
+    }
+    match c.method.as_deref() {
+        Some("student_t") => f.push("paired log-ratios, Student t".into()),
+        Some(m) => f.push(m.to_string()),
+        None => f.push("bootstrap interval".into()),
+    }
+    if c.rounds_requested.as_deref() == Some("auto") {
+        f.push("rounds: auto".into());
+    }
+    if let Some(s) = &c.stopped_by {
+        f.push(format!("stopped by {s}"));
+    }
+    if let Some(s) = c.seed {
+        f.push(format!("order seed {s}"));
+    }
+    f
+}
+
 /// Headline metrics of a comparison, as `orch show` prints them.
 pub const KEY_COMPARE_METRICS: &[&str] = &[
     "output_throughput",
@@ -356,28 +413,47 @@ impl Report {
                 });
             }
         }
+        // A comparison ranks each measured variant (`cell[variant]`) by its
+        // primary metric.
+        let variant_entries = variant_rank_entries(rec, options);
+        for (metric, _) in &variant_entries {
+            if !rankings.iter().any(|r| &r.metric == metric) {
+                rankings.push(Ranking {
+                    metric: metric.clone(),
+                    better: orch_compare::better_for(metric),
+                    unit: metrics::work_unit(metric),
+                    entries: Vec::new(),
+                });
+            }
+        }
         for r in &mut rankings {
-            let mut members: Vec<&CellRow> = cells
+            let mut members: Vec<RankEntry> = cells
                 .iter()
                 .filter(|c| {
                     c.status == "succeeded" && c.throughput.as_ref().is_some_and(|t| t.name == r.metric)
                 })
-                .collect();
-            let order = better_first(r.better);
-            members.sort_by(|a, b| order(&value(a), &value(b)));
-            let values: Vec<f64> = members.iter().map(|c| value(c)).collect();
-            r.entries = members
-                .iter()
-                .zip(competition_ranks(&values))
-                .map(|(c, rank)| RankEntry {
-                    rank,
+                .map(|c| RankEntry {
+                    rank: 0,
                     cell: c.id.clone(),
                     gpu: c.gpu.clone(),
                     value: value(c),
                     usd_per_1k_tokens: c.usd_per_1k_tokens,
                     flags: c.flags.clone(),
                 })
+                .chain(
+                    variant_entries
+                        .iter()
+                        .filter(|(m, _)| *m == r.metric)
+                        .map(|(_, e)| e.clone()),
+                )
                 .collect();
+            let order = better_first(r.better);
+            members.sort_by(|a, b| order(&a.value, &b.value));
+            let values: Vec<f64> = members.iter().map(|e| e.value).collect();
+            for (e, rank) in members.iter_mut().zip(competition_ranks(&values)) {
+                e.rank = rank;
+            }
+            r.entries = members;
         }
 
         // Cost-efficiency: $ per 1k output tokens, cheapest first.
@@ -709,6 +785,43 @@ fn totals(rec: &RunRecord) -> Totals {
     t
 }
 
+/// Ranking entries of comparison cells: each variant that measured the
+/// cell's primary metric (or `--metric`), by its mean over the rounds.
+fn variant_rank_entries(rec: &RunRecord, options: &Options) -> Vec<(String, RankEntry)> {
+    let mut out = Vec::new();
+    for c in &rec.cells {
+        let Some(primary) = options
+            .metric
+            .as_deref()
+            .or_else(|| c.info.get("primary_metric").and_then(|v| v.as_str()))
+        else {
+            continue;
+        };
+        let Some(vars) = c.info.get("variants").and_then(|v| v.as_object()) else {
+            continue;
+        };
+        for (name, v) in vars {
+            if v["status"] != "succeeded" {
+                continue;
+            }
+            if let Some(value) = c.metrics.get(&format!("{name}.{primary}")) {
+                out.push((
+                    primary.to_string(),
+                    RankEntry {
+                        rank: 0,
+                        cell: format!("{}[{name}]", c.id),
+                        gpu: c.gpu.clone(),
+                        value: *value,
+                        usd_per_1k_tokens: None,
+                        flags: c.flags.clone(),
+                    },
+                ));
+            }
+        }
+    }
+    out
+}
+
 fn compare_cell(c: &CellView) -> Option<CompareCell> {
     let list = c.info.get("comparison")?.as_array()?;
     let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("?").to_string();
@@ -719,6 +832,10 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
             let metric = s(x, "metric");
             CompareRow {
                 key: KEY_COMPARE_METRICS.contains(&metric.as_str()),
+                primary: x["role"] == "primary",
+                n: x["n"].as_u64(),
+                mde: x["mde"].as_f64(),
+                p: x["p_adjusted"].as_f64().or(x["p_value"].as_f64()),
                 base: s(x, "base"),
                 other: s(x, "other"),
                 ratio: f(x, "ratio"),
@@ -730,7 +847,8 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
             }
         })
         .collect();
-    // Headline metrics first, in their documented order; the rest by name.
+    // Per pair: the primary metric, the headline metrics in their documented
+    // order, the rest by name.
     let pos = |m: &str| {
         KEY_COMPARE_METRICS
             .iter()
@@ -741,16 +859,23 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
         (
             a.base.as_str(),
             a.other.as_str(),
+            !a.primary,
             pos(&a.metric),
             a.metric.as_str(),
         )
             .cmp(&(
                 b.base.as_str(),
                 b.other.as_str(),
+                !b.primary,
                 pos(&b.metric),
                 b.metric.as_str(),
             ))
     });
+    let primary_metric = c
+        .info
+        .get("primary_metric")
+        .and_then(|v| v.as_str())
+        .map(String::from);
     let variants = c
         .info
         .get("variants")
@@ -763,6 +888,11 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
                     rounds: v["rounds"].as_u64(),
                     failure: v["failure"].as_str().map(String::from),
                     diagnosis: serde_json::from_value(v["diagnosis"].clone()).ok(),
+                    values: primary_metric
+                        .as_deref()
+                        .and_then(|m| v["values"][m].as_array())
+                        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                        .unwrap_or_default(),
                 })
                 .collect()
         })
@@ -773,6 +903,18 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
         status: c.status.clone(),
         rounds: c.info.get("rounds").and_then(|v| v.as_u64()),
         noise: c.info.get("noise").and_then(|v| v.as_f64()),
+        method: c.info.get("method").and_then(|v| v.as_str()).map(String::from),
+        rounds_requested: c.info.get("rounds_requested").map(|v| match v.as_str() {
+            Some(s) => s.to_string(),
+            None => v.to_string(),
+        }),
+        stopped_by: c
+            .info
+            .get("stopped_by")
+            .and_then(|v| v.as_str())
+            .map(String::from),
+        seed: c.info.get("seed").and_then(|v| v.as_u64()),
+        primary_metric,
         rows,
         variants,
     })

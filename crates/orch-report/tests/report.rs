@@ -240,9 +240,9 @@ fn markdown_holds_every_section() {
         "| `serve.h100x2.rate-4` | succeeded | H100:2 | 500 `output_throughput` | `ttft (ms)` | 120 | 100 |  | 260 | 40 | $1.20 | $0.008 |  |\n",
         "| `transformer.l4.preset-2.7b` | oom | L4 |  |  |  |  |  |  |  | $0.012 wasted |  |  |\n",
         "| `command.cpu` | succeeded | none | 400 `md5_mib_per_s` |  |  |  |  |  |  |  |  |  |\n",
-        "## Comparisons\n\n### `vllm-3way.h100x2` (H100:2, failed, 5 rounds, noise threshold 2%)\n",
-        "| `human` vs `baseline` | `output_throughput` | 1.120 | [1.080, 1.160] | 1.120 | **faster** |\n",
-        "| `human` vs `baseline` | `mean_ttft_ms` | 1.010 | [0.970, 1.050] | 0.990 | **same** |\n",
+        "## Comparisons\n\n### `vllm-3way.h100x2` (H100:2, failed, 5 rounds, noise threshold 2%, bootstrap interval)\n",
+        "| `human` vs `baseline` | `output_throughput` |  | 1.120 | [1.080, 1.160] | 1.120 |  |  | **faster** |\n",
+        "| `human` vs `baseline` | `mean_ttft_ms` |  | 1.010 | [0.970, 1.050] | 0.990 |  |  | **same** |\n",
         "- variant `agent` failed: round 1: server exited\n  - cause `gated_repo`; hint: accept the licence\n",
         "### `transformer.l4.preset-2.7b`: oom\n\n- **failure** `oom`: transformer build failed: CUDA out of memory\n- **cause** `cuda_oom`\n",
         "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB <GPU 0>\n",
@@ -583,4 +583,57 @@ fn calibration_against_expected_figures() {
     assert!(render(&r, Format::Md)
         .unwrap()
         .contains("| `matmul_f16_tflops` | 570 |  |  | TFLOP/s | no expected figure |\n"));
+}
+
+#[test]
+fn a_comparison_with_a_primary_metric_ranks_its_variants_and_prints_its_rounds() {
+    let mut run = fixture::run();
+    let cmp = run.cells.iter_mut().find(|c| c.id == "vllm-3way.h100x2").unwrap();
+    cmp.info
+        .insert("primary_metric".into(), serde_json::json!("output_throughput"));
+    cmp.info.insert("method".into(), serde_json::json!("student_t"));
+    cmp.info
+        .insert("stopped_by".into(), serde_json::json!("max_rounds"));
+    cmp.info
+        .insert("rounds_requested".into(), serde_json::json!("auto"));
+    cmp.info.insert("seed".into(), serde_json::json!(7));
+    let vars = cmp.info.get_mut("variants").unwrap();
+    vars["baseline"]["values"] = serde_json::json!({"output_throughput": [490.0, 510.0]});
+    vars["human"]["values"] = serde_json::json!({"output_throughput": [550.0, 570.0]});
+    let rows = cmp.info.get_mut("comparison").unwrap().as_array_mut().unwrap();
+    rows[0]["role"] = "primary".into();
+    rows[0]["n"] = 2.into();
+    rows[0]["mde"] = 0.25.into();
+    rows[0]["p_value"] = 0.01.into();
+    rows[1]["role"] = "secondary".into();
+    rows[1]["p_value"] = 0.2.into();
+    rows[1]["p_adjusted"] = 0.4.into();
+    let r = Report::build(&run, &Options::default()).unwrap();
+    let ranking = r
+        .rankings
+        .iter()
+        .find(|k| k.metric == "output_throughput")
+        .unwrap();
+    let names: Vec<&str> = ranking.entries.iter().map(|e| e.cell.as_str()).collect();
+    assert!(
+        names.contains(&"vllm-3way.h100x2[human]") && names.contains(&"vllm-3way.h100x2[baseline]"),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"vllm-3way.h100x2[agent]"),
+        "a failed variant is not ranked"
+    );
+    let c = &r.comparisons[0];
+    assert!(c.rows[0].primary && c.rows[0].n == Some(2) && c.rows[1].p == Some(0.4));
+    let md = render(&r, Format::Md).unwrap();
+    for want in [
+        "primary metric output_throughput, paired log-ratios, Student t, rounds: auto, stopped by max_rounds, order seed 7",
+        "| `human` vs `baseline` | `output_throughput` (primary) | 2 | 1.120 | [1.080, 1.160] | 1.120 | 25% | 0.010 | **faster** |",
+        "| `human` vs `baseline` | `mean_ttft_ms` |  | 1.010 | [0.970, 1.050] | 0.990 |  | 0.400 | same |",
+        "- `output_throughput` per round, `human`: 550, 570",
+    ] {
+        assert!(md.contains(want), "markdown lacks:\n{want}\n--- in ---\n{md}");
+    }
+    let html = render(&r, Format::Html).unwrap();
+    assert!(html.contains("(primary)") && html.contains("per round"), "{html}");
 }

@@ -129,7 +129,9 @@ pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: 
     };
     let mut first = None;
     for (name, v) in variants.iter_mut() {
-        if v["status"] != "failed" {
+        // Variant names come from the agent: one that is not a plain name
+        // (`../..`) never names a folder to read.
+        if v["status"] != "failed" || orch_store::check_name("variant name", name).is_err() {
             continue;
         }
         let vdir = dir.join("variants").join(name);
@@ -161,6 +163,33 @@ pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: 
     }
     if first.is_some() {
         record.diagnosis = first;
+    }
+}
+
+/// Diagnosis kinds that mean "the work does not fit the device's memory".
+const OOM_KINDS: &[&str] = &["cuda_oom"];
+
+/// A command cell that failed because it ran out of GPU memory (a PyTorch
+/// `OutOfMemoryError`, a CUDA allocation failure: the diagnosis named it) is
+/// `oom`, like a builtin workload that does not fit: a size that does not fit
+/// is a result of a sweep, not a broken cell. The failure is kept; its kind
+/// becomes `oom`.
+pub fn oom_from_diagnosis(record: &mut CellRecord) {
+    let is_oom = record
+        .diagnosis
+        .as_ref()
+        .is_some_and(|d| OOM_KINDS.contains(&d.kind.as_str()));
+    // Only a program that ended on its own (a command's exit code or signal):
+    // a server that dies at start keeps `server_exited`, its cause named.
+    let ended = record
+        .failure
+        .as_ref()
+        .is_some_and(|f| matches!(f.kind.as_str(), "exit_code" | "signal"));
+    if record.status == Status::Failed && is_oom && ended {
+        record.status = Status::Oom;
+        if let Some(f) = record.failure.as_mut() {
+            f.kind = "oom".into();
+        }
     }
 }
 
@@ -238,11 +267,17 @@ pub async fn execute(
     let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let pool = Arc::new(GpuPool::new(opts.gpu_devices.clone()));
     let rules = Arc::new(opts.diagnose_rules.clone().unwrap_or_default());
+    // Every secret value (and its encodings) is masked in what the runner
+    // passes on (events shown live) and records (diagnosis included), on
+    // top of the agent's and the backend's own masking.
+    let masker = orch_backend::host_masker(&opts.secrets);
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<CellEvent>();
     let forward = {
         let progress = progress.clone();
+        let masker = masker.clone();
         tokio::spawn(async move {
-            while let Some(e) = ev_rx.recv().await {
+            while let Some(mut e) = ev_rx.recv().await {
+                masker.mask_in_place(&mut e.event);
                 let _ = progress.send(Progress::Agent(e));
             }
         })
@@ -347,6 +382,7 @@ pub async fn execute(
         let handle = run_shared.clone();
         let budget = budget.clone();
         let stop = stop.clone();
+        let masker = masker.clone();
         tasks.spawn(async move {
             let _permit = permit;
             let settle = |usd: f64| {
@@ -360,6 +396,12 @@ pub async fn execute(
             let devices = pool.acquire(cell.gpu.count as usize).await;
             let (dir, attempt) = match handle.prepare_cell(&cell.id) {
                 Ok(x) => x,
+                // Another `orch` (a resume on another machine) runs this
+                // cell now, or recorded it since: it is theirs to record.
+                Err(StoreError::Claimed { .. } | StoreError::RecordedElsewhere { .. }) => {
+                    settle(0.0);
+                    return Ok(None);
+                }
                 Err(e) => {
                     settle(0.0);
                     return Err(e.into());
@@ -394,15 +436,23 @@ pub async fn execute(
                     mark_budget(&mut record, format!("stopped by the budget: {why}"));
                 }
             }
+            record.diagnosis = diagnose_cell(&record, &dir_for_diagnosis, &rules);
+            diagnose_variants(&mut record, &dir_for_diagnosis, &rules);
+            oom_from_diagnosis(&mut record);
             record.cost = rate
                 .as_ref()
                 .map(|r| orch_cost::cell_cost(r, record.status, record.duration_s, &record.timings));
             settle(record.cost.as_ref().map(|c| c.usd).unwrap_or(0.0));
-            record.diagnosis = diagnose_cell(&record, &dir_for_diagnosis, &rules);
-            diagnose_variants(&mut record, &dir_for_diagnosis, &rules);
-            handle.finish_cell(&record)?;
+            masker.mask_in_place(&mut record);
+            match handle.finish_cell(&record) {
+                Ok(()) => {}
+                // Another `orch` recorded the cell first; this attempt's
+                // record is kept as an earlier attempt (its cost was spent).
+                Err(StoreError::RecordedElsewhere { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
             let _ = progress.send(Progress::CellFinished(Box::new(record.clone())));
-            Ok::<Status, RunnerError>(record.status)
+            Ok::<Option<Status>, RunnerError>(Some(record.status))
         });
     }
     drop(ev_tx);
@@ -410,7 +460,8 @@ pub async fn execute(
     let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(Ok(status)) => *counts.entry(status).or_insert(0) += 1,
+            Ok(Ok(Some(status))) => *counts.entry(status).or_insert(0) += 1,
+            Ok(Ok(None)) => {}
             Ok(Err(e)) => {
                 first_error.get_or_insert(e);
             }

@@ -45,6 +45,7 @@ pub fn cell_model(
 }
 
 impl Run {
+    /// The ledger file of a folder store's run (`<run>/costs.jsonl`).
     pub fn ledger_path(&self) -> PathBuf {
         self.dir.join(LEDGER_FILE)
     }
@@ -83,42 +84,17 @@ impl Run {
         }
     }
 
-    /// Append a record's line to the ledger (one `write` of a whole line, so
-    /// lines of cells finishing at once do not interleave).
-    pub(crate) fn append_ledger(&self, r: &CellRecord) -> Result<()> {
-        let path = self.ledger_path();
-        let mut line = serde_json::to_vec(&self.ledger_line(r)).map_err(|source| StoreError::Corrupt {
-            path: path.clone(),
-            source,
-        })?;
-        line.push(b'\n');
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io("open", &path))?;
-        f.write_all(&line).map_err(io("append to", &path))
-    }
-
     /// Every recorded attempt: the current records, then the earlier
-    /// attempts a resume moved to `interrupted/` (flag `true`).
+    /// attempts (flag `true`).
     pub fn all_records(&self) -> Result<Vec<(CellRecord, bool)>> {
-        let mut out = Vec::new();
-        for c in &self.plan.cells {
-            if let Some(r) = self.cell_record(&c.id)? {
-                out.push((r, false));
-            }
-        }
-        for p in record_files(&self.dir.join("interrupted"))
+        let mut out: Vec<(CellRecord, bool)> = self
+            .backend
+            .cell_records(self)?
             .into_iter()
-            .map(|(p, _)| p)
-        {
-            // An earlier attempt's record that cannot be read is skipped:
-            // the current records are what must be whole.
-            if let Ok(r) = read_json::<CellRecord>(&p) {
-                out.push((r, true));
-            }
-        }
+            .flatten()
+            .map(|r| (r, false))
+            .collect();
+        out.extend(self.backend.earlier_records(self)?.into_iter().map(|r| (r, true)));
         Ok(out)
     }
 
@@ -134,35 +110,45 @@ impl Run {
         Ok((total.cells > 0).then_some(total))
     }
 
-    /// `current` (the current records' cost) plus the earlier attempts'.
-    pub(crate) fn add_earlier_attempts(&self, mut current: RunCost) -> Option<RunCost> {
-        for (p, _) in record_files(&self.dir.join("interrupted")) {
-            if let Ok(r) = read_json::<CellRecord>(&p) {
-                if let Some(c) = &r.cost {
-                    current.add(c, true);
-                }
-            }
-        }
-        (current.cells > 0).then_some(current)
-    }
-
-    /// Rewrite the ledger from the records.
-    pub fn rebuild_ledger(&self) -> Result<Vec<LedgerLine>> {
-        let lines: Vec<LedgerLine> = self
-            .all_records()?
-            .iter()
-            .map(|(r, _)| self.ledger_line(r))
-            .collect();
-        write_lines(&self.ledger_path(), &lines)?;
-        Ok(lines)
-    }
-
-    /// The ledger, rebuilt first when it is missing or stale.
+    /// The ledger (a cache of the records, rebuilt when missing or stale).
     pub fn ledger(&self) -> Result<Vec<LedgerLine>> {
-        match read_fresh_ledger(&self.dir) {
-            Some(lines) => Ok(lines),
-            None => self.rebuild_ledger(),
-        }
+        self.backend.ledger(self)
+    }
+}
+
+/// Append a record's line to a folder run's ledger (one `write` of a whole
+/// line, so lines of cells finishing at once do not interleave).
+pub(crate) fn append_ledger(run: &Run, r: &CellRecord) -> Result<()> {
+    let path = run.ledger_path();
+    let mut line = serde_json::to_vec(&run.ledger_line(r)).map_err(|source| StoreError::Corrupt {
+        path: path.clone(),
+        source,
+    })?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io("open", &path))?;
+    f.write_all(&line).map_err(io("append to", &path))
+}
+
+/// Rewrite a folder run's ledger from the records.
+pub(crate) fn rebuild_ledger(run: &Run) -> Result<Vec<LedgerLine>> {
+    let lines: Vec<LedgerLine> = run
+        .all_records()?
+        .iter()
+        .map(|(r, _)| run.ledger_line(r))
+        .collect();
+    write_lines(&run.ledger_path(), &lines)?;
+    Ok(lines)
+}
+
+/// A folder run's ledger, rebuilt first when it is missing or stale.
+pub(crate) fn folder_ledger(run: &Run) -> Result<Vec<LedgerLine>> {
+    match read_fresh_ledger(run.dir()) {
+        Some(lines) => Ok(lines),
+        None => rebuild_ledger(run),
     }
 }
 
@@ -180,7 +166,7 @@ fn write_lines(path: &Path, lines: &[LedgerLine]) -> Result<()> {
 
 /// `result.json` files one level under `dir` (`dir/*/result.json`), with
 /// their modification times.
-fn record_files(dir: &Path) -> Vec<(PathBuf, Option<SystemTime>)> {
+pub(crate) fn record_files(dir: &Path) -> Vec<(PathBuf, Option<SystemTime>)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return vec![];
     };
@@ -228,84 +214,109 @@ fn read_fresh_ledger(run_dir: &Path) -> Option<Vec<LedgerLine>> {
     all_present.then_some(lines)
 }
 
-impl Store {
-    /// Ledger lines of every run in the store, each run's ledger rebuilt
-    /// when missing or stale. With `since`, only attempts that finished at
-    /// or after it (runs that ended before it are not read at all).
-    pub fn cost_lines(&self, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
-        let ids = self.run_ids()?;
-        let one = |id: &String| -> Result<Vec<LedgerLine>> {
-            let dir = self.root.join(id);
-            if let Some(since) = since {
-                let meta: RunMeta = read_json(&dir.join("run.json"))?;
-                // A run that ended before `since` recorded nothing after it.
-                if meta.state != RunState::Running && meta.updated_at < since {
-                    return Ok(vec![]);
-                }
-            }
-            let lines = match read_fresh_ledger(&dir) {
-                Some(lines) => lines,
-                None => self.open_run(id)?.rebuild_ledger()?,
-            };
-            Ok(match since {
-                Some(s) => lines.into_iter().filter(|l| l.finished_at >= s).collect(),
-                None => lines,
-            })
-        };
-        // Runs are independent: read them on every core, keep their order.
-        let workers = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(ids.len().max(1));
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut per_run: Vec<Option<Result<Vec<LedgerLine>>>> = (0..ids.len()).map(|_| None).collect();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(id) = ids.get(i) else { break };
-                            done.push((i, one(id)));
-                        }
-                        done
-                    })
-                })
-                .collect();
-            for h in handles {
-                // A worker only panics if reading a ledger panics: pass it on.
-                for (i, r) in h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
-                    per_run[i] = Some(r);
-                }
-            }
-        });
-        let mut out = Vec::new();
-        for r in per_run.into_iter().flatten() {
-            out.extend(r?);
-        }
-        Ok(out)
-    }
-
-    /// Durations of the succeeded cells of earlier runs of `suite`, for estimates.
-    pub fn history(&self, suite: &str) -> Result<History> {
-        let mut h = History::new();
-        for id in self.run_ids()? {
-            let dir = self.root.join(&id);
+/// Ledger lines of every run of a folder store, each run's ledger rebuilt
+/// when missing or stale. With `since`, only attempts that finished at or
+/// after it (runs that ended before it are not read at all).
+pub(crate) fn folder_cost_lines(
+    root: &Path,
+    store: &Store,
+    since: Option<DateTime<Utc>>,
+) -> Result<Vec<LedgerLine>> {
+    let ids = store.run_ids()?;
+    let one = |id: &String| -> Result<Vec<LedgerLine>> {
+        let dir = root.join(id);
+        if let Some(since) = since {
             let meta: RunMeta = read_json(&dir.join("run.json"))?;
-            if meta.suite != suite {
-                continue;
-            }
-            let lines = match read_fresh_ledger(&dir) {
-                Some(lines) => lines,
-                None => self.open_run(&id)?.rebuild_ledger()?,
-            };
-            for l in &lines {
-                h.add(l);
+            // A run that ended before `since` recorded nothing after it.
+            if meta.state != RunState::Running && meta.updated_at < since {
+                return Ok(vec![]);
             }
         }
-        Ok(h)
+        let lines = match read_fresh_ledger(&dir) {
+            Some(lines) => lines,
+            None => rebuild_ledger(&store.open_exact(id)?)?,
+        };
+        Ok(match since {
+            Some(s) => lines.into_iter().filter(|l| l.finished_at >= s).collect(),
+            None => lines,
+        })
+    };
+    let per_run = parallel_map(&ids, one);
+    let mut out = Vec::new();
+    for r in per_run {
+        out.extend(r?);
     }
+    Ok(out)
+}
+
+/// `f` over `items` on every core, results in the items' order.
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(items.len().max(1));
+    parallel_map_with(items, workers, f)
+}
+
+/// `f` over `items` on `workers` threads, results in the items' order.
+pub fn parallel_map_with<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.max(1).min(items.len().max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        done.push((i, f(item)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for h in handles {
+            // A worker only panics if `f` panics: pass it on.
+            for (i, r) in h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    // Every index below `items.len()` was taken by exactly one worker.
+    slots.into_iter().flatten().collect()
+}
+
+/// Durations of the succeeded cells of earlier runs of `suite` in a folder store.
+pub(crate) fn folder_history(root: &Path, store: &Store, suite: &str) -> Result<History> {
+    let mut h = History::new();
+    for id in store.run_ids()? {
+        let dir = root.join(&id);
+        let meta: RunMeta = match read_json(&dir.join("run.json")) {
+            Ok(m) => m,
+            // A damaged run tells nothing about durations; it is reported by `orch ls`.
+            Err(_) => continue,
+        };
+        if meta.suite != suite {
+            continue;
+        }
+        let lines = match read_fresh_ledger(&dir) {
+            Some(lines) => lines,
+            None => match store.open_exact(&id).and_then(|r| rebuild_ledger(&r)) {
+                Ok(lines) => lines,
+                // A damaged record: `orch ls` and `orch show` name it.
+                Err(_) => continue,
+            },
+        };
+        for l in &lines {
+            h.add(l);
+        }
+    }
+    Ok(h)
 }
 
 #[cfg(test)]

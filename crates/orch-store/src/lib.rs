@@ -15,15 +15,21 @@
 //! every finished cell's record whole, and no half-written one.
 
 use chrono::{DateTime, Utc};
+use orch_cost::LedgerLine;
 use orch_manifest::Plan;
 use orch_protocol::{CellResult, Failure, Phase, Status, StreamInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+mod backend;
+mod folder;
 mod ledger;
-pub use ledger::{cell_model, LEDGER_FILE};
+pub use backend::StoreBackend;
+pub use folder::FolderStore;
+pub use ledger::{cell_model, parallel_map, parallel_map_with, LEDGER_FILE};
 
 pub const DEFAULT_STORE: &str = "results";
 
@@ -35,32 +41,58 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("`{}` is damaged: {source}\nhint: the file was edited or written by another version of orch", path.display())]
+    #[error("`{}` is damaged: {source}\nhint: the file was edited, cut short or written by another version of orch; move it aside to read the rest", path.display())]
     Corrupt {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("no run `{id}` in the store `{}`\nhint: `orch ls` lists the runs; pass `--store DIR` if they are elsewhere", store.display())]
-    NoSuchRun { id: String, store: PathBuf },
+    #[error("no run `{id}` in the store `{store}`\nhint: `orch ls` lists the runs; pass `--store DIR` (or `--store s3://bucket/prefix`) if they are elsewhere")]
+    NoSuchRun { id: String, store: String },
     #[error("`{id}` matches several runs: {}\nhint: give more of the id", matches.join(", "))]
     Ambiguous { id: String, matches: Vec<String> },
     #[error("no cell `{cell}` in run `{run}`\nhint: `orch show {run}` lists its cells")]
     NoSuchCell { run: String, cell: String },
+    /// A name from a manifest, an agent or a remote store that would leave
+    /// the run's folder (`..`, `/`, an absolute path) or is not a plain name.
+    #[error("refusing the {what} `{name}`: it is not a plain name inside the run\nhint: ids and file names are single path components without `/`, `\\`, `..` or control characters")]
+    Unsafe { what: &'static str, name: String },
+    /// Another process took this attempt at the cell (object stores).
+    #[error("cell `{cell}` of run `{run}` is being run by another process ({by})")]
+    Claimed { run: String, cell: String, by: String },
+    /// Another process recorded this cell first; this attempt's record is
+    /// kept as an earlier attempt.
+    #[error("cell `{cell}` of run `{run}` was already recorded by another process ({by})")]
+    RecordedElsewhere { run: String, cell: String, by: String },
+    /// An object store's failure. `user` when the user must fix it
+    /// (credentials, bucket, URL); the message never holds a secret.
+    #[error("{message}\nhint: {hint}")]
+    Remote {
+        message: String,
+        hint: String,
+        user: bool,
+    },
 }
 
 impl StoreError {
     /// True when the user named something that is not there.
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            StoreError::NoSuchRun { .. } | StoreError::Ambiguous { .. } | StoreError::NoSuchCell { .. }
-        )
+        match self {
+            StoreError::NoSuchRun { .. }
+            | StoreError::Ambiguous { .. }
+            | StoreError::NoSuchCell { .. }
+            | StoreError::Unsafe { .. } => true,
+            StoreError::Remote { user, .. } => *user,
+            _ => false,
+        }
     }
 }
 
-type Result<T> = std::result::Result<T, StoreError>;
+pub type Result<T> = std::result::Result<T, StoreError>;
 
-fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + use<'a> {
+pub(crate) fn io<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StoreError + use<'a> {
     move |source| StoreError::Io {
         action,
         path: path.to_path_buf(),
@@ -237,20 +269,41 @@ pub struct RunSummary {
     pub counts: BTreeMap<String, usize>,
 }
 
+/// A result store: a folder ([`Store::new`]) or any other [`StoreBackend`]
+/// (an object store). Commands use this type and never know which it is.
+#[derive(Clone)]
 pub struct Store {
-    root: PathBuf,
+    backend: Arc<dyn StoreBackend>,
 }
 
 impl Store {
+    /// The folder store rooted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Store {
-        Store { root: root.into() }
+        Store {
+            backend: Arc::new(FolderStore::new(root)),
+        }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// A store over another implementation (an object store).
+    pub fn with_backend(backend: Arc<dyn StoreBackend>) -> Store {
+        Store { backend }
     }
 
-    /// Make a new run folder holding the manifest, the plan and the metadata.
+    /// Where the store is, for messages: `results`, `s3://bucket/prefix`.
+    pub fn location(&self) -> String {
+        self.backend.location()
+    }
+
+    /// The folder of a folder store; `None` for an object store.
+    pub fn root(&self) -> Option<&Path> {
+        self.backend.folder()
+    }
+
+    pub fn backend(&self) -> &Arc<dyn StoreBackend> {
+        &self.backend
+    }
+
+    /// Make a new run holding the manifest, the plan and the metadata.
     pub fn create_run(
         &self,
         plan: &Plan,
@@ -258,18 +311,16 @@ impl Store {
         backend: &str,
         environment: Environment,
     ) -> Result<Run> {
-        std::fs::create_dir_all(&self.root).map_err(io("create the store", &self.root))?;
+        for c in &plan.cells {
+            check_name("cell id", &c.id)?;
+        }
         let now = Utc::now();
         let id = new_run_id(now, &plan.suite);
-        let dir = self.root.join(&id);
-        std::fs::create_dir(&dir).map_err(io("create the run folder", &dir))?;
-        std::fs::create_dir(dir.join("cells")).map_err(io("create the cells folder", &dir))?;
-        write_atomic(&dir.join("manifest.yaml"), manifest_text.as_bytes())?;
+        check_name("run id", &id)?;
         let mut plan = plan.clone();
         for c in &mut plan.cells {
             c.task.run_id = id.clone();
         }
-        write_json(&dir.join("plan.json"), &plan)?;
         let meta = RunMeta {
             id: id.clone(),
             suite: plan.suite.clone(),
@@ -281,8 +332,13 @@ impl Store {
             resumes: 0,
             budget: None,
         };
-        write_json(&dir.join("run.json"), &meta)?;
-        Ok(Run { dir, meta, plan })
+        self.backend.create_run(&meta, manifest_text, &plan)?;
+        Ok(Run {
+            dir: self.backend.local_dir(&id),
+            backend: self.backend.clone(),
+            meta,
+            plan,
+        })
     }
 
     /// Open a run by id, unique id prefix, or `latest`.
@@ -309,63 +365,146 @@ impl Store {
         let Some(found) = resolved else {
             return Err(StoreError::NoSuchRun {
                 id: id.to_string(),
-                store: self.root.clone(),
+                store: self.location(),
             });
         };
-        let dir = self.root.join(&found);
+        self.open_exact(&found)
+    }
+
+    /// Open the run whose id is exactly `id` (ids listed by [`Store::run_ids`]).
+    pub fn open_exact(&self, id: &str) -> Result<Run> {
+        check_name("run id", id)?;
+        let (meta, plan) = self.backend.load_run(id)?;
+        for c in &plan.cells {
+            check_name("cell id", &c.id)?;
+        }
         Ok(Run {
-            meta: read_json(&dir.join("run.json"))?,
-            plan: read_json(&dir.join("plan.json"))?,
-            dir,
+            dir: self.backend.local_dir(id),
+            backend: self.backend.clone(),
+            meta,
+            plan,
         })
     }
 
-    /// Run ids, oldest first (ids sort by time).
+    /// Run ids, oldest first (ids sort by time). Names that could not be a
+    /// run's folder (`..`, separators) are never listed.
     pub fn run_ids(&self) -> Result<Vec<String>> {
-        let entries = match std::fs::read_dir(&self.root) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(io("read the store", &self.root)(e)),
-        };
-        let mut ids: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("run.json").is_file())
-            .filter_map(|e| e.file_name().to_str().map(String::from))
+        let mut ids: Vec<String> = self
+            .backend
+            .run_ids()?
+            .into_iter()
+            .filter(|id| check_name("run id", id).is_ok())
             .collect();
         ids.sort();
         Ok(ids)
     }
 
+    /// Every run that can be read; a damaged run is skipped.
     pub fn list(&self) -> Result<Vec<RunSummary>> {
-        let mut out = Vec::new();
-        for id in self.run_ids()? {
-            let run = self.open_run(&id)?;
-            let rec = run.record()?;
-            out.push(RunSummary {
-                id: rec.id,
-                suite: rec.suite,
-                state: rec.state,
-                created_at: rec.created_at,
-                backend: rec.backend,
-                cells: rec.cells.len(),
-                counts: rec.counts,
-            });
-        }
-        Ok(out)
+        Ok(self.list_checked()?.0)
+    }
+
+    /// Every run that can be read, and the errors of those that cannot (a
+    /// damaged `run.json`, `plan.json` or cell record, with its path): one
+    /// damaged run never hides the others.
+    pub fn list_checked(&self) -> Result<(Vec<RunSummary>, Vec<StoreError>)> {
+        self.backend.summaries(self)
+    }
+
+    /// A run's summary line, read through its full record.
+    pub fn summary_of(&self, id: &str) -> Result<RunSummary> {
+        let rec = self.open_exact(id)?.record()?;
+        Ok(RunSummary::of(&rec))
+    }
+
+    /// Ledger lines of every run in the store (each run's ledger rebuilt
+    /// when missing or stale). With `since`, only attempts that finished at
+    /// or after it.
+    pub fn cost_lines(&self, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
+        self.backend.cost_lines(self, since)
+    }
+
+    /// Durations of the succeeded cells of earlier runs of `suite`, for estimates.
+    pub fn history(&self, suite: &str) -> Result<orch_cost::History> {
+        self.backend.history(self, suite)
     }
 }
 
-/// `20261122-061502-quickstart-3fa2`: sorts by creation time.
+impl RunSummary {
+    pub fn of(rec: &RunRecord) -> RunSummary {
+        RunSummary {
+            id: rec.id.clone(),
+            suite: rec.suite.clone(),
+            state: rec.state,
+            created_at: rec.created_at,
+            backend: rec.backend.clone(),
+            cells: rec.cells.len(),
+            counts: rec.counts.clone(),
+        }
+    }
+}
+
+/// `20261122-061502-quickstart-3fa2`: sorts by creation time. The suite
+/// name is reduced to characters that are safe in a path and a key.
 fn new_run_id(now: DateTime<Utc>, suite: &str) -> String {
     let nanos = now.timestamp_subsec_nanos() as u64;
     let salt = (nanos ^ (std::process::id() as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let suite: String = suite.chars().take(40).collect();
+    let suite: String = suite
+        .chars()
+        .take(40)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     format!("{}-{}-{:04x}", now.format("%Y%m%d-%H%M%S"), suite, salt >> 48)
 }
 
-/// An open run folder.
+/// Check that `name` (a run id, cell id or file name from a manifest, an
+/// agent or a remote store) is one plain path component: not empty, not
+/// `.` or `..`, no separator, no NUL, no control character, at most 200
+/// bytes. Whatever passes can be joined to a folder without leaving it.
+pub fn check_name(what: &'static str, name: &str) -> Result<()> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.len() > 200
+        || name.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+    if bad {
+        return Err(StoreError::Unsafe {
+            what,
+            name: name.escape_debug().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Check a relative path (`variants/a/server.log`) component by component.
+pub fn check_relative(what: &'static str, path: &str) -> Result<()> {
+    if path.starts_with('/') {
+        return Err(StoreError::Unsafe {
+            what,
+            name: path.escape_debug().to_string(),
+        });
+    }
+    for part in path.split('/') {
+        check_name(what, part).map_err(|_| StoreError::Unsafe {
+            what,
+            name: path.escape_debug().to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// An open run.
 #[derive(Clone)]
 pub struct Run {
+    backend: Arc<dyn StoreBackend>,
+    /// The run's folder on this host: the run itself in a folder store, a
+    /// working copy (cells being run, reports) for an object store.
     dir: PathBuf,
     pub meta: RunMeta,
     pub plan: Plan,
@@ -376,8 +515,14 @@ impl Run {
         &self.meta.id
     }
 
+    /// The run's folder on this host (see the field).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the run is stored, for messages: a folder or `s3://...`.
+    pub fn location(&self) -> String {
+        self.backend.run_location(&self.meta.id)
     }
 
     pub fn cell_dir(&self, cell: &str) -> PathBuf {
@@ -386,79 +531,50 @@ impl Run {
 
     /// The finished record of a cell, if it has one.
     pub fn cell_record(&self, cell: &str) -> Result<Option<CellRecord>> {
-        let path = self.cell_dir(cell).join("result.json");
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|source| StoreError::Corrupt { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io("read", &path)(e)),
-        }
+        check_name("cell id", cell)?;
+        self.backend.cell_record(self, cell)
     }
 
     /// Cells that `--resume` must run: no record, or a `cancelled` one.
     pub fn unfinished_cells(&self) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for c in &self.plan.cells {
-            match self.cell_record(&c.id)? {
-                Some(r) if r.status.is_finished() => {}
-                _ => out.push(c.id.clone()),
-            }
-        }
-        Ok(out)
+        let records = self.backend.cell_records(self)?;
+        Ok(self
+            .plan
+            .cells
+            .iter()
+            .zip(records)
+            .filter(|(_, r)| !r.as_ref().is_some_and(|r| r.status.is_finished()))
+            .map(|(c, _)| c.id.clone())
+            .collect())
     }
 
     /// Get a clean folder for a new attempt at `cell`; what an earlier,
-    /// unfinished attempt left is moved to `interrupted/` (logs are never
-    /// thrown away). Returns the folder and the attempt number.
+    /// unfinished attempt left is kept apart (logs are never thrown away).
+    /// Returns the folder and the attempt number. An object store answers
+    /// [`StoreError::Claimed`] when another process took this attempt.
     pub fn prepare_cell(&self, cell: &str) -> Result<(PathBuf, u32)> {
-        let dir = self.cell_dir(cell);
-        let mut attempt = 1;
-        if dir.exists() {
-            let prior = self.dir.join("interrupted");
-            std::fs::create_dir_all(&prior).map_err(io("create", &prior))?;
-            let mut n = 1;
-            while prior.join(format!("{cell}.{n}")).exists() {
-                n += 1;
-            }
-            attempt = n + 1;
-            let to = prior.join(format!("{cell}.{n}"));
-            std::fs::rename(&dir, &to).map_err(io("move aside", &dir))?;
-        } else if let Ok(entries) = std::fs::read_dir(self.dir.join("interrupted")) {
-            let prefix = format!("{cell}.");
-            attempt += entries
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .count() as u32;
-        }
-        std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
-        Ok((dir, attempt))
+        check_name("cell id", cell)?;
+        self.backend.prepare_cell(self, cell)
     }
 
-    /// Store a finished cell. Atomic: the record is whole or absent. Its
-    /// line is then appended to the cost ledger (a cache of the records).
+    /// Store a finished cell. Atomic: the record is whole or absent.
     pub fn finish_cell(&self, record: &CellRecord) -> Result<()> {
-        let dir = self.cell_dir(&record.id);
-        std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
-        write_json(&dir.join("result.json"), record)?;
-        // The ledger is a cache of the records: a line that cannot be
-        // appended leaves it stale, and the next reader rebuilds it.
-        let _ = self.append_ledger(record);
-        Ok(())
+        check_name("cell id", &record.id)?;
+        self.backend.finish_cell(self, record)
     }
 
     /// Update the run's state (and the time of the update).
     pub fn set_state(&mut self, state: RunState) -> Result<()> {
         self.meta.state = state;
         self.meta.updated_at = Utc::now();
-        write_json(&self.dir.join("run.json"), &self.meta)
+        self.backend.save_meta(&self.meta)
     }
 
     /// Keep the budget of the run (`--max-cost`) in its metadata.
     pub fn set_budget(&mut self, budget: orch_cost::BudgetRecord) -> Result<()> {
         self.meta.budget = Some(budget);
         self.meta.updated_at = Utc::now();
-        write_json(&self.dir.join("run.json"), &self.meta)
+        self.backend.save_meta(&self.meta)
     }
 
     pub fn note_resume(&mut self) -> Result<()> {
@@ -468,11 +584,18 @@ impl Run {
 
     /// The run as printed by `orch show --json`.
     pub fn record(&self) -> Result<RunRecord> {
+        let records = self.backend.cell_records(self)?;
+        let earlier = self.backend.earlier_records(self)?;
+        Ok(self.record_from(records, &earlier))
+    }
+
+    /// The run record from the current records (in plan order) and the
+    /// earlier attempts' records.
+    pub fn record_from(&self, records: Vec<Option<CellRecord>>, earlier: &[CellRecord]) -> RunRecord {
         let mut cells = Vec::with_capacity(self.plan.cells.len());
         let mut counts = BTreeMap::new();
         let mut cost = orch_cost::RunCost::default();
-        for c in &self.plan.cells {
-            let record = self.cell_record(&c.id)?;
+        for (c, record) in self.plan.cells.iter().zip(records) {
             if let Some(c) = record.as_ref().and_then(|r| r.cost.as_ref()) {
                 cost.add(c, false);
             }
@@ -513,6 +636,11 @@ impl Run {
             *counts.entry(view.status.clone()).or_insert(0) += 1;
             cells.push(view);
         }
+        for r in earlier {
+            if let Some(c) = &r.cost {
+                cost.add(c, true);
+            }
+        }
         let all_done = cells
             .iter()
             .all(|c| c.status != "pending" && c.status != "cancelled");
@@ -520,7 +648,7 @@ impl Run {
             RunState::Running if all_done => RunState::Complete,
             s => s,
         };
-        Ok(RunRecord {
+        RunRecord {
             id: self.meta.id.clone(),
             suite: self.meta.suite.clone(),
             state,
@@ -530,28 +658,52 @@ impl Run {
             environment: self.meta.environment.clone(),
             counts,
             cells,
-            cost: self.add_earlier_attempts(cost),
+            cost: (cost.cells > 0).then_some(cost),
             budget: self.meta.budget.clone(),
-        })
+        }
     }
 
-    /// Path of a cell's log stream (`stdout` or `stderr`).
-    pub fn log_path(&self, cell: &str, stream: &str) -> Result<PathBuf> {
+    /// Fail with [`StoreError::NoSuchCell`] unless `cell` is in the plan.
+    pub fn check_cell(&self, cell: &str) -> Result<()> {
         if !self.plan.cells.iter().any(|c| c.id == cell) {
             return Err(StoreError::NoSuchCell {
                 run: self.meta.id.clone(),
                 cell: cell.to_string(),
             });
         }
+        Ok(())
+    }
+
+    /// Path of a cell's log stream (`stdout` or `stderr`) on this host.
+    pub fn log_path(&self, cell: &str, stream: &str) -> Result<PathBuf> {
+        self.check_cell(cell)?;
         Ok(self.cell_dir(cell).join(format!("{stream}.log")))
+    }
+
+    /// Bytes of a file of a cell's current attempt (`stdout.log`), from
+    /// byte `offset` on; `None` when the cell has no such file (yet). For an
+    /// object store this includes what a running cell has uploaded so far.
+    pub fn read_cell_file(&self, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>> {
+        self.check_cell(cell)?;
+        check_relative("file name", name)?;
+        self.backend.read_cell_file(self, cell, name, offset)
     }
 }
 
 /// Write a file so that readers see the old content or the whole new one,
 /// and the new one survives a power cut once this returns.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{seq}", std::process::id()));
+    // `create_new` (O_EXCL) never follows a link planted under the
+    // temporary name; whatever is there is a leftover and goes first.
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io("create", &tmp))?;
     f.write_all(bytes).map_err(io("write", &tmp))?;
     f.sync_all().map_err(io("sync", &tmp))?;
     drop(f);
@@ -716,5 +868,128 @@ mod tests {
         assert_eq!(names.len(), 1);
         let v: serde_json::Value = read_json(&p).unwrap();
         assert_eq!(v["a"], 2);
+    }
+
+    #[test]
+    fn names_that_leave_the_folder_are_refused() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "/etc/passwd",
+            "a/b",
+            "a\\b",
+            "a\0b",
+            "a\nb",
+        ] {
+            assert!(check_name("cell id", bad).is_err(), "{bad:?}");
+        }
+        for good in ["transformer.none.preset-small", "a..b", "x-1_2.y"] {
+            check_name("cell id", good).unwrap();
+        }
+        assert!(check_relative("file", "variants/a/server.log").is_ok());
+        for bad in ["../x", "/abs", "a//b", "a/../b", "a/./b"] {
+            assert!(check_relative("file", bad).is_err(), "{bad:?}");
+        }
+        let e = check_name("cell id", "../../etc").unwrap_err();
+        assert!(e.is_user_error());
+        assert!(e.to_string().contains("../../etc") && e.to_string().contains("hint:"));
+    }
+
+    #[test]
+    fn a_hostile_plan_never_writes_outside_the_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path().join("store"));
+        let mut p = plan();
+        p.cells[0].id = "../../escaped".into();
+        assert!(matches!(
+            store.create_run(&p, "", "local", env()),
+            Err(StoreError::Unsafe { .. })
+        ));
+        // The same plan edited into a stored run: refused when opened.
+        let run = store.create_run(&plan(), "", "local", env()).unwrap();
+        let path = run.dir().join("plan.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first = run.plan.cells[0].id.clone();
+        std::fs::write(&path, text.replace(&format!("\"{first}\""), "\"../../escaped\"")).unwrap();
+        assert!(matches!(store.open_run(run.id()), Err(StoreError::Unsafe { .. })));
+        assert!(run.prepare_cell("../../escaped").is_err());
+        assert!(run.read_cell_file(&first, "../../../etc/passwd", 0).is_err());
+        assert!(!tmp.path().join("escaped").exists());
+        // `orch ls` still answers, naming the damaged run.
+        let (ok, damaged) = store.list_checked().unwrap();
+        assert!(ok.is_empty());
+        assert_eq!(damaged.len(), 1);
+    }
+
+    #[test]
+    fn a_store_with_a_corrupted_record_still_lists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let good = store.create_run(&plan(), "", "local", env()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let bad_record = store.create_run(&plan(), "", "local", env()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let bad_meta = store.create_run(&plan(), "", "local", env()).unwrap();
+        let now = Utc::now();
+        let cell = &bad_record.plan.cells[0];
+        bad_record
+            .finish_cell(&CellRecord::from_result(
+                cell,
+                CellResult::new(&cell.id, Status::Succeeded),
+                now,
+                now,
+                1,
+            ))
+            .unwrap();
+        // Cut short, as a full disk or a crash of an editor would leave it.
+        let rec = bad_record.cell_dir(&cell.id).join("result.json");
+        let text = std::fs::read(&rec).unwrap();
+        std::fs::write(&rec, &text[..text.len() / 2]).unwrap();
+        std::fs::write(bad_meta.dir().join("run.json"), "{\"id\": ").unwrap();
+
+        let e = bad_record.record().unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }));
+        assert!(e.to_string().contains(&rec.display().to_string()), "{e}");
+        let (ok, damaged) = store.list_checked().unwrap();
+        assert_eq!(
+            ok.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            vec![good.id()]
+        );
+        assert_eq!(damaged.len(), 2);
+        let text: Vec<String> = damaged.iter().map(|e| e.to_string()).collect();
+        assert!(text.iter().any(|t| t.contains("result.json")), "{text:?}");
+        assert!(text.iter().any(|t| t.contains("run.json")), "{text:?}");
+        // `orch cost` names the damaged file; estimates skip the damaged run.
+        let e = store.cost_lines(None).unwrap_err();
+        assert!(e.to_string().contains(".json` is damaged"), "{e}");
+        assert!(store.history("t").is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_in_the_store_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep.txt"), "x").unwrap();
+        let store = Store::new(tmp.path().join("store"));
+        let run = store.create_run(&plan(), "", "local", env()).unwrap();
+        // A run folder that is a link elsewhere is not a run of this store.
+        let other = tmp.path().join("other-run");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::copy(run.dir().join("run.json"), other.join("run.json")).unwrap();
+        std::os::unix::fs::symlink(&other, tmp.path().join("store").join("20990101-000000-link-0000"))
+            .unwrap();
+        assert_eq!(store.run_ids().unwrap(), vec![run.id().to_string()]);
+        // A cell folder replaced by a link is moved aside, never followed.
+        let cell = run.plan.cells[0].id.clone();
+        std::os::unix::fs::symlink(&outside, run.cell_dir(&cell)).unwrap();
+        let (dir, attempt) = run.prepare_cell(&cell).unwrap();
+        assert_eq!(attempt, 2);
+        assert!(!std::fs::symlink_metadata(&dir).unwrap().file_type().is_symlink());
+        assert!(outside.join("keep.txt").exists());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
     }
 }

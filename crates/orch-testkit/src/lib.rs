@@ -14,6 +14,10 @@
 pub mod fixtures;
 pub mod hashing;
 pub mod hub;
+pub mod kube;
+pub mod modal;
+pub mod s3;
+pub mod slurm;
 
 /// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.
 ///

@@ -10,9 +10,9 @@ use std::path::PathBuf;
     about = "Run GPU benchmark suites and keep every number, log and failure cause"
 )]
 pub struct Cli {
-    /// Result store folder
+    /// Result store: a folder, or `s3://bucket/prefix` (credentials from the AWS chain)
     #[arg(long, global = true, env = "ORCH_STORE", default_value = orch_store::DEFAULT_STORE)]
-    pub store: PathBuf,
+    pub store: String,
     /// Prices file over the built-in catalog (default: `$ORCH_PRICES`, else `~/.config/orch/prices.yaml`)
     #[arg(long, global = true, value_name = "FILE")]
     pub prices: Option<PathBuf>,
@@ -28,7 +28,7 @@ pub enum Command {
     Setup(SetupArgs),
     /// Build the suite's images from `containers/<name>/`, skipping what has not changed
     Build(BuildArgs),
-    /// Remove whatever a run left behind (containers)
+    /// Remove whatever a run left behind (containers, slurm jobs)
     Down(DownArgs),
     /// Name the cause of a failed server or command from its logs
     Diagnose(crate::commands::diagnose::DiagnoseArgs),
@@ -48,6 +48,10 @@ pub enum Command {
     Prices(PricesArgs),
     /// Spend across the runs in the store, with what failures wasted
     Cost(CostArgs),
+    /// Copy a run of the store into a bucket (`--to s3://bucket/prefix`), verified
+    Push(PushArgs),
+    /// Copy a run from a bucket (`--from s3://bucket/prefix`) into the store, verified
+    Pull(PullArgs),
     /// The agent built into `orch` (used by the local backend)
     #[command(hide = true, disable_help_flag = true)]
     Agent {
@@ -96,6 +100,15 @@ pub struct RunArgs {
     /// Cap on the run's cost in US dollars: refuse to start above it, stop cells before passing it
     #[arg(long, value_name = "USD")]
     pub max_cost: Option<f64>,
+    /// Kubernetes: the kubeconfig context (default: the suite's, else the current one; `KUBECONFIG` names the file)
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Kubernetes: the namespace of the Jobs (default: the suite's, else the context's)
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Print what would be applied and run nothing (kubernetes: the Jobs as YAML)
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -137,8 +150,12 @@ pub struct CostArgs {
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// Suite manifest whose images to build
-    #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    #[arg(short = 'f', long = "file", required_unless_present = "agent")]
+    pub file: Option<PathBuf>,
+    /// Build the agent image instead (`FROM scratch`, the static agent at `/orch-agent`): the
+    /// kubernetes backend's init container installs the agent from it into any cell image
+    #[arg(long, conflicts_with = "file")]
+    pub agent: bool,
     /// Push the built images to this registry (credentials from the Docker config)
     #[arg(long, value_name = "REGISTRY")]
     pub push: Option<String>,
@@ -148,6 +165,12 @@ pub struct BuildArgs {
 pub struct DownArgs {
     /// Run id, id prefix, or `latest`
     pub run: String,
+    /// Kubernetes: the kubeconfig context (default: the current one)
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Kubernetes: the namespace (default: the run's suite's, else the context's)
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -170,6 +193,9 @@ pub struct SetupArgs {
     /// Print a JSON report on stdout
     #[arg(long)]
     pub json: bool,
+    /// Download from a batch job on a compute node instead of here (`--backend slurm`, for login nodes that may not download)
+    #[arg(long)]
+    pub as_job: bool,
 }
 
 #[derive(Debug, Args)]
@@ -236,6 +262,9 @@ pub struct LogsArgs {
     /// Only the last N lines of each log
     #[arg(long, value_name = "N")]
     pub tail: Option<usize>,
+    /// Keep printing what a running cell writes until it ends (one cell, one stream at a time)
+    #[arg(short = 'f', long)]
+    pub follow: bool,
 }
 
 #[derive(Debug, Args)]
@@ -268,4 +297,23 @@ pub struct CompareArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// Run ids, id prefixes, or `latest` (in `--store`)
+    #[arg(required = true)]
+    pub runs: Vec<String>,
+    /// The bucket: `s3://bucket/prefix`
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// Run id, id prefix, or `latest` (in the bucket)
+    pub run: String,
+    /// The bucket: `s3://bucket/prefix`
+    #[arg(long, value_name = "URL")]
+    pub from: String,
 }

@@ -135,7 +135,9 @@ impl Reporter {
     }
 }
 
-/// The two or three numbers worth a glance.
+/// The two or three numbers worth a glance: the builtin transformer's, a
+/// comparison's primary metric per variant, else the workload's own metrics
+/// (rates first) before the agent's telemetry (`gpu_*`, `telemetry_*`).
 fn headline_metrics(m: &BTreeMap<String, f64>) -> Option<String> {
     let preferred = ["step_time_mean_ms", "step_time_cv_pct", "tokens_per_s", "params"];
     let mut parts: Vec<String> = preferred
@@ -143,10 +145,27 @@ fn headline_metrics(m: &BTreeMap<String, f64>) -> Option<String> {
         .filter_map(|k| m.get(*k).map(|v| format!("{k}={}", fmt_num(*v))))
         .collect();
     if parts.is_empty() {
-        parts = m
+        // A comparison's per-variant means (`<variant>.<metric>`).
+        if let Some(p) = orch_compare::PRIMARY_ORDER
             .iter()
+            .find(|p| m.keys().any(|k| k.split_once('.').is_some_and(|(_, x)| x == **p)))
+        {
+            parts = m
+                .iter()
+                .filter(|(k, _)| k.split_once('.').is_some_and(|(_, x)| x == *p))
+                .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
+                .collect();
+        }
+    }
+    if parts.is_empty() {
+        let telemetry = |k: &str| k.starts_with("gpu_") || k.starts_with("telemetry_");
+        let rate = |k: &str| k.ends_with("_per_s") || k.contains("throughput");
+        let mut names: Vec<&String> = m.keys().collect();
+        names.sort_by_key(|k| (telemetry(k), !rate(k), k.as_str()));
+        parts = names
+            .into_iter()
             .take(3)
-            .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
+            .map(|k| format!("{k}={}", fmt_num(m[k])))
             .collect();
     }
     (!parts.is_empty()).then(|| parts.join(" "))
@@ -304,7 +323,10 @@ fn hardware_text(rec: &RunRecord) -> String {
     out
 }
 
-/// The comparison table of a `compare` cell (empty for other cells).
+/// The comparison table of a `compare` cell (empty for other cells): per
+/// pair the primary metric (which decides the verdict) with its n, interval,
+/// minimum detectable effect and per-round values, then the headline
+/// secondary metrics with Holm-adjusted p-values.
 fn comparison_text(c: &orch_store::CellView) -> String {
     let Some(list) = c.info.get("comparison").and_then(|v| v.as_array()) else {
         return String::new();
@@ -320,29 +342,86 @@ fn comparison_text(c: &orch_store::CellView) -> String {
     let has_key = list
         .iter()
         .any(|x| key.contains(&x["metric"].as_str().unwrap_or("")));
+    let primary = |x: &serde_json::Value| x["role"] == "primary";
+    let pct = |v: Option<f64>| v.map(|m| format!("{:.1}%", m * 100.0)).unwrap_or_default();
     let rows: Vec<Vec<String>> = list
         .iter()
-        .filter(|x| !has_key || key.contains(&x["metric"].as_str().unwrap_or("")))
+        .filter(|x| primary(x) || !has_key || key.contains(&x["metric"].as_str().unwrap_or("")))
         .map(|x| {
             let f = |k: &str| x[k].as_f64().unwrap_or(f64::NAN);
+            let p = x["p_adjusted"].as_f64().or(x["p_value"].as_f64());
             vec![
                 format!(
                     "{} vs {}",
                     x["other"].as_str().unwrap_or("?"),
                     x["base"].as_str().unwrap_or("?")
                 ),
-                x["metric"].as_str().unwrap_or("?").to_string(),
+                format!(
+                    "{}{}",
+                    x["metric"].as_str().unwrap_or("?"),
+                    if primary(x) { " (primary)" } else { "" }
+                ),
+                x["n"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
                 format!("{:.3}", f("ratio")),
                 format!("[{:.3}, {:.3}]", f("ci_low"), f("ci_high")),
+                pct(x["mde"].as_f64()),
+                p.map(|p| format!("{p:.3}")).unwrap_or_default(),
                 x["verdict"].as_str().unwrap_or("?").to_string(),
             ]
         })
         .collect();
-    let mut out = format!(
-        "\ncomparison in {} (ratio = other / base, 95% bootstrap interval):\n",
-        c.id
-    );
-    out.push_str(&table(&["PAIR", "METRIC", "RATIO", "95% CI", "VERDICT"], &rows));
+    let info = &c.info;
+    let mut facts = Vec::new();
+    if let Some(m) = info.get("primary_metric").and_then(|v| v.as_str()) {
+        facts.push(format!("primary metric {m}"));
+    }
+    match info.get("method").and_then(|v| v.as_str()) {
+        Some("student_t") => facts.push("paired log-ratios, Student t 95%".to_string()),
+        Some(m) => facts.push(format!("{m} 95%")),
+        None => facts.push("95% bootstrap interval".to_string()),
+    }
+    if let Some(n) = info.get("rounds").and_then(|v| v.as_u64()) {
+        let mut r = format!("{n} rounds");
+        if info.get("rounds_requested").and_then(|v| v.as_str()) == Some("auto") {
+            r.push_str(&format!(
+                " (auto, at most {})",
+                info.get("max_rounds").and_then(|v| v.as_u64()).unwrap_or(0)
+            ));
+        }
+        if let Some(why) = info.get("stopped_by").and_then(|v| v.as_str()) {
+            r.push_str(&format!(", stopped by {why}"));
+        }
+        facts.push(r);
+    }
+    if let Some(seed) = info.get("seed").and_then(|v| v.as_u64()) {
+        facts.push(format!("order seed {seed}"));
+    }
+    let mut out = format!("\ncomparison in {} ({}):\n", c.id, facts.join("; "));
+    out.push_str(&table(
+        &["PAIR", "METRIC", "N", "RATIO", "95% CI", "MDE", "P", "VERDICT"],
+        &rows,
+    ));
+    if list.iter().any(|x| x["role"] == "secondary") {
+        out.push_str(
+            "ratio = other / base; the primary metric decides the verdict; other metrics: p adjusted (Holm) over the pair's metrics; MDE: smallest difference found 80% of the time at this n\n",
+        );
+    }
+    // The primary metric's value in every round, per variant.
+    if let (Some(m), Some(vars)) = (
+        info.get("primary_metric").and_then(|v| v.as_str()),
+        info.get("variants").and_then(|v| v.as_object()),
+    ) {
+        for (name, v) in vars {
+            if let Some(vals) = v["values"][m].as_array().filter(|a| !a.is_empty()) {
+                let vals: Vec<String> = vals
+                    .iter()
+                    .filter_map(|x| x.as_f64())
+                    .map(|x| format!("{x:.2}"))
+                    .collect();
+                out.push_str(&format!("  {m} per round, {name}: {}\n", vals.join(" ")));
+            }
+        }
+    }
     if let Some(vars) = c.info.get("variants").and_then(|v| v.as_object()) {
         for (name, v) in vars {
             if v["status"] == "failed" {
@@ -360,4 +439,37 @@ fn comparison_text(c: &orch_store::CellView) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn headline_puts_the_workloads_metrics_before_telemetry() {
+        let got = headline_metrics(&m(&[
+            ("gpu_energy_j", 5.0),
+            ("gpu_util_mean_pct", 90.0),
+            ("step_ms", 12.5),
+            ("samples_per_s", 80.0),
+        ]))
+        .unwrap();
+        assert_eq!(got, "samples_per_s=80 step_ms=12.500 gpu_energy_j=5");
+    }
+
+    #[test]
+    fn headline_of_a_comparison_is_its_primary_metric_per_variant() {
+        let got = headline_metrics(&m(&[
+            ("base.completed", 12.0),
+            ("base.output_throughput", 800.0),
+            ("faster.completed", 12.0),
+            ("faster.output_throughput", 880.5),
+        ]))
+        .unwrap();
+        assert_eq!(got, "base.output_throughput=800 faster.output_throughput=880.500");
+    }
 }

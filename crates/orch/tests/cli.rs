@@ -596,8 +596,9 @@ benchmarks:
   - name: cmp
     compare:
       repo: server-repo
-      rounds: 3
+      rounds: 4
       warmup_rounds: 1
+      seed: 11
       variants:
         - {{name: baseline, ref: main}}
         - {{name: human, ref: main, patch: patches/human.patch}}
@@ -634,8 +635,73 @@ benchmarks:
     let variants = &c["info"]["variants"];
     for ok in ["baseline", "human", "agent"] {
         assert_eq!(variants[ok]["status"], "succeeded", "{ok}: {}", variants[ok]);
-        assert_eq!(variants[ok]["rounds"], 3);
+        assert_eq!(variants[ok]["rounds"], 4);
+        assert_eq!(
+            variants[ok]["values"]["output_throughput"]
+                .as_array()
+                .unwrap()
+                .len(),
+            4
+        );
     }
+    // A stale patch is named as such, with git's report kept.
+    assert_eq!(
+        variants["broken"]["diagnosis"]["kind"], "patch_does_not_apply",
+        "{}",
+        variants["broken"]
+    );
+    let cell_dir = store
+        .join(rec["id"].as_str().unwrap())
+        .join("cells")
+        .join(c["id"].as_str().unwrap());
+    let report = std::fs::read_to_string(cell_dir.join("variants/broken/patch.log")).unwrap();
+    assert!(report.contains("nope.py"), "{report}");
+    // Shuffled rounds: seeded, recorded, every live variant once per round.
+    let info = &c["info"];
+    assert_eq!(info["seed"], 11);
+    let orders = info["order"].as_array().unwrap();
+    assert_eq!(orders.len(), 5, "1 warm-up + 4 rounds: {orders:?}");
+    for (i, o) in orders.iter().enumerate() {
+        let mut names: Vec<&str> = o
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        names.sort();
+        // `crash` runs (and fails) in the first round only.
+        let want: &[&str] = if i == 0 {
+            &["agent", "baseline", "crash", "human"]
+        } else {
+            &["agent", "baseline", "human"]
+        };
+        assert_eq!(names, want, "{o}");
+    }
+    assert!(
+        orders.iter().any(|o| o[0] != "baseline"),
+        "the order is shuffled: {orders:?}"
+    );
+    assert_eq!(info["stopped_by"], "rounds");
+    assert_eq!(info["primary_metric"], "output_throughput");
+    assert_eq!(info["method"], "student_t");
+    // One verdict per pair, from the primary metric, with n, interval and MDE.
+    let pairs = info["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 3, "{pairs:?}");
+    let human = pairs
+        .iter()
+        .find(|p| p["base"] == "baseline" && p["other"] == "human")
+        .unwrap();
+    assert_eq!(human["verdict"], "faster", "{human}");
+    assert_eq!(human["n"], 4);
+    assert!(human["mde"].as_f64().unwrap() > 0.0);
+    let primary = info["comparison"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["other"] == "human" && x["role"] == "primary")
+        .unwrap();
+    assert_eq!(primary["metric"], "output_throughput");
+    assert_eq!(primary["base_values"].as_array().unwrap().len(), 4);
     assert_eq!(variants["crash"]["status"], "failed");
     assert_eq!(variants["broken"]["status"], "failed");
     assert!(
@@ -660,14 +726,27 @@ benchmarks:
             .unwrap_or_else(|| panic!("no {other} vs {base} on {metric}"));
         v["verdict"].as_str().unwrap().to_string()
     };
-    assert_eq!(verdict("baseline", "human", "median_itl_ms"), "faster");
+    // The primary metric decides each pair.
     assert_eq!(verdict("baseline", "human", "output_throughput"), "faster");
+    assert_eq!(verdict("human", "agent", "output_throughput"), "slower");
     assert_eq!(
         verdict("baseline", "agent", "median_itl_ms"),
         "same",
         "a no-op patch is A/A"
     );
-    assert_eq!(verdict("human", "agent", "median_itl_ms"), "slower");
+    // Secondary metrics: the same direction, with a Holm-adjusted p-value
+    // (their verdict needs it under 0.05, which 4 rounds on a loaded machine
+    // may not give).
+    let itl = c["info"]["comparison"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["base"] == "baseline" && x["other"] == "human" && x["metric"] == "median_itl_ms")
+        .unwrap();
+    assert_eq!(itl["role"], "secondary");
+    assert!(itl["speedup"].as_f64().unwrap() > 2.0, "{itl}");
+    assert!(itl["p_adjusted"].as_f64().unwrap() >= itl["p_value"].as_f64().unwrap());
+    assert_ne!(itl["verdict"], "slower");
 
     // `orch show` prints the comparison table.
     let show = run_ok(&[
@@ -681,4 +760,149 @@ benchmarks:
         text.contains("human vs baseline") && text.contains("faster"),
         "{text}"
     );
+    assert!(text.contains("output_throughput (primary)"), "{text}");
+    assert!(text.contains("output_throughput per round, human:"), "{text}");
+    assert!(text.contains("patch_does_not_apply"), "{text}");
+}
+
+#[test]
+fn auto_rounds_stop_and_say_why_and_a_missing_primary_metric_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("server-repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_openai.py"),
+        repo.join("server.py"),
+    )
+    .unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "server"]);
+    let port = 17000 + ((std::process::id() + 500) % 1000) as u16;
+    let bench = |name: &str, extra: &str| {
+        format!(
+            r#"
+  - name: {name}
+    compare:
+      repo: server-repo
+      warmup_rounds: 0
+{extra}
+      variants:
+        - {{name: a, ref: main}}
+        - {{name: b, ref: main}}
+    workload:
+      server:
+        command: [python3, server.py, "{port}"]
+        ready: {{http: /health, port: {port}}}
+      client:
+        loadgen: {{num_prompts: 4, max_concurrency: 4, input_len: 4, output_len: 4}}
+"#
+        )
+    };
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            "name: auto
+benchmarks:{}{}",
+            bench(
+                "auto",
+                "      rounds: auto
+      max_rounds: 4
+      primary_metric: mean_e2el_ms"
+            ),
+            bench(
+                "missing",
+                "      rounds: 2
+      primary_metric: tokens_per_gpu"
+            )
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    let rec = json(&out);
+    let cell = |id: &str| {
+        rec["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let auto = cell("auto.cpu");
+    let info = &auto["info"];
+    assert_eq!(auto["status"], "succeeded", "{auto}");
+    assert_eq!(info["rounds_requested"], "auto");
+    assert_eq!(info["max_rounds"], 4);
+    assert_eq!(info["primary_metric"], "mean_e2el_ms");
+    let n = info["rounds"].as_u64().unwrap();
+    match info["stopped_by"].as_str().unwrap() {
+        "max_rounds" => assert_eq!(n, 4),
+        "precision" => assert!((3..=4).contains(&n), "{n}"),
+        other => panic!("stopped by {other}"),
+    }
+    assert_eq!(info["pairs"][0]["n"], n);
+    assert_eq!(info["pairs"][0]["metric"], "mean_e2el_ms");
+    let missing = cell("missing.cpu");
+    assert_eq!(missing["status"], "failed");
+    assert_eq!(missing["failure"]["kind"], "invalid_config");
+    let msg = missing["failure"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("`tokens_per_gpu`") && msg.contains("output_throughput"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn live_phases_follow_the_workloads_markers_and_gpu_counts_take_a_colon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write_manifest(
+        tmp.path(),
+        r#"
+name: phases
+benchmarks:
+  - name: p
+    workload:
+      shell: "sleep 0.3; echo ORCH_PHASE warmup; sleep 0.1; echo ORCH_PHASE measure; sleep 0.1; echo ORCH_METRIC samples_per_s=5 gpu_energy_j=3"
+"#,
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let phases: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("p.cpu "))
+        .filter(|l| ["warmup", "measure", "teardown"].contains(l))
+        .collect();
+    assert_eq!(phases, ["warmup", "measure", "teardown"], "{err}");
+    // The workload's own metrics come before telemetry in the table.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("samples_per_s=5 gpu_energy_j=3"), "{text}");
+
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--gpu",
+        "H100x8",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`H100:8`") && err.contains("hint:"), "{err}");
 }

@@ -62,8 +62,71 @@ pub async fn resolve_images(
     Ok(out)
 }
 
+/// The agent image's Dockerfile: the static agent alone, run as
+/// `/orch-agent install DEST` by the kubernetes backend's init container.
+const AGENT_DOCKERFILE: &str =
+    "FROM scratch\nCOPY orch-agent /orch-agent\nENTRYPOINT [\"/orch-agent\"]\nCMD [\"version\"]\n";
+
+/// `orch build --agent [--push REGISTRY]`.
+async fn build_agent(docker: &bollard::Docker, push: Option<&str>) -> anyhow::Result<i32> {
+    let agent = orch_backend::docker::find_static_agent()?;
+    let context = tempfile_dir()?;
+    std::fs::copy(&agent, context.join("orch-agent"))
+        .map_err(|e| anyhow::anyhow!("cannot copy the static agent `{}`: {e}", agent.display()))?;
+    std::fs::write(context.join("Dockerfile"), AGENT_DOCKERFILE)?;
+    let spec = ImageSpec {
+        name: "orch-agent".into(),
+        context: context.clone(),
+        dockerfile: "Dockerfile".into(),
+        args: BTreeMap::new(),
+    };
+    let built = orch_images::ensure_built(docker, &spec, |_| {}).await;
+    let _ = std::fs::remove_dir_all(&context);
+    let built = built?;
+    eprintln!(
+        "{} {} (the static agent `{}`)",
+        if built.built { "built" } else { "up to date:" },
+        built.tag,
+        agent.display()
+    );
+    let image = match push {
+        Some(registry) => {
+            let pushed = orch_images::push(docker, &built.tag, registry).await?;
+            eprintln!("pushed {pushed}\nhint: `export ORCH_AGENT_IMAGE={pushed}` (or `kubernetes.agent_image` in the suite)");
+            pushed
+        }
+        None => built.tag,
+    };
+    println!("{image}");
+    Ok(0)
+}
+
+/// A fresh folder for a build context.
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "orch-agent-image-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 pub async fn build(args: BuildArgs) -> anyhow::Result<i32> {
-    let plan = orch_manifest::load(&args.file, &ExpandOptions::default())?;
+    if args.agent {
+        let docker = bollard::Docker::connect_with_local_defaults()
+            .map_err(|e| orch_images::ImageError::Engine(e.to_string()))?;
+        return build_agent(&docker, args.push.as_deref()).await;
+    }
+    let Some(file) = args.file.as_ref() else {
+        return Err(user(
+            "`orch build` needs `-f FILE` or `--agent`\nhint: `orch build -f manifests/quickstart.yaml`",
+        ));
+    };
+    let plan = orch_manifest::load(file, &ExpandOptions::default())?;
     let specs = image_specs(&plan)?;
     if specs.is_empty() {
         eprintln!("no image to build: no cell names `image: {{build: NAME}}`");

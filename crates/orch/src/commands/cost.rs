@@ -42,7 +42,7 @@ pub fn cost(store: &orch_store::Store, args: CostArgs) -> anyhow::Result<i32> {
     let spend = Spend::aggregate(group_by(args.by), &lines);
     if args.json {
         let out = serde_json::json!({
-            "store": store.root(),
+            "store": store.location(),
             "since": since,
             "by": spend.by,
             "runs": runs,
@@ -202,7 +202,17 @@ pub(crate) fn estimate_cells(
         .cells
         .iter()
         .map(|c| {
-            let rate = prices.rate(backend, &c.gpu, c.task.memory_limit_bytes);
+            // Slurm prices may be per partition; a multi-node cell bills every node.
+            let partition = plan
+                .slurm
+                .as_ref()
+                .filter(|_| backend == "slurm")
+                .and_then(|s| s.partition.as_deref());
+            let mut rate = prices.rate_in(backend, partition, &c.gpu, c.task.memory_limit_bytes);
+            if c.nodes > 1 {
+                rate.usd_per_s *= f64::from(c.nodes);
+                rate.gpus *= c.nodes;
+            }
             let estimate = history.estimate(
                 &c.id,
                 &c.benchmark,

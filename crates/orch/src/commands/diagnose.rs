@@ -14,16 +14,41 @@ pub struct DiagnoseArgs {
     /// Extra rule file layered over the defaults and the user's `~/.config/orch/diagnose.yaml`
     #[arg(long)]
     pub rules: Option<PathBuf>,
+    /// Measure the rules on a folder of labelled logs (`<kind>__<name>.log`, sub-folders are
+    /// splits) instead: accuracy by kind and leave-one-source-out (`--json` for the full report)
+    #[arg(long, value_name = "DIR", conflicts_with = "files")]
+    pub eval: Option<PathBuf>,
+    /// Use only the `--rules` file, without the built-in rules and the user's file (to compare rule sets)
+    #[arg(long, requires = "rules")]
+    pub no_default_rules: bool,
 }
 
 /// Exit 0 whenever a diagnosis was printed, whatever its kind.
 pub fn diagnose(args: DiagnoseArgs) -> anyhow::Result<i32> {
-    let rules = orch_diagnose::Rules::load_with_user(args.rules.as_deref()).map_err(|e| {
+    let loaded = match (&args.rules, args.no_default_rules) {
+        (Some(path), true) => orch_diagnose::Rules::from_path(path),
+        _ => orch_diagnose::Rules::load_with_user(args.rules.as_deref()),
+    };
+    let rules = loaded.map_err(|e| {
         user(format!(
             "{e}\nhint: fix the rule file (format: crates/orch-diagnose/README.md), or unset `{}`",
             orch_diagnose::RULES_ENV
         ))
     })?;
+    if let Some(dir) = &args.eval {
+        let logs = orch_diagnose::eval::load_dir(dir).map_err(|e| {
+            user(format!(
+                "{e}\nhint: `--eval` takes a folder of `<kind>__<name>.log` files (see crates/orch-diagnose/README.md)"
+            ))
+        })?;
+        let report = orch_diagnose::eval::evaluate(&logs, &rules);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.to_text());
+        }
+        return Ok(0);
+    }
     let files = if args.files.is_empty() {
         if std::io::stdin().is_terminal() {
             return Err(user(

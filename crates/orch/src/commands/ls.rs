@@ -2,13 +2,17 @@ use crate::cli::LsArgs;
 use crate::output;
 
 pub fn ls(store: &orch_store::Store, args: LsArgs) -> anyhow::Result<i32> {
-    let runs = store.list()?;
+    let (runs, damaged) = store.list_checked()?;
+    // A damaged run is named with its file; the others are still listed.
+    for e in &damaged {
+        eprintln!("warning: {e}");
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(0);
     }
     if runs.is_empty() {
-        eprintln!("no runs in `{}`", store.root().display());
+        eprintln!("no runs in `{}`", store.location());
         return Ok(0);
     }
     let rows: Vec<Vec<String>> = runs

@@ -3,20 +3,30 @@ mod compare;
 pub(crate) mod cost;
 pub(crate) mod diagnose;
 mod down;
+pub(crate) mod kubernetes;
 mod logs;
 mod ls;
+pub(crate) mod modal;
 mod plan;
 mod prices;
+mod push;
 mod report;
 mod run;
 mod setup;
 mod show;
+mod slurm;
 
 use crate::cli::{Cli, Command};
 
 /// Run a command; `Ok` carries the exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    let store = orch_store::Store::new(&cli.store);
+    let store = match &cli.command {
+        // Neither reads the store; opening a bucket would cost a request.
+        Command::Diagnose(_) | Command::Prices(_) | Command::Setup(_) | Command::Build(_) => {
+            orch_store::Store::new(&cli.store)
+        }
+        _ => open_store(&cli.store)?,
+    };
     let prices = cli.prices.clone();
     let prices = prices.as_deref();
     match cli.command {
@@ -33,6 +43,17 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Compare(args) => compare::compare(&store, args),
         Command::Prices(args) => prices::prices(prices, args),
         Command::Cost(args) => cost::cost(&store, args),
+        Command::Push(args) => push::push(&store, args),
+        Command::Pull(args) => push::pull(&store, args),
         Command::Agent { .. } => unreachable!("handled in main before the runtime starts"),
     }
+}
+
+/// The store named by `--store`/`ORCH_STORE`: `s3://bucket/prefix` or a folder.
+pub(crate) fn open_store(location: &str) -> anyhow::Result<orch_store::Store> {
+    if location.starts_with("s3://") {
+        let s3 = orch_store_s3::S3Store::open(location)?;
+        return Ok(orch_store::Store::with_backend(std::sync::Arc::new(s3)));
+    }
+    Ok(orch_store::Store::new(location))
 }

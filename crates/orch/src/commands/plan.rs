@@ -111,11 +111,20 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
         None => None,
     };
     let plan = orch_manifest::load(&args.file, &ExpandOptions { gpus })?;
-    let weights_dir = args
-        .weights_dir
-        .clone()
-        .unwrap_or_else(orch_hub::default_weights_dir);
-    let models = check_models(&plan, &weights_dir);
+    let weights_dir = match args.backend.as_str() {
+        "slurm" => crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref()),
+        _ => args
+            .weights_dir
+            .clone()
+            .unwrap_or_else(orch_hub::default_weights_dir),
+    };
+    let mut models = check_models(&plan, &weights_dir);
+    if args.backend == "modal" {
+        // The weights volume is Modal's: read its refs and markers there.
+        models = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(crate::commands::modal::check_models(&plan))
+        })?;
+    }
     let missing = models.iter().any(|m| !m.complete);
     let misfit = models.iter().any(|m| m.fit.iter().any(|f| !f.fits));
     let estimates = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;

@@ -14,7 +14,14 @@ fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bo
     if skip {
         return Ok(());
     }
-    let missing: Vec<String> = crate::commands::plan::check_models(plan, weights_dir)
+    let checks = if weights_dir == std::path::Path::new(MODAL_VOLUME) {
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(crate::commands::modal::check_models(plan))
+        })?
+    } else {
+        crate::commands::plan::check_models(plan, weights_dir)
+    };
+    let missing: Vec<String> = checks
         .into_iter()
         .filter(|m| !m.complete)
         .map(|m| format!("`{}@{}`", m.repo, m.revision))
@@ -30,6 +37,9 @@ fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bo
     )))
 }
 
+/// Stands for the weights volume of the modal backend (checked on Modal).
+const MODAL_VOLUME: &str = "modal:orch-weights";
+
 pub async fn run(
     store: &orch_store::Store,
     prices_file: Option<&std::path::Path>,
@@ -38,16 +48,18 @@ pub async fn run(
     orch_backend::check_name(&args.backend)?;
     let prices = orch_cost::Prices::load(prices_file)?;
     let cost_opts: orch_runner::CostOptions;
-    let weights_dir = match args.backend.as_str() {
+    let mut weights_dir = match args.backend.as_str() {
         "docker" => orch_backend::docker::weights_volume_dir(false)
             .await?
             .unwrap_or_else(|| std::path::PathBuf::from("/nonexistent-orch-weights-volume")),
+        "modal" => std::path::PathBuf::from(MODAL_VOLUME),
         _ => args
             .weights_dir
             .clone()
             .unwrap_or_else(orch_hub::default_weights_dir),
     };
     let prepared;
+    let secrets;
     let mut run = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
@@ -56,6 +68,12 @@ pub async fn run(
                 ));
             }
             let mut run = store.open_run(id)?;
+            if args.backend == "slurm" {
+                weights_dir =
+                    crate::commands::slurm::weights_dir(run.plan.slurm.as_ref(), args.weights_dir.as_ref());
+            }
+            crate::commands::slurm::check_nodes(&run.plan, &args.backend)?;
+            secrets = collect_secrets(&run.plan.secrets)?;
             preflight(&run.plan, &weights_dir, args.no_preflight)?;
             prepared = make_backend(&args, &run.plan).await?;
             if run.meta.backend != args.backend {
@@ -85,9 +103,18 @@ pub async fn run(
                 None => None,
             };
             let mut plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            if args.dry_run {
+                return dry_run(&args, &plan);
+            }
+            secrets = collect_secrets(&plan.secrets)?;
             for cell in &mut plan.cells {
                 cell.task.strict_hardware = args.strict_hardware;
             }
+            if args.backend == "slurm" {
+                weights_dir =
+                    crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref());
+            }
+            crate::commands::slurm::check_nodes(&plan, &args.backend)?;
             preflight(&plan, &weights_dir, args.no_preflight)?;
             // Everything a run needs is checked before its folder exists.
             prepared = make_backend(&args, &plan).await?;
@@ -113,24 +140,23 @@ pub async fn run(
     }
     let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
 
-    let mut secrets = Vec::new();
-    for name in &run.plan.secrets {
-        match std::env::var(name) {
-            Ok(v) => secrets.push((name.clone(), v)),
-            Err(_) => {
-                eprintln!("warning: secret `{name}` is not set in the environment; cells run without it")
-            }
-        }
-    }
-
     let (backend, images) = prepared;
-    let gpu_devices = gpu_devices();
+    // The cluster assigns GPUs to jobs; jobs an earlier, killed invocation
+    // of this run left in the queue go before the run resumes.
+    let gpu_devices = if matches!(args.backend.as_str(), "slurm" | "kubernetes") {
+        None
+    } else {
+        gpu_devices()
+    };
+    if matches!(args.backend.as_str(), "slurm" | "kubernetes") && args.resume.is_some() {
+        backend.cleanup(run.id()).await?;
+    }
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
     let reporter = Reporter::new(
         run.id(),
-        store.root(),
+        std::path::Path::new(&store.location()),
         run.plan.cells.len(),
         args.resume.is_some(),
     );
@@ -169,7 +195,10 @@ pub async fn run(
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
-        print!("{}", output::run_text(&record, run.dir()));
+        print!(
+            "{}",
+            output::run_text(&record, std::path::Path::new(&run.location()))
+        );
     }
     if let Some(why) = &outcome.budget_stopped {
         eprintln!(
@@ -189,6 +218,41 @@ pub async fn run(
     } else {
         1
     })
+}
+
+/// `--dry-run`: what the backend would apply, printed; nothing runs.
+fn dry_run(args: &RunArgs, plan: &orch_manifest::Plan) -> anyhow::Result<i32> {
+    match args.backend.as_str() {
+        "kubernetes" => {
+            print!(
+                "{}",
+                crate::commands::kubernetes::dry_run(plan, args.namespace.as_deref(), args.context.as_deref())?
+            );
+            Ok(0)
+        }
+        other => Err(user(format!(
+            "`--dry-run` prints the manifests of the kubernetes backend, not of `{other}`\nhint: `orch plan -f {}` shows the cells, weights and estimates of any backend",
+            plan.manifest.display()
+        ))),
+    }
+}
+
+/// The values of the suite's `secrets:` from this environment. A value too
+/// short to be masked in logs (`< 6` characters) is refused before anything
+/// runs: masking it would mask every `a` or `1234` of every log.
+fn collect_secrets(names: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let mut secrets = Vec::new();
+    for name in names {
+        match std::env::var(name) {
+            Ok(v) => secrets.push((name.clone(), v)),
+            Err(_) => {
+                eprintln!("warning: secret `{name}` is not set in the environment; cells run without it")
+            }
+        }
+    }
+    orch_protocol::mask::Masker::new(secrets.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| user(e.to_string()))?;
+    Ok(secrets)
 }
 
 /// First Ctrl-C (or SIGTERM): stop cleanly, recording running cells
@@ -234,6 +298,30 @@ async fn make_backend(
             let docker = orch_backend::docker::DockerBackend::connect(agent, args.keep)?;
             let images = crate::commands::build::resolve_images(plan, docker.client()).await?;
             (Arc::new(docker), images)
+        }
+        "modal" => {
+            let agent = orch_backend::docker::find_static_agent()?;
+            let modal = crate::commands::modal::connect()?;
+            let (images, specs) = crate::commands::modal::images(plan)?;
+            let opts = orch_backend_modal::backend::ModalOptions {
+                weights_volume: crate::commands::modal::volume_name(),
+                ..Default::default()
+            };
+            let backend = orch_backend_modal::ModalBackend::new(modal, agent, specs, opts);
+            backend.preflight().await?;
+            (Arc::new(backend), images)
+        }
+        "slurm" => (Arc::new(crate::commands::slurm::backend(plan)?), Images::new()),
+        "kubernetes" => {
+            let images = crate::commands::kubernetes::images(plan)?;
+            let backend = crate::commands::kubernetes::backend(
+                plan,
+                args.context.as_deref(),
+                args.namespace.as_deref(),
+            )
+            .await?;
+            backend.preflight().await?;
+            (Arc::new(backend), images)
         }
         _ => (
             Arc::new(LocalBackend::new(AgentCommand::from_env_or_self(&["agent"])?)),

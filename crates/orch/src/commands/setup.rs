@@ -23,10 +23,15 @@ pub fn requests_of(plan: &orch_manifest::Plan) -> Vec<ModelRequest> {
 
 pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
     orch_backend::check_name(&args.backend)?;
+    if args.backend == "modal" {
+        return crate::commands::modal::setup(&args).await;
+    }
     let mut requests = Vec::new();
+    let mut slurm_def = None;
     if let Some(file) = &args.file {
         let plan = orch_manifest::load(file, &ExpandOptions::default())?;
         requests.extend(requests_of(&plan));
+        slurm_def = plan.slurm;
     }
     for spec in &args.models {
         requests.push(ModelRequest::parse(spec)?);
@@ -41,11 +46,22 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
         "docker" => orch_backend::docker::weights_volume_dir(true)
             .await?
             .unwrap_or_default(),
+        // A folder on the cluster's shared filesystem, filled from the login node.
+        "slurm" => crate::commands::slurm::weights_dir(slurm_def.as_ref(), args.weights_dir.as_ref()),
         _ => args
             .weights_dir
             .clone()
             .unwrap_or_else(orch_hub::default_weights_dir),
     };
+    if args.as_job {
+        if args.backend != "slurm" {
+            return Err(user(
+                "`--as-job` needs `--backend slurm`\nhint: other backends download from this machine",
+            ));
+        }
+        return crate::commands::slurm::setup_as_job(&args, slurm_def.as_ref(), &weights_dir, &requests)
+            .await;
+    }
     let mut opts = SetupOptions::new(weights_dir.clone());
     opts.connections = args.connections.max(1);
     let client = orch_hub::client()?;
@@ -73,6 +89,9 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
         );
         reports.push(report);
     }
+    // Flush the weights to their file system before exiting: inside a
+    // Modal sandbox this is what commits a volume's writes (`sync`).
+    sync_dir(&weights_dir);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     }
@@ -161,5 +180,17 @@ pub fn human_bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", units[i])
+    }
+}
+
+/// `syncfs(2)` on the file system holding `dir` (what `sync DIR` does);
+/// errors are ignored: the data is written either way.
+fn sync_dir(dir: &std::path::Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor, for the duration of the call.
+        unsafe {
+            libc::syncfs(f.as_raw_fd());
+        }
     }
 }

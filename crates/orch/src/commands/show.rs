@@ -7,7 +7,10 @@ pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
-        print!("{}", output::run_text(&record, run.dir()));
+        print!(
+            "{}",
+            output::run_text(&record, std::path::Path::new(&run.location()))
+        );
     }
     Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
         0

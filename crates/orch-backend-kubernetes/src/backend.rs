@@ -1,0 +1,674 @@
+//! `--backend kubernetes`: a Job per cell.
+//!
+//! For each cell: the run's Secret (once, from the suite's `secrets:`), the
+//! cell's Job ([`crate::spec::cell_job`]), then its pod watched every half
+//! second until the cell's container starts. A pod that cannot start is a
+//! failed cell within seconds, with the cluster's own words: unschedulable
+//! (after `unschedulable_grace`, unless an autoscaler is adding a node), an
+//! image that cannot be pulled, a container that cannot be created (a
+//! missing Secret key), no progress for `max_pending`. Once the container
+//! runs, its log (the agent's frame stream) is followed into the shared
+//! [`Home`], reconnecting after a dropped stream (frames already home are
+//! dropped by number). When the stream ends without a result, the cell's
+//! end comes from the pod: the agent's summary in the termination message,
+//! `OOMKilled`, eviction, the Job's deadline. The Job is deleted (with its
+//! pod) when the cell ends, on cancel and on timeout.
+
+use crate::spec::{self, KubeSettings};
+use crate::watch::{self, PodState};
+use crate::{KubeError, CELL_CONTAINER, JOB_LABEL};
+use async_trait::async_trait;
+use futures::{AsyncBufReadExt, StreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event as K8sEvent, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use orch_backend::home::Home;
+use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_protocol::{CellResult, Failure, Phase, Status};
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch as tokio_watch, Mutex};
+
+pub struct KubernetesBackend {
+    client: kube::Client,
+    settings: KubeSettings,
+    /// Runs whose Secret this process created.
+    secrets_made: Mutex<Vec<String>>,
+    poll: Duration,
+}
+
+impl KubernetesBackend {
+    pub fn new(client: kube::Client, settings: KubeSettings) -> KubernetesBackend {
+        KubernetesBackend {
+            client,
+            settings,
+            secrets_made: Mutex::new(Vec::new()),
+            poll: Duration::from_millis(500),
+        }
+    }
+
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.settings.namespace)
+    }
+
+    /// The run's Secret, made once from the values the host holds.
+    async fn ensure_secret(&self, run_id: &str, values: &[(String, String)]) -> Result<(), KubeError> {
+        if values.is_empty() || self.settings.secret_name.is_some() {
+            return Ok(());
+        }
+        let mut made = self.secrets_made.lock().await;
+        if made.iter().any(|r| r == run_id) {
+            return Ok(());
+        }
+        let secrets: Api<Secret> = self.api();
+        let secret = spec::run_secret(run_id, values, &self.settings);
+        let name = spec::secret_name(run_id);
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Left by an earlier invocation of this run: made again from
+                // this host's values.
+                secrets
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(KubeError::api(format!("delete secret {name}")))?;
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .map_err(KubeError::api(format!("create secret {name}")))?;
+            }
+            Err(e) => return Err(KubeError::api(format!("create secret {name}"))(e)),
+        }
+        made.push(run_id.to_string());
+        Ok(())
+    }
+
+    /// Create the Job; one left by an earlier invocation of the run is
+    /// deleted first.
+    async fn create_job(&self, job: &Job) -> Result<(), KubeError> {
+        let jobs: Api<Job> = self.api();
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let started = Instant::now();
+        loop {
+            match jobs.create(&PostParams::default(), job).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 && started.elapsed() < Duration::from_secs(60) => {
+                    let _ = jobs.delete(&name, &DeleteParams::background()).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(KubeError::api(format!("create job {name}"))(e)),
+            }
+        }
+    }
+
+    async fn delete_job(&self, name: &str) {
+        let jobs: Api<Job> = self.api();
+        let _ = jobs.delete(name, &DeleteParams::background()).await;
+    }
+
+    async fn find_pod(&self, job: &str) -> Option<Pod> {
+        let pods: Api<Pod> = self.api();
+        let lp = ListParams::default().labels(&format!("{JOB_LABEL}={job}"));
+        pods.list(&lp).await.ok()?.items.into_iter().next()
+    }
+
+    /// Warning events of a pod, and whether an autoscaler is adding a node for it.
+    async fn pod_events(&self, pod: &str) -> (Vec<String>, bool) {
+        let events: Api<K8sEvent> = self.api();
+        let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+        let Ok(list) = events.list(&lp).await else {
+            return (vec![], false);
+        };
+        let mut scaling = false;
+        let mut lines = Vec::new();
+        for e in list.items {
+            let reason = e.reason.clone().unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "TriggeredScaleUp" | "Nominated" | "NominatedNode"
+            ) {
+                scaling = true;
+            }
+            lines.push(format!(
+                "{} {}: {}",
+                e.type_.unwrap_or_default(),
+                reason,
+                e.message.unwrap_or_default()
+            ));
+        }
+        (lines, scaling)
+    }
+}
+
+/// Append an `orch: ...` line to the cell's `agent.log` (the diagnosis reads it there).
+fn note(dir: &std::path::Path, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("agent.log"))
+    {
+        let _ = writeln!(f, "orch: {line}");
+    }
+}
+
+/// The `orch: kubernetes ...` line of a failure (the diagnosis rules match it).
+fn note_line(f: &Failure) -> String {
+    format!("kubernetes {}: {}", f.kind, f.message)
+}
+
+/// A result from the agent's summary in the termination message.
+fn summary_result(cell_id: &str, text: &str) -> Option<CellResult> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    let status: Status = serde_json::from_value(v.get("status")?.clone()).ok()?;
+    let mut r = match v.get("kind").and_then(|k| k.as_str()) {
+        Some(kind) => CellResult::failed(
+            cell_id,
+            status,
+            kind,
+            v.get("message").and_then(|m| m.as_str()).unwrap_or_default(),
+        ),
+        None => {
+            let mut r = CellResult::failed(cell_id, status, "", "");
+            r.failure = None;
+            r
+        }
+    };
+    if let (Some(f), Some(code)) = (r.failure.as_mut(), v.get("exit_code").and_then(|c| c.as_i64())) {
+        f.exit_code = Some(code as i32);
+    }
+    r.info.insert(
+        "kubernetes_result_from".into(),
+        "termination message (the log stream did not bring the result)".into(),
+    );
+    Some(r)
+}
+
+/// Follow the cell container's log into `tx`, line by line, reconnecting
+/// after a dropped stream (the whole log again: frames already home are
+/// dropped by number) until the container has ended or the pod is gone.
+async fn follow_log(pods: Api<Pod>, pod: String, tx: mpsc::UnboundedSender<String>) -> Result<(), String> {
+    let mut failures = 0u32;
+    loop {
+        let lp = LogParams {
+            container: Some(CELL_CONTAINER.into()),
+            follow: true,
+            ..Default::default()
+        };
+        match pods.log_stream(&pod, &lp).await {
+            Ok(stream) => {
+                let mut lines = stream.lines();
+                while let Some(line) = lines.next().await {
+                    match line {
+                        Ok(l) => {
+                            failures = 0;
+                            if tx.send(l).is_err() {
+                                return Ok(());
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                if failures > 40 {
+                    return Err(format!("the pod log could not be read: {e}"));
+                }
+            }
+        }
+        match pods.get_opt(&pod).await {
+            Ok(Some(p)) if watch::cell_terminated(&p) => return Ok(()),
+            Ok(None) => return Ok(()),
+            Ok(Some(_)) => {}
+            Err(e) => {
+                failures += 1;
+                if failures > 40 {
+                    return Err(format!("the pod could not be read: {e}"));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The whole log of the cell's container, once (no follow).
+async fn read_log(pods: &Api<Pod>, pod: &str) -> Option<String> {
+    let lp = LogParams {
+        container: Some(CELL_CONTAINER.into()),
+        ..Default::default()
+    };
+    pods.logs(pod, &lp).await.ok()
+}
+
+#[async_trait]
+impl Backend for KubernetesBackend {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    async fn preflight(&self) -> Result<(), BackendError> {
+        if self.settings.agent_image.trim().is_empty() {
+            return Err(KubeError::Unavailable {
+                message: "the kubernetes backend needs the agent image (the static agent, `FROM scratch`)".into(),
+                hint: "publish it with `orch build --agent --push REGISTRY` and name it in `kubernetes.agent_image` or `ORCH_AGENT_IMAGE`".into(),
+            }
+            .into());
+        }
+        let pods: Api<Pod> = self.api();
+        pods.list(&ListParams::default().limit(1))
+            .await
+            .map_err(KubeError::api(format!(
+                "list pods in namespace {}",
+                self.settings.namespace
+            )))?;
+        Ok(())
+    }
+
+    async fn run_cell(
+        &self,
+        launch: CellLaunch,
+        events: mpsc::UnboundedSender<CellEvent>,
+        mut cancel: tokio_watch::Receiver<bool>,
+    ) -> Result<CellResult, BackendError> {
+        let cell_id = launch.task.cell_id.clone();
+        let run_id = launch.task.run_id.clone();
+        let dir = launch.cell_dir.clone();
+        let launched = Instant::now();
+        let mut home = Home::new(&cell_id, &dir, events).map_err(|e| BackendError::Io {
+            action: "open the cell folder".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let Some(image) = launch.image.clone() else {
+            return Ok(CellResult::failed(
+                &cell_id,
+                Status::Failed,
+                "no_image",
+                "the cell names no `image`; the kubernetes backend needs one (`image: REF`)",
+            ));
+        };
+        self.ensure_secret(&run_id, &launch.secrets).await?;
+        let names: Vec<String> = launch.secrets.iter().map(|(k, _)| k.clone()).collect();
+        let job = spec::cell_job(&launch.task, &image, &names, &self.settings);
+        let job_name = job.metadata.name.clone().unwrap_or_default();
+        let mut klog = std::fs::File::create(dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
+            action: "create kubernetes.log".into(),
+            source: e,
+        })?;
+        self.create_job(&job).await?;
+        let _ = writeln!(
+            klog,
+            "orch: job {job_name} created in namespace {} (image {image}, gpu {})",
+            self.settings.namespace, launch.task.gpu
+        );
+
+        let pods: Api<Pod> = self.api();
+        let grace = launch.task.measure.kill_grace_s.max(1.0);
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs_f64(launch.task.measure.timeout_s + grace)
+            + self.settings.max_pending
+            + Duration::from_secs(60);
+        let mut pod_name: Option<String> = None;
+        let mut node: Option<String> = None;
+        let mut follower: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
+        let (line_tx, mut line_rx) = mpsc::unbounded_channel::<String>();
+        let mut line_tx = Some(line_tx);
+        let mut last_state = String::new();
+        let mut unschedulable_since: Option<Instant> = None;
+        let mut pull_trouble_since: Option<Instant> = None;
+        let mut by_host: Option<Status> = None;
+        let mut stop_by: Option<tokio::time::Instant> = None;
+        let mut early: Option<(Status, Failure)> = None;
+        let mut result: Option<CellResult> = None;
+        let mut ticker = tokio::time::interval(self.poll);
+
+        loop {
+            tokio::select! {
+                line = line_rx.recv(), if follower.is_some() => match line {
+                    Some(line) => {
+                        if let Ok(Some(r)) = home.line(&line) {
+                            result = Some(r);
+                        }
+                    }
+                    None => break,
+                },
+                _ = wait_cancel(&mut cancel), if by_host.is_none() => {
+                    by_host = Some(Status::Cancelled);
+                    let _ = writeln!(klog, "orch: cancelled; deleting job {job_name}");
+                    self.delete_job(&job_name).await;
+                    if follower.is_none() {
+                        early = Some((Status::Cancelled, Failure {
+                            kind: "cancelled".into(),
+                            message: "cancelled before the cell's container started".into(),
+                            exit_code: None,
+                            signal: None,
+                        }));
+                        break;
+                    }
+                    stop_by = Some(tokio::time::Instant::now() + Duration::from_secs_f64(grace + 30.0));
+                }
+                _ = tokio::time::sleep_until(deadline), if by_host.is_none() => {
+                    by_host = Some(Status::Timeout);
+                    let _ = writeln!(klog, "orch: the cell passed its deadline; deleting job {job_name}");
+                    self.delete_job(&job_name).await;
+                    if follower.is_none() {
+                        early = Some((Status::Timeout, Failure {
+                            kind: "timeout".into(),
+                            message: "the cell's container did not start before the cell's deadline".into(),
+                            exit_code: None,
+                            signal: None,
+                        }));
+                        break;
+                    }
+                    stop_by = Some(tokio::time::Instant::now() + Duration::from_secs_f64(grace + 30.0));
+                }
+                _ = async { match stop_by { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                    let _ = writeln!(klog, "orch: the pod did not end in time after being deleted");
+                    break;
+                }
+                _ = ticker.tick(), if follower.is_none() => {
+                    let Some(pod) = self.find_pod(&job_name).await else {
+                        if launched.elapsed() > self.settings.max_pending {
+                            early = Some((Status::Failed, Failure {
+                                kind: "pending_too_long".into(),
+                                message: format!("the Job made no pod within {:.0}s", self.settings.max_pending.as_secs_f64()),
+                                exit_code: None,
+                                signal: None,
+                            }));
+                            break;
+                        }
+                        continue;
+                    };
+                    let pname = pod.metadata.name.clone().unwrap_or_default();
+                    if pod_name.is_none() {
+                        let _ = writeln!(klog, "orch: pod {pname}");
+                    }
+                    pod_name = Some(pname.clone());
+                    node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).or(node);
+                    let state = watch::pod_state(&pod);
+                    let shown = format!("{state:?}");
+                    if shown != last_state {
+                        let _ = writeln!(klog, "orch: {shown}");
+                        last_state = shown;
+                    }
+                    match state {
+                        PodState::Started => {
+                            let Some(tx) = line_tx.take() else { continue };
+                            follower = Some(tokio::spawn(follow_log(pods.clone(), pname, tx)));
+                        }
+                        PodState::Unschedulable { message } => {
+                            let since = *unschedulable_since.get_or_insert_with(Instant::now);
+                            let (evs, scaling) = self.pod_events(&pname).await;
+                            let limit = if scaling { self.settings.max_pending } else { self.settings.unschedulable_grace };
+                            if since.elapsed() >= limit || launched.elapsed() >= self.settings.max_pending {
+                                for e in &evs {
+                                    let _ = writeln!(klog, "event: {e}");
+                                }
+                                early = Some((Status::Failed, Failure {
+                                    kind: "unschedulable".into(),
+                                    message: format!(
+                                        "no node can run the pod ({} `{}`): {message}",
+                                        if launch.task.gpu == "none" { "CPU cell" } else { "GPU" },
+                                        launch.task.gpu
+                                    ),
+                                    exit_code: None,
+                                    signal: None,
+                                }));
+                                break;
+                            }
+                        }
+                        PodState::Stuck { kind, message, .. } => {
+                            let (evs, _) = self.pod_events(&pname).await;
+                            for e in &evs {
+                                let _ = writeln!(klog, "event: {e}");
+                            }
+                            early = Some((Status::Failed, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
+                            break;
+                        }
+                        PodState::EndedEarly { status, kind, message } => {
+                            early = Some((status, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
+                            break;
+                        }
+                        PodState::Pending { reason, message } => {
+                            unschedulable_since = None;
+                            if matches!(reason.as_str(), "ErrImagePull" | "ImagePullBackOff") {
+                                let since = *pull_trouble_since.get_or_insert_with(Instant::now);
+                                if since.elapsed() > Duration::from_secs(90) {
+                                    early = Some((Status::Failed, Failure {
+                                        kind: "image_pull_failed".into(),
+                                        message: format!("an image could not be pulled for 90s ({reason}): {message}"),
+                                        exit_code: None,
+                                        signal: None,
+                                    }));
+                                    break;
+                                }
+                            } else {
+                                pull_trouble_since = None;
+                            }
+                            if launched.elapsed() > self.settings.max_pending {
+                                let (evs, _) = self.pod_events(&pname).await;
+                                for e in &evs {
+                                    let _ = writeln!(klog, "event: {e}");
+                                }
+                                early = Some((Status::Failed, Failure {
+                                    kind: "pending_too_long".into(),
+                                    message: format!(
+                                        "the pod made no progress for {:.0}s (still {reason}{}){}",
+                                        self.settings.max_pending.as_secs_f64(),
+                                        if message.is_empty() { String::new() } else { format!(": {message}") },
+                                        evs.last().map(|e| format!("; last event: {e}")).unwrap_or_default()
+                                    ),
+                                    exit_code: None,
+                                    signal: None,
+                                }));
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        let mut info: Vec<(&str, serde_json::Value)> = vec![
+            ("kubernetes_namespace", self.settings.namespace.clone().into()),
+            ("kubernetes_job", job_name.clone().into()),
+            ("container_image", image.clone().into()),
+        ];
+        if let Some(p) = &pod_name {
+            info.push(("kubernetes_pod", p.clone().into()));
+        }
+
+        let mut result = if let Some((status, failure)) = early {
+            // The container never ran: the Job goes now.
+            self.delete_job(&job_name).await;
+            if let Some(f) = follower.take() {
+                f.abort();
+            }
+            note(&dir, &note_line(&failure));
+            let _ = writeln!(klog, "orch: {}", note_line(&failure));
+            let mut r = home.finish_without_result(&cell_id, status, failure);
+            r.timings
+                .insert(Phase::Provision, launched.elapsed().as_secs_f64());
+            r
+        } else {
+            let stream = match follower.take() {
+                Some(f) => match tokio::time::timeout(Duration::from_secs(5), f).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("the log follower did not end".into()),
+                },
+                None => Ok(()),
+            };
+            let pod = match &pod_name {
+                Some(p) => pods.get_opt(p).await.ok().flatten(),
+                None => None,
+            };
+            // Frames missing (a stream cut mid-way): the whole log once more.
+            if result.is_none() || home.gaps() {
+                if let Some(p) = &pod_name {
+                    if let Some(text) = read_log(&pods, p).await {
+                        for line in text.lines() {
+                            if let Ok(Some(r)) = home.line(line) {
+                                result = Some(r);
+                            }
+                        }
+                    }
+                }
+            }
+            if let Err(e) = &stream {
+                let _ = writeln!(klog, "orch: {e}");
+            }
+            let end = watch::pod_end(pod.as_ref());
+            let summary = pod
+                .as_ref()
+                .and_then(watch::termination_message)
+                .and_then(|m| summary_result(&cell_id, &m))
+                .filter(|_| end.0 != Status::Oom);
+            let mut result = match (result, by_host, summary) {
+                (Some(r), _, _) => r,
+                (None, Some(Status::Cancelled), _) => home.finish_without_result(
+                    &cell_id,
+                    Status::Cancelled,
+                    Failure {
+                        kind: "cancelled".into(),
+                        message: "the cell's Job was deleted by orch (cancel)".into(),
+                        exit_code: None,
+                        signal: None,
+                    },
+                ),
+                (None, _, Some(s)) => {
+                    // The agent's own summary: its status and failure.
+                    let failure = s.failure.clone().unwrap_or(Failure {
+                        kind: "stream_lost".into(),
+                        message: "the log stream did not bring the agent's result".into(),
+                        exit_code: None,
+                        signal: None,
+                    });
+                    let mut r = home.finish_without_result(&cell_id, s.status, failure);
+                    if s.failure.is_none() {
+                        r.failure = None;
+                    }
+                    r.info.extend(s.info);
+                    r
+                }
+                (None, Some(Status::Timeout), None) => home.finish_without_result(
+                    &cell_id,
+                    Status::Timeout,
+                    Failure {
+                        kind: "timeout".into(),
+                        message: "the cell passed its deadline and its Job was deleted".into(),
+                        exit_code: None,
+                        signal: None,
+                    },
+                ),
+                (None, _, None) => {
+                    let (status, mut failure) = end.clone();
+                    if let Err(e) = &stream {
+                        failure.message.push_str(&format!(" ({e})"));
+                    }
+                    if let Some(msg) = pod.as_ref().and_then(watch::termination_message) {
+                        let tail: Vec<&str> = msg.lines().rev().take(5).collect();
+                        let tail: Vec<&str> = tail.into_iter().rev().collect();
+                        failure
+                            .message
+                            .push_str(&format!("; its last output:\n{}", tail.join("\n")));
+                    }
+                    note(&dir, &note_line(&failure));
+                    home.finish_without_result(&cell_id, status, failure)
+                }
+            };
+            // Kubernetes' OOM kill is `oom`, whatever the agent managed to say.
+            if end.0 == Status::Oom && !matches!(result.status, Status::Succeeded | Status::Cancelled) {
+                note(&dir, &note_line(&end.1));
+                result.status = Status::Oom;
+                result.failure = Some(end.1.clone());
+            }
+            if let Some(n) = pod
+                .as_ref()
+                .and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.node_name.clone())
+            {
+                node = Some(n);
+            }
+            self.delete_job(&job_name).await;
+            result
+        };
+        if let Some(n) = node {
+            info.push(("kubernetes_node", n.into()));
+        }
+        for (k, v) in info {
+            result.info.insert(k.into(), v);
+        }
+        result
+            .timings
+            .entry(Phase::Provision)
+            .or_insert(launched.elapsed().as_secs_f64());
+        Ok(result)
+    }
+
+    async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
+        let lp = ListParams::default().labels(&spec::run_selector(run_id));
+        let jobs: Api<Job> = self.api();
+        let pods: Api<Pod> = self.api();
+        let secrets: Api<Secret> = self.api();
+        jobs.delete_collection(&DeleteParams::background(), &lp)
+            .await
+            .map_err(KubeError::api("delete the run's jobs"))?;
+        let _ = pods.delete_collection(&DeleteParams::default(), &lp).await;
+        let _ = secrets.delete_collection(&DeleteParams::default(), &lp).await;
+        // Wait until the pods are gone (their grace period), at most a minute.
+        for _ in 0..120 {
+            match pods.list(&lp).await {
+                Ok(l) if l.items.is_empty() => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(_) => break,
+            }
+        }
+        self.secrets_made.lock().await.retain(|r| r != run_id);
+        Ok(())
+    }
+}
+
+/// Resolves when `cancel` turns true (or its sender is gone: never).
+async fn wait_cancel(cancel: &mut tokio_watch::Receiver<bool>) {
+    loop {
+        if *cancel.borrow() {
+            return;
+        }
+        if cancel.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_termination_message_summary_is_a_result() {
+        let r = summary_result(
+            "c",
+            r#"{"cell_id":"c","status":"failed","exit_code":3,"signal":null,"kind":"exit_code","message":"exited with 3"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.status, Status::Failed);
+        let f = r.failure.unwrap();
+        assert_eq!((f.kind.as_str(), f.exit_code), ("exit_code", Some(3)));
+        let r = summary_result(
+            "c",
+            r#"{"cell_id":"c","status":"succeeded","exit_code":null,"kind":null,"message":""}"#,
+        )
+        .unwrap();
+        assert_eq!(r.status, Status::Succeeded);
+        assert!(r.failure.is_none());
+        assert!(summary_result("c", "Traceback (most recent call last):").is_none());
+    }
+}

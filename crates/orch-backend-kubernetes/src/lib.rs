@@ -1,0 +1,140 @@
+//! The `kubernetes` backend: every cell is a batch/v1 Job on a cluster with
+//! the NVIDIA device plugin, driven with kube-rs.
+//!
+//! - [`spec`]: the objects orch applies (the cell's Job, the run's Secret),
+//!   built without IO, so `orch run --dry-run` prints exactly what is applied;
+//! - [`watch`]: what a pod's status and events say (scheduled, pulling,
+//!   unschedulable, image errors, config errors, OOM, eviction), without IO;
+//! - [`backend`]: the [`orch_backend::Backend`] for `--backend kubernetes`:
+//!   create, watch, follow the pod log home through
+//!   [`orch_backend::home::Home`], name failures, delete.
+//!
+//! The agent reaches ANY image through an init container: the small agent
+//! image (`FROM scratch`, the static agent only) copies the agent into an
+//! `emptyDir` (`orch-agent install /orch/bin/orch-agent`), and the cell's
+//! container runs it from there. The agent's stdout is the frame stream of
+//! the way home; the pod log carries it to the host.
+
+pub mod backend;
+pub mod spec;
+pub mod watch;
+
+pub use backend::KubernetesBackend;
+pub use spec::{KubeSettings, Toleration};
+
+/// Label every object orch creates carries.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "orch");
+/// Label: the run (a label-safe form of the run id).
+pub const RUN_LABEL: &str = "orch.dev/run";
+/// Label: the cell (a label-safe form of the cell id).
+pub const CELL_LABEL: &str = "orch.dev/cell";
+/// Label on the pod template: the Job's name (orch finds its pod by it).
+pub const JOB_LABEL: &str = "orch.dev/job";
+/// The cell's container.
+pub const CELL_CONTAINER: &str = "cell";
+/// The init container that installs the agent.
+pub const AGENT_CONTAINER: &str = "orch-agent";
+/// Where the agent is installed in the cell's container.
+pub const AGENT_DIR: &str = "/orch/bin";
+pub const AGENT_PATH: &str = "/orch/bin/orch-agent";
+/// Where the agent writes its output folder (an `emptyDir`).
+pub const OUT_DIR: &str = "/orch/out";
+/// Where the weights PVC is mounted (read-only).
+pub const WEIGHTS_MOUNT: &str = "/weights";
+/// The agent image's own path of the static agent.
+pub const AGENT_IN_IMAGE: &str = "/orch-agent";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The cluster cannot be used from here (no kubeconfig, refused credentials, no agent image).
+    #[error("{message}\nhint: {hint}")]
+    Unavailable { message: String, hint: String },
+    /// The API server answered a call with an error.
+    #[error("kubernetes `{call}` failed: {source}")]
+    Api {
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl KubeError {
+    pub fn api(call: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeError {
+        let call = call.into();
+        move |source| {
+            match &source {
+            kube::Error::Api(s) if s.code == 401 || s.code == 403 => KubeError::Unavailable {
+                message: format!(
+                    "the cluster refused orch's credentials for `{call}` ({}): {}",
+                    s.code, s.message
+                ),
+                hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods and Secrets in the namespace".into(),
+            },
+            _ => KubeError::Api { call, source },
+        }
+        }
+    }
+
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, KubeError::Unavailable { .. })
+    }
+}
+
+impl From<KubeError> for orch_backend::BackendError {
+    fn from(e: KubeError) -> Self {
+        match e {
+            KubeError::Unavailable { message, hint } => orch_backend::BackendError::Unavailable {
+                backend: "kubernetes",
+                message,
+                hint,
+            },
+            other => orch_backend::BackendError::Io {
+                action: "talk to the Kubernetes API server".into(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
+}
+
+/// A client for the cluster, like `kubectl` finds it: `KUBECONFIG` (or
+/// `~/.kube/config`) with its current context or `context`, else the
+/// in-cluster service account. Returns the client and the namespace:
+/// `namespace` if given, else the context's, else `default`.
+pub async fn connect(
+    context: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<(kube::Client, String), KubeError> {
+    let config = match context {
+        Some(ctx) => {
+            let opts = kube::config::KubeConfigOptions {
+                context: Some(ctx.to_string()),
+                cluster: None,
+                user: None,
+            };
+            kube::Config::from_kubeconfig(&opts)
+                .await
+                .map_err(|e| KubeError::Unavailable {
+                    message: format!("cannot load the kubeconfig context `{ctx}`: {e}"),
+                    hint: "list the contexts with `kubectl config get-contexts`; `KUBECONFIG` names the file".into(),
+                })?
+        }
+        None => kube::Config::infer().await.map_err(|e| KubeError::Unavailable {
+            message: format!("no Kubernetes cluster configured: {e}"),
+            hint: "point `KUBECONFIG` at a kubeconfig (or use `~/.kube/config`), pass `--context`, or run orch inside the cluster".into(),
+        })?,
+    };
+    let ns = namespace
+        .map(str::to_string)
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).map_err(|e| KubeError::Unavailable {
+        message: format!("cannot make a client for the cluster: {e}"),
+        hint: "check the kubeconfig's cluster entry (server URL, certificate)".into(),
+    })?;
+    Ok((client, ns))
+}

@@ -1,0 +1,654 @@
+//! The objects orch applies, built without IO: one Job per cell, one Secret
+//! per run. `orch run --backend kubernetes --dry-run` prints these.
+//!
+//! A cell's Job: `backoffLimit: 0` (a failed benchmark is a result, not
+//! something to retry behind the user's back), `restartPolicy: Never`,
+//! `activeDeadlineSeconds` from the cell's timeout (plus the time it may
+//! wait for a node), `ttlSecondsAfterFinished` as a safety net, labels for
+//! the run and the cell. GPUs as `nvidia.com/gpu` limits, the GPU type by
+//! node labels (GPU Feature Discovery, GKE, Karpenter, or the user's label),
+//! the usual `nvidia.com/gpu` toleration, `/dev/shm` as a memory `emptyDir`
+//! (NCCL), weights from a PVC read-only, secrets through `secretKeyRef` only.
+
+use crate::{
+    AGENT_CONTAINER, AGENT_DIR, AGENT_IN_IMAGE, AGENT_PATH, CELL_CONTAINER, CELL_LABEL, JOB_LABEL,
+    MANAGED_BY, OUT_DIR, RUN_LABEL, WEIGHTS_MOUNT,
+};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, LocalObjectReference, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, ResourceRequirements, Secret, SecretKeySelector, Toleration as K8sToleration, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use orch_protocol::TaskSpec;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A toleration as the suite writes it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Toleration {
+    pub key: Option<String>,
+    /// `Exists` or `Equal` (default `Equal` with a value, `Exists` without).
+    pub operator: Option<String>,
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule`, `NoExecute`; empty: all.
+    pub effect: Option<String>,
+}
+
+/// How cells run on the cluster: the suite's `kubernetes:` section with the
+/// command line's `--namespace`/`--context` applied and defaults filled in.
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    pub namespace: String,
+    /// Every pod's `nodeSelector` (added to the GPU type's affinity).
+    pub node_selector: BTreeMap<String, String>,
+    /// Added to the `nvidia.com/gpu` toleration GPU cells always get.
+    pub tolerations: Vec<Toleration>,
+    pub service_account: Option<String>,
+    pub image_pull_secrets: Vec<String>,
+    /// `/dev/shm` size (a memory `emptyDir`); `None`: no limit but the pod's memory.
+    pub shm_size_bytes: Option<u64>,
+    pub runtime_class: Option<String>,
+    /// The node label naming the GPU type (`None`: GPU Feature Discovery's
+    /// `nvidia.com/gpu.product`, GKE's and Karpenter's labels, any of them).
+    pub gpu_label: Option<String>,
+    /// Label values per GPU type for `gpu_label` (or in place of the known
+    /// values of the three standard labels).
+    pub gpu_types: BTreeMap<String, Vec<String>>,
+    /// A PVC holding the weights (a hub cache), mounted read-only at `/weights`.
+    pub weights_pvc: Option<String>,
+    /// An existing Secret holding the suite's secrets under their names;
+    /// `None`: orch creates one per run from the host's environment.
+    pub secret_name: Option<String>,
+    /// The image whose `/orch-agent` is the static agent (`orch build --push` publishes it).
+    pub agent_image: String,
+    /// A pod that makes no progress (pending, pulling, creating) this long fails the cell.
+    pub max_pending: Duration,
+    /// An unschedulable pod fails the cell after this long, unless an
+    /// autoscaler says it is adding a node (then `max_pending` applies).
+    pub unschedulable_grace: Duration,
+    /// `ttlSecondsAfterFinished` (orch deletes its Jobs itself; this is the net).
+    pub ttl_after_finished_s: i32,
+    /// CPU request and limit per cell (`"8"`, `"500m"`).
+    pub cpu: Option<String>,
+}
+
+impl KubeSettings {
+    pub fn new(namespace: &str, agent_image: &str) -> KubeSettings {
+        KubeSettings {
+            namespace: namespace.into(),
+            node_selector: BTreeMap::new(),
+            tolerations: vec![],
+            service_account: None,
+            image_pull_secrets: vec![],
+            shm_size_bytes: None,
+            runtime_class: None,
+            gpu_label: None,
+            gpu_types: BTreeMap::new(),
+            weights_pvc: None,
+            secret_name: None,
+            agent_image: agent_image.into(),
+            max_pending: Duration::from_secs(15 * 60),
+            unschedulable_grace: Duration::from_secs(5),
+            ttl_after_finished_s: 3600,
+            cpu: None,
+        }
+    }
+}
+
+/// A DNS-1123 label (Job, Secret names; at most `max` characters): the
+/// readable part of `text` in lowercase, `-` for anything else, and a hash
+/// of the whole text so that two ids never share a name.
+pub fn dns_name(prefix: &str, text: &str, max: usize) -> String {
+    let hash = hex8(text);
+    let mut body: String = text
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_alphanumeric() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while body.contains("--") {
+        body = body.replace("--", "-");
+    }
+    let room = max.saturating_sub(prefix.len() + hash.len() + 2);
+    body.truncate(room);
+    let body = body.trim_matches('-');
+    if body.is_empty() {
+        format!("{prefix}-{hash}")
+    } else {
+        format!("{prefix}-{body}-{hash}")
+    }
+}
+
+/// A label value (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at
+/// both ends): the text itself when it is one, else a readable part and a hash.
+pub fn label_value(text: &str) -> String {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let ends = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+    };
+    if text.len() <= 63 && text.chars().all(ok) && ends(text) {
+        return text.to_string();
+    }
+    let hash = hex8(text);
+    let mut body: String = text.chars().map(|c| if ok(c) { c } else { '-' }).collect();
+    body.truncate(63 - hash.len() - 1);
+    let body = body.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if body.is_empty() {
+        hash
+    } else {
+        format!("{body}-{hash}")
+    }
+}
+
+fn hex8(text: &str) -> String {
+    let d = Sha256::digest(text.as_bytes());
+    d.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Job's name for a cell of a run (at most 52 characters, so the pod
+/// names the Job controller derives stay under 63).
+pub fn job_name(run_id: &str, cell_id: &str) -> String {
+    dns_name("orch", &format!("{cell_id}.{run_id}"), 52)
+}
+
+/// The name of the Secret orch creates for a run.
+pub fn secret_name(run_id: &str) -> String {
+    dns_name("orch-secrets", run_id, 63)
+}
+
+/// Labels of every object of a run (`cell`: and of one cell).
+pub fn labels(run_id: &str, cell_id: Option<&str>) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    l.insert(RUN_LABEL.to_string(), label_value(run_id));
+    if let Some(c) = cell_id {
+        l.insert(CELL_LABEL.to_string(), label_value(c));
+    }
+    l
+}
+
+/// The label selector of a run's objects.
+pub fn run_selector(run_id: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        MANAGED_BY.0,
+        MANAGED_BY.1,
+        RUN_LABEL,
+        label_value(run_id)
+    )
+}
+
+/// Node label values of GPU types on the standard labels: GPU Feature
+/// Discovery's `nvidia.com/gpu.product`, GKE's
+/// `cloud.google.com/gke-accelerator`, Karpenter's
+/// `karpenter.k8s.aws/instance-gpu-name`.
+fn known_gpu_labels(gpu_type: &str) -> [(&'static str, Vec<&'static str>); 3] {
+    let (gfd, gke, karpenter): (Vec<&str>, Vec<&str>, Vec<&str>) = match gpu_type {
+        "H100" => (
+            vec![
+                "NVIDIA-H100-80GB-HBM3",
+                "NVIDIA-H100-PCIe",
+                "NVIDIA-H100-NVL",
+                "NVIDIA-H100-SXM5-80GB",
+            ],
+            vec!["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
+            vec!["h100"],
+        ),
+        "H200" => (
+            vec!["NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e", "NVIDIA-H200-NVL"],
+            vec!["nvidia-h200-141gb"],
+            vec!["h200"],
+        ),
+        "B200" => (vec!["NVIDIA-B200"], vec!["nvidia-b200"], vec!["b200"]),
+        "A100-80GB" => (
+            vec!["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"],
+            vec!["nvidia-a100-80gb"],
+            vec!["a100"],
+        ),
+        "A100-40GB" => (
+            vec!["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"],
+            vec!["nvidia-tesla-a100"],
+            vec!["a100"],
+        ),
+        "L40S" => (vec!["NVIDIA-L40S"], vec![], vec!["l40s"]),
+        "L4" => (vec!["NVIDIA-L4"], vec!["nvidia-l4"], vec!["l4"]),
+        "A10G" => (vec!["NVIDIA-A10G"], vec![], vec!["a10g"]),
+        "A10" => (vec!["NVIDIA-A10"], vec![], vec!["a10"]),
+        "T4" => (vec!["Tesla-T4"], vec!["nvidia-tesla-t4"], vec!["t4"]),
+        _ => (vec![], vec![], vec![]),
+    };
+    [
+        ("nvidia.com/gpu.product", gfd),
+        ("cloud.google.com/gke-accelerator", gke),
+        ("karpenter.k8s.aws/instance-gpu-name", karpenter),
+    ]
+}
+
+/// `H100:8` → (`H100`, 8); `none` → None.
+pub fn parse_gpu(gpu: &str) -> Option<(String, u32)> {
+    if gpu.is_empty() || gpu == "none" {
+        return None;
+    }
+    let (t, n) = match gpu.split_once(':') {
+        Some((t, n)) => (t, n.parse().unwrap_or(1)),
+        None => (gpu, 1),
+    };
+    Some((t.trim_end_matches('!').to_string(), n))
+}
+
+/// The node affinity that picks nodes of a GPU type: one term per label
+/// that knows the type (a node needs to match any one of them).
+pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Affinity {
+    let term = |key: &str, values: Vec<String>| NodeSelectorTerm {
+        match_expressions: Some(vec![NodeSelectorRequirement {
+            key: key.to_string(),
+            operator: "In".into(),
+            values: Some(values),
+        }]),
+        match_fields: None,
+    };
+    let user_values = s.gpu_types.get(gpu_type).cloned();
+    let terms: Vec<NodeSelectorTerm> = match &s.gpu_label {
+        Some(label) => vec![term(
+            label,
+            user_values.unwrap_or_else(|| vec![gpu_type.to_string()]),
+        )],
+        None => match user_values {
+            Some(values) => vec![term("nvidia.com/gpu.product", values)],
+            None => {
+                let known: Vec<NodeSelectorTerm> = known_gpu_labels(gpu_type)
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| term(k, v.into_iter().map(String::from).collect()))
+                    .collect();
+                if known.is_empty() {
+                    vec![term("nvidia.com/gpu.product", vec![gpu_type.to_string()])]
+                } else {
+                    known
+                }
+            }
+        },
+    };
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: terms,
+            }),
+            preferred_during_scheduling_ignored_during_execution: None,
+        }),
+        pod_affinity: None,
+        pod_anti_affinity: None,
+    }
+}
+
+/// A byte count as a Kubernetes quantity (`Mi` when whole, else bytes).
+pub fn quantity_bytes(b: u64) -> Quantity {
+    if b % (1 << 30) == 0 {
+        Quantity(format!("{}Gi", b >> 30))
+    } else if b % (1 << 20) == 0 {
+        Quantity(format!("{}Mi", b >> 20))
+    } else {
+        Quantity(b.to_string())
+    }
+}
+
+/// Seconds the Job may be active: the cell's timeout, its stop grace, the
+/// time it may wait for a node and an allowance for pulling and starting.
+pub fn active_deadline_s(task: &TaskSpec, s: &KubeSettings) -> i64 {
+    (task.measure.timeout_s + task.measure.kill_grace_s.max(1.0) + s.max_pending.as_secs_f64() + 60.0).ceil()
+        as i64
+}
+
+/// The cell's Job. `image`: the cell's container image; `secret_names`:
+/// the names of the secrets the cell gets (keys of the run's Secret).
+pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeSettings) -> Job {
+    let name = job_name(&task.run_id, &task.cell_id);
+    let mut meta_labels = labels(&task.run_id, Some(&task.cell_id));
+    let mut annotations = BTreeMap::new();
+    annotations.insert("orch.dev/run-id".to_string(), task.run_id.clone());
+    annotations.insert("orch.dev/cell-id".to_string(), task.cell_id.clone());
+    annotations.insert("orch.dev/gpu".to_string(), task.gpu.clone());
+
+    let mut task = task.clone();
+    if s.weights_pvc.is_some() {
+        task.weights_dir = Some(WEIGHTS_MOUNT.to_string());
+    }
+    let gpu = parse_gpu(&task.gpu);
+
+    // The secrets: names only, values in the Secret.
+    let secret = s.secret_name.clone().unwrap_or_else(|| secret_name(&task.run_id));
+    let env: Vec<EnvVar> = secret_names
+        .iter()
+        .map(|n| EnvVar {
+            name: n.clone(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.clone(),
+                    key: n.clone(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        })
+        .collect();
+
+    let mut limits = BTreeMap::new();
+    let mut requests = BTreeMap::new();
+    if let Some((_, n)) = &gpu {
+        limits.insert("nvidia.com/gpu".to_string(), Quantity(n.to_string()));
+    }
+    if let Some(m) = task.memory_limit_bytes {
+        limits.insert("memory".to_string(), quantity_bytes(m));
+        requests.insert("memory".to_string(), quantity_bytes(m));
+    }
+    if let Some(c) = &s.cpu {
+        limits.insert("cpu".to_string(), Quantity(c.clone()));
+        requests.insert("cpu".to_string(), Quantity(c.clone()));
+    }
+
+    let mut mounts = vec![
+        VolumeMount {
+            name: "orch-bin".into(),
+            mount_path: AGENT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "orch-out".into(),
+            mount_path: OUT_DIR.into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "dshm".into(),
+            mount_path: "/dev/shm".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "orch-bin".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+        Volume {
+            name: "orch-out".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+        Volume {
+            name: "dshm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: s.shm_size_bytes.map(quantity_bytes),
+            }),
+            ..Default::default()
+        },
+    ];
+    if let Some(pvc) = &s.weights_pvc {
+        mounts.push(VolumeMount {
+            name: "weights".into(),
+            mount_path: WEIGHTS_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "weights".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: pvc.clone(),
+                read_only: Some(true),
+            }),
+            ..Default::default()
+        });
+    }
+
+    let mut tolerations: Vec<K8sToleration> = Vec::new();
+    if gpu.is_some() {
+        tolerations.push(K8sToleration {
+            key: Some("nvidia.com/gpu".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        });
+    }
+    for t in &s.tolerations {
+        tolerations.push(K8sToleration {
+            key: t.key.clone(),
+            operator: t
+                .operator
+                .clone()
+                .or_else(|| Some(if t.value.is_some() { "Equal" } else { "Exists" }.into())),
+            value: t.value.clone(),
+            effect: t.effect.clone(),
+            toleration_seconds: None,
+        });
+    }
+
+    let b64 = orch_backend::home::task_b64(&task);
+    let cell = Container {
+        name: CELL_CONTAINER.into(),
+        image: Some(image.to_string()),
+        command: Some(vec![AGENT_PATH.into()]),
+        args: Some(vec![
+            "run".into(),
+            "--task-b64".into(),
+            b64,
+            "--out".into(),
+            OUT_DIR.into(),
+            "--ship".into(),
+            "--summary-file".into(),
+            "/dev/termination-log".into(),
+        ]),
+        env: (!env.is_empty()).then_some(env),
+        resources: Some(ResourceRequirements {
+            limits: (!limits.is_empty()).then_some(limits),
+            requests: (!requests.is_empty()).then_some(requests),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        termination_message_path: Some("/dev/termination-log".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let installer = Container {
+        name: AGENT_CONTAINER.into(),
+        image: Some(s.agent_image.clone()),
+        command: Some(vec![AGENT_IN_IMAGE.into(), "install".into(), AGENT_PATH.into()]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "orch-bin".into(),
+            mount_path: AGENT_DIR.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+
+    let mut pod_labels = meta_labels.clone();
+    pod_labels.insert(JOB_LABEL.to_string(), name.clone());
+    meta_labels.insert("app.kubernetes.io/name".into(), "orch-cell".into());
+    pod_labels.insert("app.kubernetes.io/name".into(), "orch-cell".into());
+    let grace = (task.measure.kill_grace_s.max(1.0) + 10.0).ceil() as i64;
+
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(meta_labels),
+            annotations: Some(annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(active_deadline_s(&task, s)),
+            ttl_seconds_after_finished: Some(s.ttl_after_finished_s),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    init_containers: Some(vec![installer]),
+                    containers: vec![cell],
+                    volumes: Some(volumes),
+                    node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    affinity: gpu.as_ref().map(|(t, _)| gpu_affinity(t, s)),
+                    tolerations: (!tolerations.is_empty()).then_some(tolerations),
+                    service_account_name: s.service_account.clone(),
+                    image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
+                        s.image_pull_secrets
+                            .iter()
+                            .map(|n| LocalObjectReference { name: n.clone() })
+                            .collect()
+                    }),
+                    runtime_class_name: s.runtime_class.clone(),
+                    termination_grace_period_seconds: Some(grace),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The run's Secret with these values (created by orch, deleted with the run).
+pub fn run_secret(run_id: &str, values: &[(String, String)], s: &KubeSettings) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name(run_id)),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(labels(run_id, None)),
+            ..Default::default()
+        },
+        data: Some(
+            values
+                .iter()
+                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// The manifests of a run for `--dry-run`: YAML documents, the Secret shown
+/// as a comment (its values are never printed; orch makes it from the host's
+/// environment).
+pub fn dry_run_yaml(jobs: &[Job], secret_keys: &[String], run_id: &str, s: &KubeSettings) -> String {
+    let mut out = String::new();
+    if !secret_keys.is_empty() {
+        match &s.secret_name {
+            Some(name) => out.push_str(&format!(
+                "# secrets come from the existing Secret `{name}` (keys: {})\n",
+                secret_keys.join(", ")
+            )),
+            None => {
+                out.push_str(&format!(
+                    "# orch creates the Secret `{}` from the host's environment (keys: {}); values are never printed.\n# By hand: kubectl -n {} create secret generic {}",
+                    secret_name(run_id),
+                    secret_keys.join(", "),
+                    s.namespace,
+                    secret_name(run_id)
+                ));
+                for k in secret_keys {
+                    out.push_str(&format!(" --from-literal={k}=\"${k}\""));
+                }
+                out.push('\n');
+            }
+        }
+    }
+    for job in jobs {
+        let v = serde_json::to_value(job).unwrap_or_default();
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&v).unwrap_or_default());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_dns_labels_and_unique() {
+        let a = job_name(
+            "20261122-061502-quickstart-3fa2",
+            "transformer.h100x8.preset-small",
+        );
+        assert!(a.len() <= 52, "{a}");
+        assert!(a
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+        assert!(a.starts_with("orch-transformer-h100x8"), "{a}");
+        let b = job_name(
+            "20261122-061502-quickstart-3fa2",
+            "transformer.h100x8.preset_small",
+        );
+        assert_ne!(a, b);
+        let long = "x".repeat(300);
+        assert!(job_name(&long, &long).len() <= 52);
+        assert_eq!(
+            label_value("transformer.none.preset-tiny"),
+            "transformer.none.preset-tiny"
+        );
+        let l = label_value(&format!("a/{}", "b".repeat(80)));
+        assert!(l.len() <= 63 && !l.contains('/'), "{l}");
+    }
+
+    #[test]
+    fn gpu_types_pick_nodes_by_standard_labels_or_the_users() {
+        let s = KubeSettings::new("ns", "agent");
+        let a = gpu_affinity("H100", &s);
+        let terms = a
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        let keys: Vec<String> = terms
+            .iter()
+            .map(|t| t.match_expressions.as_ref().unwrap()[0].key.clone())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "nvidia.com/gpu.product",
+                "cloud.google.com/gke-accelerator",
+                "karpenter.k8s.aws/instance-gpu-name"
+            ]
+        );
+        let mut s = s;
+        s.gpu_label = Some("example.com/gpu".into());
+        s.gpu_types.insert("H100".into(), vec!["h100-sxm".into()]);
+        let a = gpu_affinity("H100", &s);
+        let t = &a
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(t.len(), 1);
+        let e = &t[0].match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (e.key.as_str(), e.values.clone().unwrap()),
+            ("example.com/gpu", vec!["h100-sxm".to_string()])
+        );
+        assert_eq!(parse_gpu("H100:8"), Some(("H100".into(), 8)));
+        assert_eq!(parse_gpu("H100!:2"), Some(("H100".into(), 2)));
+        assert_eq!(parse_gpu("none"), None);
+    }
+}

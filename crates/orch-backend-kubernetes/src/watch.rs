@@ -1,0 +1,363 @@
+//! What a pod's status says, without IO: has the cell's container started,
+//! is the pod waiting for something that will come (a node, an image pull),
+//! or for something that never will (no node fits, no such image, a missing
+//! Secret key), and how did it end.
+
+use crate::{AGENT_CONTAINER, CELL_CONTAINER};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use orch_protocol::{Failure, Status};
+
+/// Where a pod is before the cell's container runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodState {
+    /// Waiting for something that may still come: a reason (`Pending`,
+    /// `ContainerCreating`, `PodInitializing`, `ErrImagePull`...) and a message.
+    Pending { reason: String, message: String },
+    /// The scheduler found no node: its message lists what the cluster has.
+    Unschedulable { message: String },
+    /// Waiting for something that will never come by itself.
+    Stuck {
+        kind: &'static str,
+        reason: String,
+        message: String,
+    },
+    /// The cell's container is running or has run.
+    Started,
+    /// The pod ended before the cell's container ran.
+    EndedEarly {
+        status: Status,
+        kind: &'static str,
+        message: String,
+    },
+}
+
+fn container<'a>(list: Option<&'a Vec<ContainerStatus>>, name: &str) -> Option<&'a ContainerStatus> {
+    list.and_then(|l| l.iter().find(|c| c.name == name))
+}
+
+/// An image pull error that retrying will not fix.
+fn pull_error_is_permanent(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "not found",
+        "manifest unknown",
+        "unauthorized",
+        "denied",
+        "repository does not exist",
+        "invalid reference",
+        "401",
+        "403",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
+/// The state of a pod before (or as) the cell's container starts.
+pub fn pod_state(pod: &Pod) -> PodState {
+    let Some(status) = pod.status.as_ref() else {
+        return PodState::Pending {
+            reason: "Pending".into(),
+            message: "the pod has no status yet".into(),
+        };
+    };
+    let phase = status.phase.as_deref().unwrap_or("Pending");
+    let cell = container(status.container_statuses.as_ref(), CELL_CONTAINER);
+    let started = cell
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+    if started {
+        return PodState::Started;
+    }
+    if matches!(phase, "Failed" | "Succeeded") {
+        let reason = status.reason.clone().unwrap_or_default();
+        let message = status.message.clone().unwrap_or_default();
+        // The agent installer failed?
+        if let Some(t) = container(status.init_container_statuses.as_ref(), AGENT_CONTAINER)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .filter(|t| t.exit_code != 0)
+        {
+            return PodState::EndedEarly {
+                status: Status::Failed,
+                kind: "agent_install_failed",
+                message: format!(
+                    "the init container `{AGENT_CONTAINER}` (installs the agent) exited with {}{}",
+                    t.exit_code,
+                    t.message
+                        .as_deref()
+                        .map(|m| format!(": {}", m.trim()))
+                        .unwrap_or_default()
+                ),
+            };
+        }
+        let (st, kind) = match reason.as_str() {
+            "Evicted" => (Status::Failed, "evicted"),
+            "DeadlineExceeded" => (Status::Timeout, "timeout"),
+            "NodeLost" | "NodeShutdown" | "Terminated" => (Status::Failed, "node_lost"),
+            _ => (Status::Failed, "pod_failed"),
+        };
+        return PodState::EndedEarly {
+            status: st,
+            kind,
+            message: format!(
+                "the pod ended ({phase}{}) before the cell's container started{}",
+                if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {reason}")
+                },
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ),
+        };
+    }
+    // Scheduling.
+    if let Some(c) = status
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+    {
+        if c.status == "False" && c.reason.as_deref() == Some("Unschedulable") {
+            return PodState::Unschedulable {
+                message: c.message.clone().unwrap_or_default(),
+            };
+        }
+    }
+    // Waiting containers: the installer first, then the cell's.
+    let waiting = container(status.init_container_statuses.as_ref(), AGENT_CONTAINER)
+        .and_then(|c| c.state.as_ref()?.waiting.as_ref().map(|w| (AGENT_CONTAINER, w)))
+        .or_else(|| cell.and_then(|c| c.state.as_ref()?.waiting.as_ref().map(|w| (CELL_CONTAINER, w))));
+    if let Some((name, w)) = waiting {
+        let reason = w.reason.clone().unwrap_or_default();
+        let message = w.message.clone().unwrap_or_default();
+        let which = if name == AGENT_CONTAINER {
+            "the agent image"
+        } else {
+            "the cell's image"
+        };
+        match reason.as_str() {
+            "InvalidImageName" | "ErrImageNeverPull" => {
+                return PodState::Stuck {
+                    kind: "image_pull_failed",
+                    message: format!("{which} cannot be pulled ({reason}): {message}"),
+                    reason,
+                }
+            }
+            "ErrImagePull" | "ImagePullBackOff" if pull_error_is_permanent(&message) => {
+                return PodState::Stuck {
+                    kind: "image_pull_failed",
+                    message: format!("{which} cannot be pulled ({reason}): {message}"),
+                    reason,
+                }
+            }
+            "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
+                return PodState::Stuck {
+                    kind: "container_config_error",
+                    message: format!("the container `{name}` cannot be created ({reason}): {message}"),
+                    reason,
+                }
+            }
+            _ => {
+                return PodState::Pending {
+                    message: if message.is_empty() {
+                        format!("`{name}` waiting")
+                    } else {
+                        message
+                    },
+                    reason,
+                }
+            }
+        }
+    }
+    PodState::Pending {
+        reason: status.reason.clone().unwrap_or_else(|| phase.to_string()),
+        message: status.message.clone().unwrap_or_default(),
+    }
+}
+
+/// How the pod ended, when the agent sent no result: (status, failure).
+/// `summary`: the cell container's termination message, the agent's short
+/// JSON summary (or the log's tail, `FallbackToLogsOnError`).
+pub fn pod_end(pod: Option<&Pod>) -> (Status, Failure) {
+    let fail = |status: Status, kind: &str, message: String, exit_code: Option<i32>| {
+        (
+            status,
+            Failure {
+                kind: kind.into(),
+                message,
+                exit_code,
+                signal: None,
+            },
+        )
+    };
+    let Some(pod) = pod else {
+        return fail(
+            Status::Failed,
+            "pod_lost",
+            "the pod disappeared before the agent sent a result (deleted from outside, or its node was lost)"
+                .into(),
+            None,
+        );
+    };
+    let status = pod.status.as_ref();
+    let reason = status.and_then(|s| s.reason.clone()).unwrap_or_default();
+    let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+    let term = status
+        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.clone());
+    if let Some(t) = &term {
+        if t.reason.as_deref() == Some("OOMKilled") {
+            return fail(
+                Status::Oom,
+                "oom",
+                format!(
+                    "the cell's container was killed for going over its memory limit (OOMKilled, exit code {})",
+                    t.exit_code
+                ),
+                Some(t.exit_code),
+            );
+        }
+    }
+    match reason.as_str() {
+        "Evicted" => {
+            return fail(
+                Status::Failed,
+                "evicted",
+                format!("the pod was evicted from its node: {message}"),
+                None,
+            )
+        }
+        "DeadlineExceeded" => {
+            return fail(
+                Status::Timeout,
+                "timeout",
+                format!("the Job's activeDeadlineSeconds passed: {message}"),
+                None,
+            )
+        }
+        "NodeLost" | "NodeShutdown" | "Terminated" => {
+            return fail(
+                Status::Failed,
+                "node_lost",
+                format!("the pod's node went away ({reason}): {message}"),
+                None,
+            )
+        }
+        _ => {}
+    }
+    match term {
+        Some(t) => fail(
+            Status::Failed,
+            "agent_died",
+            format!(
+                "the cell's container exited with {} ({}) before the agent sent a result",
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("Error")
+            ),
+            Some(t.exit_code),
+        ),
+        None => fail(
+            Status::Failed,
+            "pod_failed",
+            format!(
+                "the pod ended without a result (phase {})",
+                status.and_then(|s| s.phase.clone()).unwrap_or_default()
+            ),
+            None,
+        ),
+    }
+}
+
+/// The cell container's termination message, if any.
+pub fn termination_message(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone())
+        .filter(|m| !m.trim().is_empty())
+}
+
+/// Is the cell's container done?
+pub fn cell_terminated(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.terminated.is_some())
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| matches!(p, "Failed" | "Succeeded"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn states_are_read_from_the_pod_status() {
+        let p = pod(serde_json::json!({"status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}}));
+        assert!(
+            matches!(pod_state(&p), PodState::Unschedulable { message } if message.contains("Insufficient"))
+        );
+        let p = pod(
+            serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [
+            {"name": "cell", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error: code = NotFound desc = failed to pull: not found"}}}]}}),
+        );
+        assert!(matches!(
+            pod_state(&p),
+            PodState::Stuck {
+                kind: "image_pull_failed",
+                ..
+            }
+        ));
+        let p = pod(
+            serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [
+            {"name": "cell", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "ErrImagePull", "message": "i/o timeout"}}}]}}),
+        );
+        assert!(matches!(pod_state(&p), PodState::Pending { .. }));
+        let p = pod(
+            serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [
+            {"name": "cell", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "couldn't find key HF_TOKEN in Secret ns/s"}}}]}}),
+        );
+        assert!(matches!(
+            pod_state(&p),
+            PodState::Stuck {
+                kind: "container_config_error",
+                ..
+            }
+        ));
+        let p = pod(
+            serde_json::json!({"status": {"phase": "Failed", "reason": "OOMKilled", "containerStatuses": [
+            {"name": "cell", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}),
+        );
+        assert_eq!(pod_state(&p), PodState::Started);
+        assert_eq!(pod_end(Some(&p)).0, Status::Oom);
+        let p = pod(
+            serde_json::json!({"status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}}),
+        );
+        assert!(matches!(
+            pod_state(&p),
+            PodState::EndedEarly { kind: "evicted", .. }
+        ));
+        assert_eq!(pod_end(Some(&p)).1.kind, "evicted");
+        assert_eq!(pod_end(None).1.kind, "pod_lost");
+    }
+}

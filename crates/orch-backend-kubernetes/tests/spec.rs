@@ -1,0 +1,117 @@
+//! The Job orch applies for a cell, from a real suite: an `H100:8` cell with
+//! weights on a PVC, a secret and a custom image. Structure checked field by
+//! field, and the whole YAML (what `--dry-run` prints) as a snapshot.
+
+use k8s_openapi::api::batch::v1::Job;
+use orch_backend_kubernetes::{spec, KubeSettings};
+
+const SUITE: &str = r#"
+name: k8s-spec
+gpus: ["H100:8"]
+image: registry.example.com/team/vllm:v1
+secrets: [HF_TOKEN]
+memory_limit: 64GiB
+measure: {timeout: 10m, kill_grace: 20s}
+benchmarks:
+  - name: serve
+    workload: {shell: "python3 -m bench --model $MODEL"}
+    env: {MODEL: org/model}
+"#;
+
+fn job() -> Job {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.yaml");
+    std::fs::write(&path, SUITE).unwrap();
+    let plan = orch_manifest::load(&path, &Default::default()).unwrap();
+    let mut task = plan.cells[0].task.clone();
+    task.run_id = "20261125-101500-k8s-spec-abcd".into();
+    let mut s = KubeSettings::new("bench", "registry.example.com/orch/orch-agent:0.1.0");
+    s.weights_pvc = Some("hf-weights".into());
+    s.shm_size_bytes = Some(16 << 30);
+    s.node_selector.insert("pool".into(), "h100".into());
+    s.image_pull_secrets = vec!["regcred".into()];
+    spec::cell_job(
+        &task,
+        "registry.example.com/team/vllm:v1",
+        &["HF_TOKEN".into()],
+        &s,
+    )
+}
+
+#[test]
+fn an_h100x8_cell_asks_for_what_it_needs_and_nothing_secret() {
+    let job = job();
+    let v = serde_json::to_value(&job).unwrap();
+    let js = &v["spec"];
+    assert_eq!(js["backoffLimit"], 0);
+    assert_eq!(js["ttlSecondsAfterFinished"], 3600);
+    // timeout 600 + grace 20 + max_pending 900 + 60
+    assert_eq!(js["activeDeadlineSeconds"], 1580);
+    let pod = &js["template"]["spec"];
+    assert_eq!(pod["restartPolicy"], "Never");
+    let labels = &v["metadata"]["labels"];
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "orch");
+    assert_eq!(labels["orch.dev/run"], "20261125-101500-k8s-spec-abcd");
+    assert_eq!(labels["orch.dev/cell"], "serve.h100x8");
+    let cell = &pod["containers"][0];
+    assert_eq!(cell["image"], "registry.example.com/team/vllm:v1");
+    assert_eq!(cell["resources"]["limits"]["nvidia.com/gpu"], "8");
+    assert_eq!(cell["resources"]["limits"]["memory"], "64Gi");
+    assert_eq!(cell["terminationMessagePolicy"], "FallbackToLogsOnError");
+    // The secret only by reference.
+    let env = cell["env"].as_array().unwrap();
+    assert_eq!(env.len(), 1);
+    assert_eq!(env[0]["name"], "HF_TOKEN");
+    assert!(env[0].get("value").is_none());
+    assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["key"], "HF_TOKEN");
+    // GPU type by node labels; the GPU taint tolerated; the user's selector.
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(terms[0]["matchExpressions"][0]["key"], "nvidia.com/gpu.product");
+    assert!(terms[0]["matchExpressions"][0]["values"]
+        .as_array()
+        .unwrap()
+        .contains(&"NVIDIA-H100-80GB-HBM3".into()));
+    assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+    assert_eq!(pod["nodeSelector"]["pool"], "h100");
+    assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
+    // Weights read-only, /dev/shm in memory, the agent from the init container.
+    let mounts = cell["volumeMounts"].as_array().unwrap();
+    let weights = mounts.iter().find(|m| m["name"] == "weights").unwrap();
+    assert_eq!(
+        (weights["mountPath"].as_str(), weights["readOnly"].as_bool()),
+        (Some("/weights"), Some(true))
+    );
+    let vols = pod["volumes"].as_array().unwrap();
+    let w = vols.iter().find(|v| v["name"] == "weights").unwrap();
+    assert_eq!(w["persistentVolumeClaim"]["claimName"], "hf-weights");
+    assert_eq!(w["persistentVolumeClaim"]["readOnly"], true);
+    let shm = vols.iter().find(|v| v["name"] == "dshm").unwrap();
+    assert_eq!(shm["emptyDir"]["medium"], "Memory");
+    assert_eq!(shm["emptyDir"]["sizeLimit"], "16Gi");
+    assert_eq!(
+        pod["initContainers"][0]["image"],
+        "registry.example.com/orch/orch-agent:0.1.0"
+    );
+    assert_eq!(cell["command"][0], "/orch/bin/orch-agent");
+    // The task the agent gets reads weights from the mount.
+    let args = cell["args"].as_array().unwrap();
+    let b64 = args[2].as_str().unwrap();
+    use base64::Engine as _;
+    let task: serde_json::Value =
+        serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap();
+    assert_eq!(task["weights_dir"], "/weights");
+    assert_eq!(task["gpu"], "H100:8");
+}
+
+#[test]
+fn the_dry_run_yaml_is_stable() {
+    let job = job();
+    let mut v = serde_json::to_value(&job).unwrap();
+    // The task (base64) holds the manifest's absolute path: not stable.
+    v["spec"]["template"]["spec"]["containers"][0]["args"][2] = "<task>".into();
+    let job: Job = serde_json::from_value(v).unwrap();
+    let s = KubeSettings::new("bench", "x");
+    let yaml = spec::dry_run_yaml(&[job], &["HF_TOKEN".into()], "20261125-101500-k8s-spec-abcd", &s);
+    insta::assert_snapshot!(yaml);
+}

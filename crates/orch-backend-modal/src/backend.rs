@@ -1,0 +1,727 @@
+//! `--backend modal`: a sandbox per cell.
+//!
+//! For each cell: the app `orch` (get-or-create), the cell's image (built by
+//! Modal, build log into `image-build.log`), the static agent as a
+//! content-addressed mount at `/orch/agent`, the secrets as an app-owned
+//! secret, the weights volume (read-only at `/weights`) when it exists, then
+//! a sandbox running `/orch/agent run --task-b64 ... --ship` with the GPU
+//! asked (`H100:8` → `GPUConfig {gpu_type: "H100", count: 8}`; `H100!` under
+//! `--strict-hardware`), tagged `orch.run`/`orch.cell`. Its stdout is the
+//! agent's frame stream, read until EOF and resumed from the last entry id,
+//! fed to the shared [`orch_backend::home::Home`], which writes the cell's
+//! files and events live; its stderr goes to `sandbox.log`. A GPU type that
+//! gets no capacity within the scheduling wait is given up for the cell's
+//! next alternative (`gpu_fallback`). A sandbox that ends without a result
+//! (OOM kill, terminated, timeout) is a failed cell with what came home and
+//! a named cause.
+
+use crate::client::Modal;
+use crate::ops::{self, ImageSpec, MountSource, Scheduled};
+use crate::proto::{self, generic_result::GenericStatus, GenericResult};
+use crate::{ModalError, AGENT_PATH, APP_NAME, WEIGHTS_MOUNT};
+use async_trait::async_trait;
+use orch_backend::home::Home;
+use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_protocol::{CellResult, Failure, Phase, Status};
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Mutex};
+
+/// Settings of the backend beyond the connection.
+#[derive(Debug, Clone)]
+pub struct ModalOptions {
+    pub app_name: String,
+    /// The weights volume mounted read-only at `/weights` (if it exists).
+    pub weights_volume: String,
+    /// How long a sandbox may wait for a GPU before the next alternative is
+    /// tried (`ORCH_MODAL_SCHEDULE_TIMEOUT`, seconds; default 600).
+    pub schedule_timeout: Duration,
+    /// CPU cores and memory requested per sandbox (Modal bills max(requested, used)).
+    pub cpu: Option<f64>,
+    pub memory_mb: Option<u32>,
+}
+
+impl Default for ModalOptions {
+    fn default() -> Self {
+        let schedule = std::env::var("ORCH_MODAL_SCHEDULE_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .unwrap_or(600.0);
+        ModalOptions {
+            app_name: APP_NAME.into(),
+            weights_volume: crate::WEIGHTS_VOLUME.into(),
+            schedule_timeout: Duration::from_secs_f64(schedule),
+            cpu: None,
+            memory_mb: None,
+        }
+    }
+}
+
+/// One image's build, shared by the cells that need it: (id, build seconds)
+/// or the build's failure message.
+type ImageSlot = Arc<Mutex<Option<Result<(String, f64), String>>>>;
+
+#[derive(Default)]
+struct Cache {
+    app_id: Option<String>,
+    builder_version: Option<String>,
+    agent_mount: Option<String>,
+    /// Weights volume id (`Some(None)`: looked up, absent).
+    volume: Option<Option<String>>,
+    images: HashMap<ImageSpec, ImageSlot>,
+}
+
+pub struct ModalBackend {
+    modal: Modal,
+    agent: PathBuf,
+    opts: ModalOptions,
+    /// Image of each launch's `image` key.
+    images: HashMap<String, ImageSpec>,
+    cache: Mutex<Cache>,
+}
+
+impl ModalBackend {
+    pub fn new(
+        modal: Modal,
+        agent: PathBuf,
+        images: HashMap<String, ImageSpec>,
+        opts: ModalOptions,
+    ) -> ModalBackend {
+        ModalBackend {
+            modal,
+            agent,
+            opts,
+            images,
+            cache: Mutex::new(Cache::default()),
+        }
+    }
+
+    pub fn modal(&self) -> &Modal {
+        &self.modal
+    }
+
+    async fn app_id(&self) -> Result<String, ModalError> {
+        let mut c = self.cache.lock().await;
+        if let Some(id) = &c.app_id {
+            return Ok(id.clone());
+        }
+        let id = ops::app(&self.modal, &self.opts.app_name).await?;
+        c.app_id = Some(id.clone());
+        Ok(id)
+    }
+
+    async fn agent_mount(&self, app_id: &str) -> Result<String, ModalError> {
+        let mut c = self.cache.lock().await;
+        if let Some(id) = &c.agent_mount {
+            return Ok(id.clone());
+        }
+        let id = ops::mount(
+            &self.modal,
+            app_id,
+            &[MountSource {
+                remote_path: AGENT_PATH,
+                local: &self.agent,
+                mode: 0o755,
+            }],
+        )
+        .await?;
+        c.agent_mount = Some(id.clone());
+        Ok(id)
+    }
+
+    async fn volume(&self) -> Result<Option<String>, ModalError> {
+        let mut c = self.cache.lock().await;
+        if let Some(v) = &c.volume {
+            return Ok(v.clone());
+        }
+        let v = ops::volume(&self.modal, &self.opts.weights_volume, false).await?;
+        c.volume = Some(v.clone());
+        Ok(v)
+    }
+
+    /// The image id; the first cell that needs an image builds it (its log
+    /// goes to that cell's `image-build.log`), the others wait for it.
+    async fn image(&self, spec: &ImageSpec, log_path: &std::path::Path) -> Result<(String, f64), ModalError> {
+        let (slot, builder) = {
+            let mut c = self.cache.lock().await;
+            if c.builder_version.is_none() {
+                c.builder_version = Some(ops::builder_version(&self.modal).await);
+            }
+            let slot = c.images.entry(spec.clone()).or_default().clone();
+            (slot, c.builder_version.clone().unwrap_or_default())
+        };
+        let mut guard = slot.lock().await;
+        if let Some(done) = guard.as_ref() {
+            return match done {
+                Ok((id, _)) => Ok((id.clone(), 0.0)),
+                Err(m) => Err(ModalError::ImageBuild {
+                    image: spec.label.clone(),
+                    step: None,
+                    message: m.clone(),
+                }),
+            };
+        }
+        let app_id = self.app_id().await?;
+        let mut log = std::fs::File::create(log_path).ok();
+        let r = ops::image(&self.modal, &app_id, spec, &builder, |text| {
+            if let Some(f) = log.as_mut() {
+                let _ = f.write_all(text.as_bytes());
+            }
+        })
+        .await;
+        match &r {
+            Ok(b) => *guard = Some(Ok((b.image_id.clone(), b.build_s))),
+            Err(ModalError::ImageBuild { message, step, .. }) => {
+                *guard = Some(Err(format!(
+                    "{message}{}",
+                    step.as_ref()
+                        .map(|s| format!(" (at step `{s}`)"))
+                        .unwrap_or_default()
+                )))
+            }
+            Err(_) => {}
+        }
+        r.map(|b| (b.image_id, b.build_s))
+    }
+}
+
+/// The GPU alternatives of a task, in order: its `gpu`, then `gpu_fallback`.
+fn gpu_choices(task: &orch_protocol::TaskSpec) -> Vec<String> {
+    let mut v = vec![task.gpu.clone()];
+    for g in &task.gpu_fallback {
+        if !v.contains(g) {
+            v.push(g.clone());
+        }
+    }
+    v
+}
+
+/// Append an `orch: ...` line to the cell's `agent.log` (after the agent's
+/// own lines, if any came home): the diagnosis reads it there.
+fn note(dir: &std::path::Path, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("agent.log"))
+    {
+        let _ = writeln!(f, "orch: {line}");
+    }
+}
+
+/// The `orch: modal ...` line for a sandbox's end (the diagnosis rules match it).
+fn note_line(f: &Failure) -> String {
+    let what = match f.kind.as_str() {
+        "oom" => "modal sandbox killed for running out of memory",
+        "sandbox_terminated" => "modal sandbox terminated",
+        "timeout" => "modal sandbox timed out",
+        "cancelled" => "modal sandbox cancelled",
+        _ => "modal sandbox failed",
+    };
+    format!("{what}: {}", f.message)
+}
+
+/// A failure of the cell before any agent ran, as a result.
+fn failed(cell: &str, kind: &str, message: impl Into<String>) -> CellResult {
+    CellResult::failed(cell, Status::Failed, kind, message)
+}
+
+/// What a sandbox's end says, when the agent sent no result.
+fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Status, Failure) {
+    let status = GenericStatus::try_from(result.status).unwrap_or(GenericStatus::Unspecified);
+    let exit_code = (result.exitcode != 0).then_some(result.exitcode);
+    let detail = if result.exception.trim().is_empty() {
+        String::new()
+    } else {
+        format!(": {}", result.exception.trim())
+    };
+    let (st, kind, message) = match (by_host, status) {
+        (Some(Status::Cancelled), _) => (
+            Status::Cancelled,
+            "cancelled",
+            "the sandbox was terminated by orch (cancel)".to_string(),
+        ),
+        (Some(Status::Timeout), _) | (_, GenericStatus::Timeout) => (
+            Status::Timeout,
+            "timeout",
+            format!("the sandbox timed out before the agent sent a result{detail}"),
+        ),
+        (
+            _,
+            GenericStatus::KernelOomKill
+            | GenericStatus::MemoryManagerEviction
+            | GenericStatus::MemoryThrashingEviction,
+        ) => (
+            Status::Oom,
+            "oom",
+            format!(
+                "the sandbox was killed for running out of memory ({}){detail}",
+                status.as_str_name()
+            ),
+        ),
+        (_, GenericStatus::Terminated) => (
+            Status::Failed,
+            "sandbox_terminated",
+            format!("the sandbox was terminated before the agent sent a result{detail}"),
+        ),
+        (_, GenericStatus::InitFailure) => (
+            Status::Failed,
+            "sandbox_init_failed",
+            format!("the sandbox failed to start{detail}"),
+        ),
+        _ => (
+            Status::Failed,
+            "sandbox_failed",
+            format!(
+                "the sandbox ended without a result ({}, exit code {}){detail}",
+                status.as_str_name(),
+                result.exitcode
+            ),
+        ),
+    };
+    (
+        st,
+        Failure {
+            kind: kind.into(),
+            message,
+            exit_code,
+            signal: None,
+        },
+    )
+}
+
+/// gRPC errors of `SandboxCreate` that mean "this GPU type cannot be had".
+fn gpu_refused(s: &tonic::Status) -> bool {
+    let m = s.message().to_ascii_lowercase();
+    matches!(s.code(), tonic::Code::ResourceExhausted)
+        || (matches!(
+            s.code(),
+            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition
+        ) && m.contains("gpu"))
+}
+
+#[async_trait]
+impl Backend for ModalBackend {
+    fn name(&self) -> &'static str {
+        "modal"
+    }
+
+    async fn preflight(&self) -> Result<(), BackendError> {
+        if !self.agent.is_file() {
+            return Err(BackendError::Unavailable {
+                backend: "modal",
+                message: format!("the static agent `{}` does not exist", self.agent.display()),
+                hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
+            });
+        }
+        // Credentials and reachability: the app is needed by every cell anyway.
+        self.app_id().await?;
+        Ok(())
+    }
+
+    async fn run_cell(
+        &self,
+        launch: CellLaunch,
+        events: mpsc::UnboundedSender<CellEvent>,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<CellResult, BackendError> {
+        let cell_id = launch.task.cell_id.clone();
+        let run_id = launch.task.run_id.clone();
+        let dir = launch.cell_dir.clone();
+        let launched = Instant::now();
+        let mut info: Vec<(&str, serde_json::Value)> = Vec::new();
+
+        let Some(spec) = launch.image.as_ref().and_then(|k| self.images.get(k)).cloned() else {
+            return Ok(failed(
+                &cell_id,
+                "no_image",
+                "the cell names no `image`; the modal backend needs one (`image: REF` or `image: {build: NAME}`)",
+            ));
+        };
+        let app_id = self.app_id().await?;
+        let (image_id, build_s) = match self.image(&spec, &dir.join("image-build.log")).await {
+            Ok(v) => v,
+            Err(ModalError::ImageBuild { image, step, message }) => {
+                let tail: Vec<String> = std::fs::read_to_string(dir.join("image-build.log"))
+                    .unwrap_or_default()
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .map(String::from)
+                    .collect();
+                note(
+                    &dir,
+                    &format!(
+                        "modal image build failed{}: {message}\n{}",
+                        step.as_ref()
+                            .map(|s| format!(" at step `{s}`"))
+                            .unwrap_or_default(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ),
+                );
+                let mut r = failed(
+                    &cell_id,
+                    "image_build_failed",
+                    format!(
+                        "the image `{image}` did not build{}: {message}",
+                        step.as_ref()
+                            .map(|s| format!(" at step `{s}`"))
+                            .unwrap_or_default()
+                    ),
+                );
+                r.timings
+                    .insert(Phase::Provision, launched.elapsed().as_secs_f64());
+                if let Some(s) = step {
+                    r.info.insert("image_build_failed_step".into(), s.into());
+                }
+                return Ok(r);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        info.push(("modal_image_id", image_id.clone().into()));
+        info.push(("modal_image_build_s", build_s.into()));
+        let mount_id = self.agent_mount(&app_id).await?;
+        let secret_ids = if launch.secrets.is_empty() {
+            vec![]
+        } else {
+            vec![ops::secret(&self.modal, &app_id, &launch.secrets).await?]
+        };
+        let volume = self.volume().await?;
+
+        let out_dir = format!("/tmp/orch/{run_id}/{cell_id}");
+        let mut home = Home::new(&cell_id, &dir, events).map_err(|e| BackendError::Io {
+            action: "open the cell folder".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let mut sandbox_log =
+            std::fs::File::create(dir.join("sandbox.log")).map_err(|e| BackendError::Io {
+                action: "create sandbox.log".into(),
+                source: e,
+            })?;
+
+        // Try the GPU alternatives in order until one is scheduled.
+        let mut tried: Vec<String> = Vec::new();
+        let mut running: Option<(String, String, f64)> = None; // (sandbox, gpu, scheduling s)
+        for gpu in gpu_choices(&launch.task) {
+            let mut task = launch.task.clone();
+            task.gpu = gpu.clone();
+            task.weights_dir = volume.as_ref().map(|_| WEIGHTS_MOUNT.to_string());
+            let b64 = orch_backend::home::task_b64(&task);
+            let definition = proto::Sandbox {
+                entrypoint_args: vec![
+                    AGENT_PATH.into(),
+                    "run".into(),
+                    "--task-b64".into(),
+                    b64,
+                    "--out".into(),
+                    out_dir.clone(),
+                    "--ship".into(),
+                ],
+                mount_ids: vec![mount_id.clone()],
+                image_id: image_id.clone(),
+                secret_ids: secret_ids.clone(),
+                resources: Some(proto::Resources {
+                    memory_mb: self
+                        .opts
+                        .memory_mb
+                        .or(task.memory_limit_bytes.map(|b| (b >> 20) as u32))
+                        .unwrap_or(0),
+                    milli_cpu: self.opts.cpu.map(|c| (c * 1000.0) as u32).unwrap_or(0),
+                    gpu_config: ops::gpu_config(&gpu, task.strict_hardware),
+                    memory_mb_max: task.memory_limit_bytes.map(|b| (b >> 20) as u32).unwrap_or(0),
+                    milli_cpu_max: 0,
+                }),
+                timeout_secs: (task.measure.timeout_s + task.measure.kill_grace_s.max(1.0) + 120.0).ceil()
+                    as u32,
+                workdir: String::new(),
+                volume_mounts: volume
+                    .iter()
+                    .map(|v| proto::VolumeMount {
+                        volume_id: v.clone(),
+                        mount_path: WEIGHTS_MOUNT.into(),
+                        allow_background_commits: false,
+                        read_only: true,
+                    })
+                    .collect(),
+                name: String::new(),
+            };
+            let tags = [("orch.run", run_id.as_str()), ("orch.cell", cell_id.as_str())];
+            let asked = Instant::now();
+            let id = match ops::sandbox_create(&self.modal, &app_id, definition, &tags).await {
+                Ok(id) => id,
+                Err(s) if gpu_refused(&s) => {
+                    let _ = writeln!(sandbox_log, "orch: GPU `{gpu}` refused by Modal: {}", s.message());
+                    tried.push(format!("{gpu} (refused: {})", s.message()));
+                    continue;
+                }
+                Err(s) => return Err(ModalError::rpc("SandboxCreate")(s).into()),
+            };
+            let _ = writeln!(sandbox_log, "orch: sandbox {id} asks for GPU `{gpu}`");
+            let wait = tokio::select! {
+                w = ops::sandbox_scheduled(&self.modal, &id, self.opts.schedule_timeout) => w,
+                _ = wait_cancel(&mut cancel) => {
+                    let _ = ops::sandbox_terminate(&self.modal, &id).await;
+                    let mut r = home.finish_without_result(&cell_id, Status::Cancelled, Failure {
+                        kind: "cancelled".into(), message: "cancelled while waiting for a GPU".into(), exit_code: None, signal: None,
+                    });
+                    r.info.insert("modal_sandbox_id".into(), id.into());
+                    return Ok(r);
+                }
+            };
+            match wait? {
+                Scheduled::Running | Scheduled::Ended(_) => {
+                    running = Some((id, gpu, asked.elapsed().as_secs_f64()));
+                    break;
+                }
+                Scheduled::NotScheduled => {
+                    let _ = ops::sandbox_terminate(&self.modal, &id).await;
+                    let _ = writeln!(
+                        sandbox_log,
+                        "orch: no `{gpu}` within {:.0}s; sandbox {id} terminated",
+                        self.opts.schedule_timeout.as_secs_f64()
+                    );
+                    tried.push(format!(
+                        "{gpu} (not scheduled within {:.0}s)",
+                        self.opts.schedule_timeout.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        let Some((sandbox_id, gpu, scheduling_s)) = running else {
+            note(
+                &dir,
+                &format!("no GPU could be had on modal: {}", tried.join(", ")),
+            );
+            let mut r = home.finish_without_result(
+                &cell_id,
+                Status::Failed,
+                Failure {
+                    kind: "gpu_unavailable".into(),
+                    message: format!("no GPU could be had on Modal: {}", tried.join(", ")),
+                    exit_code: None,
+                    signal: None,
+                },
+            );
+            r.timings
+                .insert(Phase::Provision, launched.elapsed().as_secs_f64());
+            r.info.insert("modal_gpus_tried".into(), tried.into());
+            return Ok(r);
+        };
+        info.push(("modal_sandbox_id", sandbox_id.clone().into()));
+        info.push(("modal_gpu", gpu.clone().into()));
+        info.push(("modal_scheduling_s", scheduling_s.into()));
+        if !tried.is_empty() {
+            info.push(("modal_gpus_tried", tried.clone().into()));
+        }
+
+        // Stderr (the agent's own) into sandbox.log, in the background.
+        let err_task = {
+            let modal = self.modal.clone();
+            let id = sandbox_id.clone();
+            let mut f = sandbox_log;
+            tokio::spawn(async move {
+                let _ = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stderr, |t| {
+                    let _ = f.write_all(t.as_bytes());
+                })
+                .await;
+                let _ = f.flush();
+            })
+        };
+
+        let grace = launch.task.measure.kill_grace_s.max(1.0);
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs_f64(launch.task.measure.timeout_s + grace)
+            + Duration::from_secs(60);
+        let (line_tx, mut line_rx) = mpsc::unbounded_channel::<String>();
+        let out_task = {
+            let modal = self.modal.clone();
+            let id = sandbox_id.clone();
+            tokio::spawn(async move {
+                let mut pending = String::new();
+                let r = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stdout, |t| {
+                    pending.push_str(t);
+                    while let Some(nl) = pending.find('\n') {
+                        let line: String = pending.drain(..=nl).collect();
+                        let _ = line_tx.send(line);
+                    }
+                })
+                .await;
+                if !pending.is_empty() {
+                    let _ = line_tx.send(pending);
+                }
+                r
+            })
+        };
+        let mut result: Option<CellResult> = None;
+        let mut by_host: Option<Status> = None;
+        loop {
+            tokio::select! {
+                line = line_rx.recv() => match line {
+                    Some(line) => match home.line(&line) {
+                        Ok(Some(r)) => result = Some(r),
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = e;
+                        }
+                    },
+                    None => break,
+                },
+                _ = wait_cancel(&mut cancel), if by_host.is_none() => {
+                    by_host = Some(Status::Cancelled);
+                    let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
+                }
+                _ = tokio::time::sleep_until(deadline), if by_host.is_none() => {
+                    by_host = Some(Status::Timeout);
+                    let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
+                }
+            }
+        }
+        let stream = out_task.await.ok();
+        // Frames missing in the middle (a stream resumed past them): read the
+        // whole log again; frames already seen are dropped by number.
+        if result.is_none() && home.gaps() {
+            let mut all = String::new();
+            let _ = ops::sandbox_logs(&self.modal, &sandbox_id, proto::FileDescriptor::Stdout, |t| {
+                all.push_str(t)
+            })
+            .await;
+            for line in all.lines() {
+                if let Ok(Some(r)) = home.line(line) {
+                    result = Some(r);
+                }
+            }
+        }
+        let end = match tokio::time::timeout(
+            Duration::from_secs(120),
+            ops::sandbox_wait(&self.modal, &sandbox_id),
+        )
+        .await
+        {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let _ = e;
+                GenericResult::default()
+            }
+            Err(_) => {
+                let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
+                GenericResult::default()
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), err_task).await;
+        let end_status = GenericStatus::try_from(end.status).unwrap_or(GenericStatus::Unspecified);
+
+        let mut result = match result {
+            Some(r) => r,
+            None => {
+                let (status, mut failure) = ended_without_result(&end, by_host);
+                if let Some(Err(e)) = stream {
+                    failure
+                        .message
+                        .push_str(&format!(" (the log stream failed: {e})"));
+                }
+                note(&dir, &note_line(&failure));
+                home.finish_without_result(&cell_id, status, failure)
+            }
+        };
+        // Modal's OOM kill is `oom`, whatever the agent managed to say.
+        if matches!(
+            end_status,
+            GenericStatus::KernelOomKill
+                | GenericStatus::MemoryManagerEviction
+                | GenericStatus::MemoryThrashingEviction
+        ) && result.status != Status::Succeeded
+            && result.status != Status::Cancelled
+        {
+            let (status, failure) = ended_without_result(&end, None);
+            note(&dir, &note_line(&failure));
+            result.status = status;
+            result.failure = Some(failure);
+        }
+        for (k, v) in info {
+            result.info.insert(k.into(), v);
+        }
+        result
+            .info
+            .insert("modal_exit_status".into(), end_status.as_str_name().into());
+        result.info.insert("modal_exit_code".into(), end.exitcode.into());
+        result
+            .info
+            .insert("container_image".into(), spec.label.clone().into());
+        // Provision covers image build and scheduling: stamped by `Home`
+        // when the agent started; when it never did, up to now.
+        result
+            .timings
+            .entry(Phase::Provision)
+            .or_insert(launched.elapsed().as_secs_f64());
+        Ok(result)
+    }
+
+    async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
+        let app_id = self.app_id().await?;
+        for _ in 0..50 {
+            let ids = ops::sandbox_list(&self.modal, &app_id, &[("orch.run", run_id)]).await?;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            for id in ids {
+                let _ = ops::sandbox_terminate(&self.modal, &id).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves when `cancel` turns true (or its sender is gone).
+async fn wait_cancel(cancel: &mut watch::Receiver<bool>) {
+    loop {
+        if *cancel.borrow() {
+            return;
+        }
+        if cancel.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ends_are_named() {
+        let r = GenericResult {
+            status: GenericStatus::KernelOomKill as i32,
+            exitcode: 137,
+            ..Default::default()
+        };
+        let (s, f) = ended_without_result(&r, None);
+        assert_eq!((s, f.kind.as_str()), (Status::Oom, "oom"));
+        let r = GenericResult {
+            status: GenericStatus::Terminated as i32,
+            ..Default::default()
+        };
+        assert_eq!(ended_without_result(&r, None).1.kind, "sandbox_terminated");
+        assert_eq!(
+            ended_without_result(&r, Some(Status::Cancelled)).0,
+            Status::Cancelled
+        );
+        let r = GenericResult {
+            status: GenericStatus::Timeout as i32,
+            ..Default::default()
+        };
+        assert_eq!(ended_without_result(&r, None).0, Status::Timeout);
+    }
+
+    #[test]
+    fn gpu_refusals_are_recognised() {
+        assert!(gpu_refused(&tonic::Status::resource_exhausted("no capacity")));
+        assert!(gpu_refused(&tonic::Status::invalid_argument(
+            "GPU type `X` unavailable"
+        )));
+        assert!(!gpu_refused(&tonic::Status::invalid_argument("bad image")));
+    }
+}

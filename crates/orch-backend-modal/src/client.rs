@@ -1,0 +1,247 @@
+//! A connection to Modal's API: the generated `ModalClient` stub with the
+//! headers Modal's clients send (token, client type and version, an auth
+//! token from `AuthTokenGet`), and unary calls retried with exponential
+//! backoff on transient codes under one idempotency key per logical call,
+//! as Modal's Go client does.
+
+use crate::config::Credentials;
+use crate::proto::modal_client_client::ModalClientClient;
+use crate::proto::AuthTokenGetRequest;
+use crate::ModalError;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Request, Status};
+
+/// `CLIENT_TYPE_LIBMODAL` in Modal's `ClientType`: a non-Python client.
+const CLIENT_TYPE: &str = "7";
+/// The Python client version whose behaviour ours follows (Modal's Go
+/// client sends the same).
+const CLIENT_VERSION: &str = "1.0.0";
+const MAX_MESSAGE: usize = 100 * 1024 * 1024;
+
+/// Retry policy of unary calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub attempts: u32,
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 4,
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Codes worth another try (Modal's clients retry the same ones).
+pub fn is_transient(code: Code) -> bool {
+    matches!(
+        code,
+        Code::DeadlineExceeded | Code::Unavailable | Code::Cancelled | Code::Internal | Code::Unknown
+    )
+}
+
+#[derive(Clone)]
+pub struct Modal {
+    stub: ModalClientClient<Channel>,
+    creds: Arc<Credentials>,
+    auth: Arc<Mutex<Option<(String, Instant)>>>,
+    pub retry: Retry,
+}
+
+impl std::fmt::Debug for Modal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Modal")
+            .field("server", &self.creds.server_url)
+            .finish()
+    }
+}
+
+impl Modal {
+    /// Connect (lazily: the first call opens the connection).
+    pub fn connect(creds: Credentials) -> Result<Modal, ModalError> {
+        let url = creds.server_url.clone();
+        let bad = |why: String| ModalError::Unavailable {
+            message: format!("`MODAL_SERVER_URL` `{url}` is not usable: {why}"),
+            hint: "write it as `https://api.modal.com` or `http://127.0.0.1:PORT`".into(),
+        };
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| bad(e.to_string()))?
+            .connect_timeout(Duration::from_secs(20))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true);
+        if url.starts_with("https://") {
+            endpoint = endpoint
+                .tls_config(ClientTlsConfig::new().with_native_roots())
+                .map_err(|e| bad(e.to_string()))?;
+        } else if !url.starts_with("http://") {
+            return Err(bad("the scheme must be `https://` or `http://`".into()));
+        }
+        let stub = ModalClientClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Modal {
+            stub,
+            creds: Arc::new(creds),
+            auth: Arc::new(Mutex::new(None)),
+            retry: Retry::default(),
+        })
+    }
+
+    pub fn credentials(&self) -> &Credentials {
+        &self.creds
+    }
+
+    pub fn environment(&self) -> &str {
+        &self.creds.environment
+    }
+
+    /// A request with Modal's headers.
+    fn request<T>(&self, msg: T, auth: Option<&str>) -> Request<T> {
+        let mut req = Request::new(msg);
+        let md = req.metadata_mut();
+        md.insert("x-modal-client-type", MetadataValue::from_static(CLIENT_TYPE));
+        md.insert(
+            "x-modal-client-version",
+            MetadataValue::from_static(CLIENT_VERSION),
+        );
+        md.insert(
+            "x-modal-libmodal-version",
+            MetadataValue::from_static(concat!("orch/", env!("CARGO_PKG_VERSION"))),
+        );
+        // Token ids and secrets are ASCII; one that is not cannot be sent and
+        // the server answers `Unauthenticated`, which names the problem.
+        if let Ok(v) = MetadataValue::try_from(self.creds.token_id.as_str()) {
+            md.insert("x-modal-token-id", v);
+        }
+        if let Ok(v) = MetadataValue::try_from(self.creds.token_secret.as_str()) {
+            md.insert("x-modal-token-secret", v);
+        }
+        if let Some(token) = auth {
+            if let Ok(v) = MetadataValue::try_from(token) {
+                md.insert("x-modal-auth-token", v);
+            }
+        }
+        req
+    }
+
+    /// The short-lived auth token (`AuthTokenGet`), refreshed before it
+    /// expires; a server without it (older or fake) gets none.
+    async fn auth_token(&self) -> Option<String> {
+        let mut slot = self.auth.lock().await;
+        if let Some((token, until)) = slot.as_ref() {
+            if Instant::now() < *until {
+                return Some(token.clone());
+            }
+        }
+        let mut stub = self.stub.clone();
+        match stub
+            .auth_token_get(self.request(AuthTokenGetRequest {}, None))
+            .await
+        {
+            Ok(resp) => {
+                let token = resp.into_inner().token;
+                if token.is_empty() {
+                    return None;
+                }
+                let ttl = jwt_ttl(&token).unwrap_or(Duration::from_secs(15 * 60));
+                // Refresh five minutes early (or at half-life for short tokens).
+                let early = Duration::from_secs(300).min(ttl / 2);
+                *slot = Some((token.clone(), Instant::now() + ttl - early));
+                Some(token)
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// A request ready to send, for streaming calls (no retry here: the
+    /// caller resumes from the last entry id).
+    pub async fn stream_request<T>(&self, msg: T) -> Request<T> {
+        let token = self.auth_token().await;
+        self.request(msg, token.as_deref())
+    }
+
+    pub fn stub(&self) -> ModalClientClient<Channel> {
+        self.stub.clone()
+    }
+
+    /// One unary call, retried on transient codes with backoff; every
+    /// attempt carries the same `x-idempotency-key`.
+    pub async fn call<T, R, F, Fut>(&self, what: &'static str, msg: T, f: F) -> Result<R, Status>
+    where
+        T: Clone,
+        F: Fn(ModalClientClient<Channel>, Request<T>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let key = uuid::Uuid::new_v4().to_string();
+        let started = Instant::now();
+        let mut delay = self.retry.base;
+        let mut attempt = 0u32;
+        loop {
+            let token = self.auth_token().await;
+            let mut req = self.request(msg.clone(), token.as_deref());
+            let md = req.metadata_mut();
+            if let Ok(v) = MetadataValue::try_from(key.as_str()) {
+                md.insert("x-idempotency-key", v);
+            }
+            if let Ok(v) = MetadataValue::try_from(attempt.to_string()) {
+                md.insert("x-retry-attempt", v);
+            }
+            if let Ok(v) = MetadataValue::try_from(format!("{:.3}", started.elapsed().as_secs_f64())) {
+                md.insert("x-retry-delay", v);
+            }
+            match f(self.stub.clone(), req).await {
+                Ok(resp) => return Ok(resp.into_inner()),
+                Err(status) if is_transient(status.code()) && attempt + 1 < self.retry.attempts => {
+                    let _ = what;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.retry.max);
+                    attempt += 1;
+                }
+                Err(status) => return Err(status),
+            }
+        }
+    }
+}
+
+/// Seconds until a JWT's `exp`, read from its payload (no verification:
+/// the server verifies; we only schedule the refresh).
+fn jwt_ttl(token: &str) -> Option<Duration> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let exp = v.get("exp")?.as_f64()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    (exp > now).then(|| Duration::from_secs_f64(exp - now))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jwt_expiry_is_read_from_the_payload() {
+        use base64::Engine;
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600;
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{{\"exp\":{exp}}}"));
+        let ttl = super::jwt_ttl(&format!("x.{payload}.y")).unwrap();
+        assert!((3500..=3600).contains(&ttl.as_secs()));
+        assert!(super::jwt_ttl("not-a-jwt").is_none());
+    }
+}

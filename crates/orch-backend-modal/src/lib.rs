@@ -1,0 +1,120 @@
+//! The `modal` backend: every cell runs in a Modal sandbox, driven in Rust
+//! over Modal's own gRPC API (`modal.client.ModalClient`), the way Modal's
+//! Go and JS clients drive it. Nothing of Python is needed on the host.
+//!
+//! - [`proto`]: the subset of Modal's API orch uses (`proto/modal_api.proto`,
+//!   ours, checked against the official descriptor by a CI test);
+//! - [`config`]: credentials (`MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET`, else the
+//!   active profile of `~/.modal.toml`), `MODAL_SERVER_URL`, `MODAL_ENVIRONMENT`;
+//! - [`client`]: headers, the auth token, retries with idempotency keys;
+//! - [`ops`]: app, image (with the build log streamed), content-addressed
+//!   mounts for the static agent and `orch`, secrets, volumes, sandboxes
+//!   (create, schedule, logs from the last entry id, wait, terminate, list);
+//! - [`backend`]: the [`orch_backend::Backend`] for `--backend modal`;
+//! - [`setup`]: `orch setup --backend modal`, the download run inside a sandbox
+//!   with the weights volume mounted read-write.
+
+pub mod backend;
+pub mod client;
+pub mod config;
+pub mod ops;
+pub mod setup;
+
+/// The generated types and stubs of `proto/modal_api.proto`.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("modal.client");
+
+    /// Our descriptor set (for the check against Modal's own).
+    pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/modal_api.descriptor.bin"));
+}
+
+pub use backend::ModalBackend;
+pub use client::Modal;
+pub use config::Credentials;
+
+/// The app every orch sandbox belongs to.
+pub const APP_NAME: &str = "orch";
+/// The weights volume's default name.
+pub const WEIGHTS_VOLUME: &str = "orch-weights";
+/// Where the weights volume is mounted in a sandbox.
+pub const WEIGHTS_MOUNT: &str = "/weights";
+/// Where the static agent is mounted in a sandbox.
+pub const AGENT_PATH: &str = "/orch/agent";
+/// Where the static `orch` (for in-sandbox setup) is mounted.
+pub const ORCH_PATH: &str = "/orch/orch";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModalError {
+    /// Modal cannot be used from here (no token, bad URL).
+    #[error("{message}\nhint: {hint}")]
+    Unavailable { message: String, hint: String },
+    /// Modal answered a call with an error.
+    #[error("modal `{call}` failed: {code}: {message}")]
+    Rpc {
+        call: &'static str,
+        code: tonic::Code,
+        message: String,
+    },
+    /// The image did not build: the failing step and the log's tail.
+    #[error("the image `{image}` did not build{}: {message}", step.as_ref().map(|s| format!(" at step `{s}`")).unwrap_or_default())]
+    ImageBuild {
+        image: String,
+        step: Option<String>,
+        message: String,
+    },
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("uploading `{file}` to Modal failed: {message}")]
+    Upload { file: String, message: String },
+}
+
+impl ModalError {
+    pub fn rpc(call: &'static str) -> impl Fn(tonic::Status) -> ModalError {
+        move |s: tonic::Status| ModalError::Rpc {
+            call,
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, ModalError::Unavailable { .. })
+            || matches!(
+                self,
+                ModalError::Rpc {
+                    code: tonic::Code::Unauthenticated | tonic::Code::PermissionDenied,
+                    ..
+                }
+            )
+    }
+}
+
+impl From<ModalError> for orch_backend::BackendError {
+    fn from(e: ModalError) -> Self {
+        match e {
+            ModalError::Unavailable { message, hint } => orch_backend::BackendError::Unavailable {
+                backend: "modal",
+                message,
+                hint,
+            },
+            ModalError::Rpc {
+                code: code @ (tonic::Code::Unauthenticated | tonic::Code::PermissionDenied),
+                message,
+                ..
+            } => orch_backend::BackendError::Unavailable {
+                backend: "modal",
+                message: format!("Modal refused the token ({code}): {message}"),
+                hint: "check `MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET` or `~/.modal.toml` (`modal token new` makes a new one)".into(),
+            },
+            other => orch_backend::BackendError::Io {
+                action: "talk to Modal".into(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
+}

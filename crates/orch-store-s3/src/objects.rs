@@ -1,0 +1,579 @@
+//! A blocking face over the async S3 client: the few object operations the
+//! store needs, run on the client's own runtime so that the store's
+//! synchronous interface can be called from anywhere (inside `orch`'s
+//! runtime, a plain thread, a test).
+
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use futures::StreamExt;
+use orch_store::StoreError;
+use std::future::Future;
+use std::path::Path;
+
+/// Objects this size and larger go up in parts.
+pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
+/// Size of one part of a multipart upload (S3's minimum is 5 MiB).
+pub const PART_SIZE: u64 = 8 << 20;
+/// Requests in flight at once for batch reads.
+pub const PARALLEL: usize = 32;
+
+/// How a conditional create ended.
+#[derive(Debug, PartialEq)]
+pub enum Created {
+    /// The object is ours (written now, or by an earlier try of this writer
+    /// whose reply was lost).
+    Ours,
+    /// Another writer created it first; its bytes.
+    Theirs(Vec<u8>),
+}
+
+/// One listed object.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub key: String,
+    pub size: u64,
+}
+
+/// Where the credentials come from, for error messages (never their value).
+pub fn credential_source() -> String {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    if set("AWS_ACCESS_KEY_ID") {
+        "the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`)".into()
+    } else if let Ok(p) = std::env::var("AWS_PROFILE") {
+        format!("the profile `{p}` (`AWS_PROFILE`, ~/.aws/config and ~/.aws/credentials, SSO)")
+    } else if set("AWS_WEB_IDENTITY_TOKEN_FILE") {
+        "web identity (`AWS_WEB_IDENTITY_TOKEN_FILE`)".into()
+    } else {
+        "the default chain (the `default` profile in ~/.aws, SSO, container or instance metadata)".into()
+    }
+}
+
+/// Remove every credential value of this environment from a text.
+pub fn redact(text: &str) -> String {
+    let mut out = text.to_string();
+    for k in ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"] {
+        if let Ok(v) = std::env::var(k) {
+            if v.len() >= 4 {
+                out = out.replace(&v, "***");
+            }
+        }
+    }
+    out
+}
+
+/// The S3 client from the standard AWS configuration chain (environment,
+/// profiles, SSO, `AWS_ENDPOINT_URL`, region), and the endpoint's name. A
+/// custom endpoint gets path-style addressing and checksums only where
+/// required (S3-compatible servers).
+async fn load() -> (Client, String) {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    // A region is required to sign; S3-compatible servers accept any.
+    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        loader = loader
+            .region(aws_config::meta::region::RegionProviderChain::default_provider().or_else("us-east-1"));
+    }
+    let shared = loader.load().await;
+    let endpoint = shared.endpoint_url().map(String::from);
+    let mut conf = aws_sdk_s3::config::Builder::from(&shared);
+    if endpoint.is_some() {
+        conf = conf
+            .force_path_style(true)
+            .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired);
+    }
+    (
+        Client::from_conf(conf.build()),
+        endpoint.unwrap_or_else(|| "AWS S3".into()),
+    )
+}
+
+/// Wait for a reply from the client's runtime without blocking a runtime
+/// of the caller's (`orch`'s own) in a way it forbids.
+fn wait<T>(rx: std::sync::mpsc::Receiver<T>) -> Option<T> {
+    let recv = move || rx.recv().ok();
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(recv)
+        }
+        _ => recv(),
+    }
+}
+
+pub struct Objects {
+    rt: Option<tokio::runtime::Runtime>,
+    client: Client,
+    pub bucket: String,
+    pub endpoint: String,
+}
+
+impl Drop for Objects {
+    fn drop(&mut self) {
+        // A runtime may not be dropped where blocking is forbidden (inside
+        // `orch`'s own runtime): let its threads go in the background.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// What failed, classified: the user's to fix (credentials, bucket,
+/// endpoint) or not.
+fn remote(
+    bucket: &str,
+    endpoint: &str,
+    op: &str,
+    key: &str,
+    code: Option<&str>,
+    status: Option<u16>,
+    message: String,
+) -> StoreError {
+    let message = redact(&message);
+    let cred = || credential_source();
+    match (code, status) {
+        (Some("NoSuchBucket"), _) => StoreError::Remote {
+            message: format!("the bucket `{bucket}` does not exist at {endpoint}"),
+            hint: "create it, or check the name in `--store s3://BUCKET/PREFIX` and `AWS_ENDPOINT_URL`".into(),
+            user: true,
+        },
+        (Some("InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" | "InvalidToken" | "ExpiredToken" | "AllAccessDisabled"), _)
+        | (_, Some(401 | 403)) => StoreError::Remote {
+            message: format!(
+                "access to the bucket `{bucket}` was refused ({}) for {op} `{key}`, with credentials from {}",
+                code.unwrap_or("403"),
+                cred()
+            ),
+            hint: "check the credentials (or `AWS_PROFILE`) and that they may read and write the bucket".into(),
+            user: true,
+        },
+        _ if message.contains("no credentials") || message.contains("NoCredentials") || message.contains("credentials provider") => StoreError::Remote {
+            message: format!("no credentials for the bucket `{bucket}`: none found in {}", cred()),
+            hint: "set `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, or run `aws sso login`".into(),
+            user: true,
+        },
+        (None, None) => StoreError::Remote {
+            message: format!("cannot reach the object store at {endpoint} for {op} `{key}` in `{bucket}`: {message}"),
+            hint: "check `AWS_ENDPOINT_URL` (or the region) and the network".into(),
+            user: true,
+        },
+        _ => StoreError::Remote {
+            message: format!(
+                "{op} `{key}` in the bucket `{bucket}` failed ({}): {message}",
+                code.map(String::from).or(status.map(|s| s.to_string())).unwrap_or_default()
+            ),
+            hint: "retry; if it persists the object store is failing".into(),
+            user: false,
+        },
+    }
+}
+
+type SdkErr<E> = aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>;
+
+fn status_of<E>(e: &SdkErr<E>) -> Option<u16> {
+    e.raw_response().map(|r| r.status().as_u16())
+}
+
+fn text_of<E: std::error::Error + 'static>(e: &SdkErr<E>) -> String {
+    aws_sdk_s3::error::DisplayErrorContext(e).to_string()
+}
+
+impl Objects {
+    /// A client for `bucket` from the standard AWS configuration chain
+    /// (environment, profiles, SSO, `AWS_ENDPOINT_URL`, region). A custom
+    /// endpoint gets path-style addressing and checksums only where required.
+    pub fn connect(bucket: &str) -> Result<Objects, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .thread_name("orch-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Remote {
+                message: format!("cannot start the object store's runtime: {e}"),
+                hint: "the system is out of threads or memory".into(),
+                user: false,
+            })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let _ = tx.send(load().await);
+        });
+        // The task only ends by sending (a panic in the SDK would be a bug).
+        let (client, endpoint) = wait(rx).unwrap_or_else(|| panic!("loading the AWS configuration panicked"));
+        Ok(Objects {
+            rt: Some(rt),
+            client,
+            bucket: bucket.to_string(),
+            endpoint,
+        })
+    }
+
+    /// Run `f` on the client's runtime and wait for it.
+    fn block<F>(&self, f: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let Some(rt) = self.rt.as_ref() else {
+            unreachable!("the runtime lives until drop")
+        };
+        rt.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        // The task only ends by sending; a panic in it is a bug of the SDK.
+        wait(rx).unwrap_or_else(|| panic!("an object store request panicked"))
+    }
+
+    fn err<E: ProvideErrorMetadata + std::error::Error + 'static>(
+        &self,
+        op: &str,
+        key: &str,
+        e: &SdkErr<E>,
+    ) -> StoreError {
+        let (code, msg) = match e.as_service_error() {
+            Some(s) => (
+                s.code().map(String::from),
+                s.message().unwrap_or_default().to_string(),
+            ),
+            None => (None, text_of(e)),
+        };
+        remote(
+            &self.bucket,
+            &self.endpoint,
+            op,
+            key,
+            code.as_deref(),
+            status_of(e),
+            msg,
+        )
+    }
+
+    /// Check that the bucket can be read with these credentials.
+    pub fn check(&self, prefix: &str) -> Result<(), StoreError> {
+        let (c, b, p) = (self.client.clone(), self.bucket.clone(), prefix.to_string());
+        let r = self.block(async move { c.list_objects_v2().bucket(b).prefix(p).max_keys(1).send().await });
+        r.map(|_| ()).map_err(|e| self.err("list", prefix, &e))
+    }
+
+    /// The object's bytes from `offset` on, or `None` when there is none.
+    pub fn get(&self, key: &str, offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        enum Fail {
+            Sdk(Box<SdkErr<aws_sdk_s3::operation::get_object::GetObjectError>>),
+            Body(String),
+        }
+        let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
+        let r = self.block(async move {
+            let mut req = c.get_object().bucket(b).key(k);
+            if offset > 0 {
+                req = req.range(format!("bytes={offset}-"));
+            }
+            let out = req.send().await.map_err(|e| Fail::Sdk(Box::new(e)))?;
+            let data = out.body.collect().await.map_err(|e| Fail::Body(e.to_string()))?;
+            Ok::<_, Fail>(data.into_bytes().to_vec())
+        });
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(Fail::Sdk(e)) => {
+                let e = *e;
+                let status = status_of(&e);
+                if e.as_service_error().is_some_and(|s| s.is_no_such_key()) || status == Some(404) {
+                    return Ok(None);
+                }
+                if status == Some(416) {
+                    // The range starts at the end: nothing new.
+                    return Ok(Some(Vec::new()));
+                }
+                Err(self.err("read", key, &e))
+            }
+            Err(Fail::Body(msg)) => Err(remote(
+                &self.bucket,
+                &self.endpoint,
+                "read",
+                key,
+                None,
+                Some(500),
+                msg,
+            )),
+        }
+    }
+
+    /// Write an object (overwriting): only caches are written this way.
+    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
+        let r = self.block(async move {
+            c.put_object()
+                .bucket(b)
+                .key(k)
+                .body(ByteStream::from(bytes))
+                .send()
+                .await
+        });
+        r.map(|_| ()).map_err(|e| self.err("write", key, &e))
+    }
+
+    /// Create an object that must not exist (`If-None-Match: *`). `token`
+    /// is a string unique to this writer found inside `bytes`: on a
+    /// conflict the object is read back, and if it holds our token the
+    /// conflict was our own earlier try whose reply was lost.
+    pub fn create(&self, key: &str, bytes: Vec<u8>, token: &str) -> Result<Created, StoreError> {
+        let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
+        let r = self.block(async move {
+            c.put_object()
+                .bucket(b)
+                .key(k)
+                .if_none_match("*")
+                .body(ByteStream::from(bytes))
+                .send()
+                .await
+        });
+        match r {
+            Ok(_) => Ok(Created::Ours),
+            Err(e) => {
+                let status = status_of(&e);
+                let code = e.as_service_error().and_then(|s| s.code().map(String::from));
+                // 412: it exists. 409 ConditionalRequestConflict: a create
+                // of the same key is in flight; either way, read it back.
+                if status == Some(412) || status == Some(409) || code.as_deref() == Some("PreconditionFailed")
+                {
+                    let mut theirs = self.get(key, 0)?;
+                    if theirs.is_none() && status == Some(409) {
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                        theirs = self.get(key, 0)?;
+                    }
+                    return Ok(match theirs {
+                        Some(t) if contains(&t, token.as_bytes()) => Created::Ours,
+                        Some(t) => Created::Theirs(t),
+                        None => Created::Theirs(Vec::new()),
+                    });
+                }
+                Err(self.err("create", key, &e))
+            }
+        }
+    }
+
+    /// Every object under `prefix` (all pages), in key order.
+    pub fn list(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
+        Ok(self.list_with(prefix, None)?.0)
+    }
+
+    /// The "folders" directly under `prefix` (keys grouped at the next `/`).
+    pub fn list_dirs(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self.list_with(prefix, Some("/"))?.1)
+    }
+
+    fn list_with(
+        &self,
+        prefix: &str,
+        delimiter: Option<&str>,
+    ) -> Result<(Vec<Listed>, Vec<String>), StoreError> {
+        let mut objects = Vec::new();
+        let mut dirs = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let (c, b, p, d, t) = (
+                self.client.clone(),
+                self.bucket.clone(),
+                prefix.to_string(),
+                delimiter.map(String::from),
+                token.take(),
+            );
+            let out = self
+                .block(async move {
+                    c.list_objects_v2()
+                        .bucket(b)
+                        .prefix(p)
+                        .set_delimiter(d)
+                        .set_continuation_token(t)
+                        .send()
+                        .await
+                })
+                .map_err(|e| self.err("list", prefix, &e))?;
+            for o in out.contents() {
+                if let Some(k) = o.key() {
+                    objects.push(Listed {
+                        key: k.to_string(),
+                        size: o.size().unwrap_or(0).max(0) as u64,
+                    });
+                }
+            }
+            for p in out.common_prefixes() {
+                if let Some(p) = p.prefix() {
+                    dirs.push(p.to_string());
+                }
+            }
+            match out.next_continuation_token() {
+                Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok((objects, dirs))
+    }
+
+    /// Read many objects at once (missing ones are `None`), in order.
+    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let (c, b) = (self.client.clone(), self.bucket.clone());
+        let keys2 = keys.to_vec();
+        let results = self.block(async move {
+            futures::stream::iter(keys2.into_iter().enumerate())
+                .map(|(i, k)| {
+                    let (c, b) = (c.clone(), b.clone());
+                    async move {
+                        let r = match c.get_object().bucket(b).key(k).send().await {
+                            Ok(out) => match out.body.collect().await {
+                                Ok(d) => Ok(Some(d.into_bytes().to_vec())),
+                                Err(e) => Err((None, Some(500u16), e.to_string())),
+                            },
+                            Err(e) => {
+                                let status = status_of(&e);
+                                if e.as_service_error().is_some_and(|s| s.is_no_such_key())
+                                    || status == Some(404)
+                                {
+                                    Ok(None)
+                                } else {
+                                    let code = e.as_service_error().and_then(|s| s.code().map(String::from));
+                                    let msg = match e.as_service_error() {
+                                        Some(s) => s.message().unwrap_or_default().to_string(),
+                                        None => text_of(&e),
+                                    };
+                                    Err((code, status, msg))
+                                }
+                            }
+                        };
+                        (i, r)
+                    }
+                })
+                .buffer_unordered(PARALLEL)
+                .collect::<Vec<_>>()
+                .await
+        });
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for (i, r) in results {
+            match r {
+                Ok(v) => out[i] = v,
+                Err((code, status, msg)) => {
+                    return Err(remote(
+                        &self.bucket,
+                        &self.endpoint,
+                        "read",
+                        &keys[i],
+                        code.as_deref(),
+                        status,
+                        msg,
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Delete objects (missing ones are fine).
+    pub fn delete(&self, keys: &[String]) -> Result<(), StoreError> {
+        for k in keys {
+            let (c, b, key) = (self.client.clone(), self.bucket.clone(), k.clone());
+            self.block(async move { c.delete_object().bucket(b).key(key).send().await })
+                .map_err(|e| self.err("delete", k, &e))?;
+        }
+        Ok(())
+    }
+
+    /// Upload a local file as one object: in one request when small, in
+    /// [`PART_SIZE`] parts (several at once) when large.
+    pub fn put_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
+        let io = |e: std::io::Error| StoreError::Io {
+            action: "read",
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let size = std::fs::metadata(path).map_err(io)?.len();
+        if size < MULTIPART_THRESHOLD {
+            let bytes = std::fs::read(path).map_err(io)?;
+            let n = bytes.len() as u64;
+            self.put(key, bytes)?;
+            return Ok(n);
+        }
+        let (c, b, k, p) = (
+            self.client.clone(),
+            self.bucket.clone(),
+            key.to_string(),
+            path.to_path_buf(),
+        );
+        let r: Result<(), (String, String)> = self.block(async move {
+            use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+            let up = c
+                .create_multipart_upload()
+                .bucket(&b)
+                .key(&k)
+                .send()
+                .await
+                .map_err(|e| ("start a multipart upload of".to_string(), text_of(&e)))?;
+            let Some(id) = up.upload_id().map(String::from) else {
+                return Err(("start a multipart upload of".into(), "no upload id".into()));
+            };
+            let parts = size.div_ceil(PART_SIZE);
+            let results = futures::stream::iter(0..parts)
+                .map(|i| {
+                    let (c, b, k, id, p) = (c.clone(), b.clone(), k.clone(), id.clone(), p.clone());
+                    async move {
+                        let len = PART_SIZE.min(size - i * PART_SIZE);
+                        let body = ByteStream::read_from()
+                            .path(&p)
+                            .offset(i * PART_SIZE)
+                            .length(aws_sdk_s3::primitives::Length::Exact(len))
+                            .build()
+                            .await
+                            .map_err(|e| ("read".to_string(), e.to_string()))?;
+                        let out = c
+                            .upload_part()
+                            .bucket(b)
+                            .key(k)
+                            .upload_id(id)
+                            .part_number(i as i32 + 1)
+                            .body(body)
+                            .send()
+                            .await
+                            .map_err(|e| ("upload a part of".to_string(), text_of(&e)))?;
+                        Ok::<_, (String, String)>(
+                            CompletedPart::builder()
+                                .part_number(i as i32 + 1)
+                                .set_e_tag(out.e_tag().map(String::from))
+                                .build(),
+                        )
+                    }
+                })
+                .buffered(4)
+                .collect::<Vec<_>>()
+                .await;
+            let mut done = Vec::new();
+            for r in results {
+                match r {
+                    Ok(p) => done.push(p),
+                    Err(e) => {
+                        let _ = c
+                            .abort_multipart_upload()
+                            .bucket(&b)
+                            .key(&k)
+                            .upload_id(&id)
+                            .send()
+                            .await;
+                        return Err(e);
+                    }
+                }
+            }
+            c.complete_multipart_upload()
+                .bucket(&b)
+                .key(&k)
+                .upload_id(&id)
+                .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
+                .send()
+                .await
+                .map_err(|e| ("complete the multipart upload of".to_string(), text_of(&e)))?;
+            Ok(())
+        });
+        r.map_err(|(op, msg)| remote(&self.bucket, &self.endpoint, &op, key, None, Some(500), msg))?;
+        Ok(size)
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}

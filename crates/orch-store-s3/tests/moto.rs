@@ -1,0 +1,208 @@
+//! The S3 store against `moto_server`, whose conditional writes are atomic:
+//! racing writers, lost replies, hostile keys. One server for the whole
+//! binary (the AWS chain reads the process environment, set once here).
+
+use orch_manifest::{load_str, ExpandOptions};
+use orch_protocol::{CellResult, Status};
+use orch_store::{host_environment, CellRecord, Run, Store, StoreError};
+use orch_store_s3::objects::Created;
+use orch_store_s3::S3Store;
+use orch_testkit::s3::{require, S3Server};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+fn server() -> Option<&'static S3Server> {
+    static SERVER: OnceLock<Option<S3Server>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            let s = require(S3Server::moto())?;
+            s.create_bucket("team").unwrap();
+            for (k, v) in s.env() {
+                // SAFETY-free in edition 2021; set once, before any client reads it.
+                std::env::set_var(k, v);
+            }
+            std::env::set_var(
+                "ORCH_S3_WORKDIR",
+                std::env::temp_dir().join(format!("orch-s3-test-{}", std::process::id())),
+            );
+            Some(s)
+        })
+        .as_ref()
+}
+
+fn open(prefix: &str) -> Arc<S3Store> {
+    Arc::new(S3Store::open(&format!("s3://team/{prefix}")).unwrap())
+}
+
+fn new_run(store: &Store) -> Run {
+    let plan = load_str(
+        "name: t\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n    matrix: {x: [1, 2]}\n",
+        Path::new("t.yaml"),
+        &ExpandOptions::default(),
+    )
+    .unwrap();
+    store
+        .create_run(
+            &plan,
+            "name: t\n",
+            "local",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_lost_reply_is_told_apart_from_a_conflict() {
+    let Some(_s) = server() else { return };
+    let s = open("lost");
+    let o = s.objects();
+    let key = "lost/object";
+    assert_eq!(
+        o.create(key, b"{\"writer\":\"me-1\"}".to_vec(), "me-1").unwrap(),
+        Created::Ours
+    );
+    // The same writer's retry (its first reply lost): ours.
+    assert_eq!(
+        o.create(key, b"{\"writer\":\"me-1\"}".to_vec(), "me-1").unwrap(),
+        Created::Ours
+    );
+    // Another writer: a conflict, with the first writer's bytes.
+    match o
+        .create(key, b"{\"writer\":\"you-2\"}".to_vec(), "you-2")
+        .unwrap()
+    {
+        Created::Theirs(b) => assert!(String::from_utf8_lossy(&b).contains("me-1")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn racing_writers_claim_and_record_a_cell_once() {
+    let Some(_s) = server() else { return };
+    let first = open("race");
+    let store = Store::with_backend(first.clone());
+    let run = new_run(&store);
+    let id = run.id().to_string();
+    let cell = run.plan.cells[0].clone();
+    // Eight processes (eight store handles, eight tokens) claim attempt 1 at once.
+    let handles: Vec<Arc<S3Store>> = (0..8).map(|_| open("race")).collect();
+    let claims: Vec<Result<(std::path::PathBuf, u32), StoreError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = handles
+            .iter()
+            .map(|h| {
+                let (h, id, cell) = (h.clone(), id.clone(), cell.id.clone());
+                sc.spawn(move || {
+                    let store = Store::with_backend(h);
+                    store.open_exact(&id).unwrap().prepare_cell(&cell)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let won = claims.iter().filter(|c| c.is_ok()).count();
+    let lost = claims
+        .iter()
+        .filter(|c| matches!(c, Err(StoreError::Claimed { .. })))
+        .count();
+    assert_eq!((won, lost), (1, 7), "{claims:?}");
+
+    // Eight processes that each ran the cell (attempts 1..=8) record it at once.
+    let now = chrono::Utc::now();
+    let results: Vec<Result<(), StoreError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = handles
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let (h, id, cell) = (h.clone(), id.clone(), cell.clone());
+                sc.spawn(move || {
+                    let run = Store::with_backend(h).open_exact(&id).unwrap();
+                    let rec = CellRecord::from_result(
+                        &cell,
+                        CellResult::new(&cell.id, Status::Succeeded),
+                        now,
+                        now,
+                        i as u32 + 1,
+                    );
+                    run.finish_cell(&rec)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let elsewhere = results
+        .iter()
+        .filter(|r| matches!(r, Err(StoreError::RecordedElsewhere { .. })))
+        .count();
+    assert_eq!((ok, elsewhere), (1, 7), "{results:?}");
+    let run = store.open_exact(&id).unwrap();
+    let rec = run.record().unwrap();
+    assert_eq!(rec.counts.get("succeeded"), Some(&1));
+    // The losers' attempts are kept as earlier attempts (they were spent).
+    assert_eq!(
+        run.all_records()
+            .unwrap()
+            .iter()
+            .filter(|(_, earlier)| *earlier)
+            .count(),
+        7
+    );
+}
+
+#[test]
+fn a_pull_never_writes_outside_the_store() {
+    let Some(_s) = server() else { return };
+    let s = open("hostile");
+    let store = Store::with_backend(s.clone());
+    let run = new_run(&store);
+    let cell = run.plan.cells[0].clone();
+    run.prepare_cell(&cell.id).unwrap();
+    let now = chrono::Utc::now();
+    run.finish_cell(&CellRecord::from_result(
+        &cell,
+        CellResult::new(&cell.id, Status::Succeeded),
+        now,
+        now,
+        1,
+    ))
+    .unwrap();
+    let base = s.run_key(run.id());
+    for evil in [
+        format!("{base}cells/{}/1/../../../../../escaped.txt", cell.id),
+        format!("{base}cells/../../escaped/1/x.log"),
+    ] {
+        s.objects().put(&evil, b"pwned".to_vec()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("a").join("b").join("store");
+        let e = orch_store_s3::transfer::pull(&s, run.id(), &root).unwrap_err();
+        assert!(matches!(e, StoreError::Unsafe { .. }), "{e}");
+        assert!(e.is_user_error());
+        let mut found = vec![];
+        let mut stack = vec![tmp.path().to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    found.push(e.path());
+                }
+            }
+        }
+        assert!(
+            found
+                .iter()
+                .all(|p| !p.ends_with("escaped.txt") && !p.ends_with("x.log")),
+            "{found:?}"
+        );
+        s.objects().delete(&[evil]).unwrap();
+    }
+    // Without the hostile keys the same pull works.
+    let tmp = tempfile::tempdir().unwrap();
+    let moved = orch_store_s3::transfer::pull(&s, run.id(), tmp.path()).unwrap();
+    assert_eq!(moved.records, 1);
+    let local = Store::new(tmp.path()).open_exact(run.id()).unwrap();
+    assert_eq!(
+        local.cell_record(&cell.id).unwrap().unwrap().status,
+        Status::Succeeded
+    );
+}

@@ -1,0 +1,106 @@
+//! The one interface of a result store. [`crate::Store`] and [`crate::Run`]
+//! are the types commands use; they hold an `Arc<dyn StoreBackend>`: the
+//! folder store ([`crate::FolderStore`]) or an object store (the
+//! `orch-store-s3` crate). Run and cell ids reaching an implementation have
+//! been checked with [`crate::check_name`].
+
+use crate::{CellRecord, Result, Run, RunMeta, RunSummary, Store, StoreError};
+use chrono::{DateTime, Utc};
+use orch_cost::{History, LedgerLine};
+use orch_manifest::Plan;
+use std::path::{Path, PathBuf};
+
+pub trait StoreBackend: Send + Sync {
+    /// Where the store is, for messages (`results`, `s3://bucket/prefix`).
+    fn location(&self) -> String;
+
+    /// Where one run is, for messages.
+    fn run_location(&self, id: &str) -> String;
+
+    /// The store's folder, when it is one.
+    fn folder(&self) -> Option<&Path> {
+        None
+    }
+
+    /// The run's folder on this host: the run itself for a folder store, a
+    /// working copy (running cells' files, reports) for an object store.
+    fn local_dir(&self, id: &str) -> PathBuf;
+
+    /// The ids of the runs (any order; unsafe names are dropped by the caller).
+    fn run_ids(&self) -> Result<Vec<String>>;
+
+    /// Store a new run: its metadata, manifest text and resolved plan.
+    fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()>;
+
+    /// The metadata (latest state) and plan of a run.
+    fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)>;
+
+    /// Record a change of the run's state, budget or resume count.
+    fn save_meta(&self, meta: &RunMeta) -> Result<()>;
+
+    /// The current record of one cell (finished, or the last cancelled one).
+    fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>>;
+
+    /// The current record of every cell of the plan, in plan order.
+    fn cell_records(&self, run: &Run) -> Result<Vec<Option<CellRecord>>> {
+        run.plan
+            .cells
+            .iter()
+            .map(|c| self.cell_record(run, &c.id))
+            .collect()
+    }
+
+    /// The records of earlier attempts (superseded by a later attempt).
+    fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>>;
+
+    /// A clean local folder for a new attempt at `cell`, and its number.
+    fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)>;
+
+    /// Store a finished attempt's record (and, for an object store, the
+    /// attempt's files that are not up yet).
+    fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()>;
+
+    /// The run's cost ledger (one line per recorded attempt).
+    fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>>;
+
+    /// Bytes of a file of the cell's current attempt from `offset` on.
+    fn read_cell_file(&self, run: &Run, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>>;
+
+    /// One summary per readable run, and the errors of the damaged ones.
+    fn summaries(&self, store: &Store) -> Result<(Vec<RunSummary>, Vec<StoreError>)> {
+        let mut out = Vec::new();
+        let mut damaged = Vec::new();
+        for id in store.run_ids()? {
+            match store.summary_of(&id) {
+                Ok(s) => out.push(s),
+                Err(e) => damaged.push(e),
+            }
+        }
+        Ok((out, damaged))
+    }
+
+    /// Ledger lines of every run, with `since` only those finished after it.
+    fn cost_lines(&self, store: &Store, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
+        let mut out = Vec::new();
+        for id in store.run_ids()? {
+            let run = store.open_exact(&id)?;
+            out.extend(
+                run.ledger()?
+                    .into_iter()
+                    .filter(|l| since.is_none_or(|s| l.finished_at >= s)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Durations of the succeeded cells of earlier runs of `suite`.
+    fn history(&self, store: &Store, suite: &str) -> Result<History> {
+        let mut h = History::new();
+        for l in self.cost_lines(store, None)? {
+            if l.suite == suite {
+                h.add(&l);
+            }
+        }
+        Ok(h)
+    }
+}

@@ -1,0 +1,159 @@
+//! The folder store: one folder per run under a root folder (the layout in
+//! the crate's documentation). A cell's record is written last, atomically.
+
+use crate::ledger::{append_ledger, folder_cost_lines, folder_history, folder_ledger, record_files};
+use crate::{
+    io, read_json, write_atomic, write_json, CellRecord, Result, Run, RunMeta, Store, StoreBackend,
+    StoreError,
+};
+use chrono::{DateTime, Utc};
+use orch_cost::{History, LedgerLine};
+use orch_manifest::Plan;
+use std::path::{Path, PathBuf};
+
+pub struct FolderStore {
+    root: PathBuf,
+}
+
+impl FolderStore {
+    pub fn new(root: impl Into<PathBuf>) -> FolderStore {
+        FolderStore { root: root.into() }
+    }
+}
+
+impl StoreBackend for FolderStore {
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn run_location(&self, id: &str) -> String {
+        self.root.join(id).display().to_string()
+    }
+
+    fn folder(&self) -> Option<&Path> {
+        Some(&self.root)
+    }
+
+    fn local_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    fn run_ids(&self) -> Result<Vec<String>> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(io("read the store", &self.root)(e)),
+        };
+        Ok(entries
+            .filter_map(|e| e.ok())
+            // A run is a real folder: a symbolic link in the store is not followed.
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| e.path().join("run.json").is_file())
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .collect())
+    }
+
+    fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
+        std::fs::create_dir_all(&self.root).map_err(io("create the store", &self.root))?;
+        let dir = self.root.join(&meta.id);
+        std::fs::create_dir(&dir).map_err(io("create the run folder", &dir))?;
+        std::fs::create_dir(dir.join("cells")).map_err(io("create the cells folder", &dir))?;
+        write_atomic(&dir.join("manifest.yaml"), manifest_text.as_bytes())?;
+        write_json(&dir.join("plan.json"), plan)?;
+        write_json(&dir.join("run.json"), meta)
+    }
+
+    fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
+        let dir = self.root.join(id);
+        Ok((
+            read_json(&dir.join("run.json"))?,
+            read_json(&dir.join("plan.json"))?,
+        ))
+    }
+
+    fn save_meta(&self, meta: &RunMeta) -> Result<()> {
+        write_json(&self.root.join(&meta.id).join("run.json"), meta)
+    }
+
+    fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
+        let path = run.cell_dir(cell).join("result.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| StoreError::Corrupt { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("read", &path)(e)),
+        }
+    }
+
+    fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>> {
+        // An earlier attempt's record that cannot be read is skipped: the
+        // current records are what must be whole.
+        Ok(record_files(&run.dir().join("interrupted"))
+            .into_iter()
+            .filter_map(|(p, _)| read_json::<CellRecord>(&p).ok())
+            .collect())
+    }
+
+    fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)> {
+        let dir = run.cell_dir(cell);
+        let mut attempt = 1;
+        // `symlink_metadata`: a link planted in place of the folder is moved
+        // aside like a folder, never followed.
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            let prior = run.dir().join("interrupted");
+            std::fs::create_dir_all(&prior).map_err(io("create", &prior))?;
+            let mut n = 1;
+            while std::fs::symlink_metadata(prior.join(format!("{cell}.{n}"))).is_ok() {
+                n += 1;
+            }
+            attempt = n + 1;
+            let to = prior.join(format!("{cell}.{n}"));
+            std::fs::rename(&dir, &to).map_err(io("move aside", &dir))?;
+        } else if let Ok(entries) = std::fs::read_dir(run.dir().join("interrupted")) {
+            let prefix = format!("{cell}.");
+            attempt += entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .count() as u32;
+        }
+        std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
+        Ok((dir, attempt))
+    }
+
+    fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
+        let dir = run.cell_dir(&record.id);
+        std::fs::create_dir_all(&dir).map_err(io("create the cell folder", &dir))?;
+        write_json(&dir.join("result.json"), record)?;
+        // The ledger is a cache of the records: a line that cannot be
+        // appended leaves it stale, and the next reader rebuilds it.
+        let _ = append_ledger(run, record);
+        Ok(())
+    }
+
+    fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>> {
+        folder_ledger(run)
+    }
+
+    fn read_cell_file(&self, run: &Run, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = run.cell_dir(cell).join(name);
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read", &path)(e)),
+        };
+        f.seek(SeekFrom::Start(offset)).map_err(io("read", &path))?;
+        let mut out = Vec::new();
+        f.read_to_end(&mut out).map_err(io("read", &path))?;
+        Ok(Some(out))
+    }
+
+    fn cost_lines(&self, store: &Store, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
+        folder_cost_lines(&self.root, store, since)
+    }
+
+    fn history(&self, store: &Store, suite: &str) -> Result<History> {
+        folder_history(&self.root, store, suite)
+    }
+}

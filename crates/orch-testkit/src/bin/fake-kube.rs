@@ -1,0 +1,108 @@
+//! `fake-kube`: a local fake Kubernetes API server (see `orch_testkit::kube`) with one
+//! 8×H100 node (`gpu-0`) and one CPU node (`cpu-0`).
+//!
+//! ```text
+//! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--pvc NAME=DIR]...
+//!           [--token T] [--cut-log-streams-after BYTES]
+//! ```
+//!
+//! Writes a kubeconfig to KUBECONFIG, prints `url http://127.0.0.1:PORT` as the first stdout
+//! line, then serves until killed (SIGTERM/SIGINT/SIGHUP: its containers are killed too).
+
+use orch_testkit::kube::{FakeKube, FakeNode};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--pvc NAME=DIR]...
+                 [--token T] [--cut-log-streams-after BYTES]
+
+  KUBECONFIG                 where to write the kubeconfig (cluster, user and context `fake`)
+  --namespace NS             the context's namespace (default: default)
+  --image REF=DIR            image reference REF exists; DIR stands for its filesystem
+  --pvc NAME=DIR             PersistentVolumeClaim NAME exists, backed by DIR
+  --token T                  the bearer token to require (default: fake-token)
+  --cut-log-streams-after N  followed log streams end after N bytes
+
+Nodes: gpu-0 (8 × nvidia.com/gpu, NVIDIA-H100-80GB-HBM3, tainted nvidia.com/gpu=present:NoSchedule)
+and cpu-0. The first stdout line is `url http://127.0.0.1:PORT`.";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fake-kube: {e}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn pair(v: &str, what: &str) -> Result<(String, PathBuf), String> {
+    let (a, b) = v
+        .split_once('=')
+        .ok_or_else(|| format!("`{what}` takes NAME=DIR"))?;
+    Ok((a.to_string(), PathBuf::from(b)))
+}
+
+fn run() -> Result<(), String> {
+    let mut b = FakeKube::builder()
+        .node(FakeNode::h100("gpu-0", 8))
+        .node(FakeNode::cpu("cpu-0"));
+    let mut kubeconfig = None;
+    let mut namespace = "default".to_string();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("`{a}` needs a value"));
+        match a.as_str() {
+            "--namespace" => namespace = val()?,
+            "--image" => {
+                let (r, d) = pair(&val()?, "--image")?;
+                b = b.image(&r, d);
+            }
+            "--pvc" => {
+                let (n, d) = pair(&val()?, "--pvc")?;
+                b = b.pvc(&n, d);
+            }
+            "--token" => b = b.token(&val()?),
+            "--cut-log-streams-after" => {
+                b = b.cut_log_streams_after(
+                    val()?
+                        .parse()
+                        .map_err(|_| "`--cut-log-streams-after` takes a number".to_string())?,
+                )
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other if other.starts_with('-') => return Err(format!("unknown argument `{other}`")),
+            path if kubeconfig.is_none() => kubeconfig = Some(PathBuf::from(path)),
+            other => return Err(format!("unexpected argument `{other}`")),
+        }
+    }
+    let kubeconfig = kubeconfig.ok_or("the kubeconfig path is needed")?;
+    // SIGTERM, SIGINT and SIGHUP are taken by `sigwait` below, so the server's drop kills every
+    // process group it started. The mask is set before any thread starts (threads inherit it;
+    // spawned containers get an empty mask from std's Command).
+    // SAFETY: plain libc calls on a zeroed, then initialised, signal set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let server = b.start().map_err(|e| format!("cannot start: {e}"))?;
+    server
+        .write_kubeconfig(&kubeconfig, &namespace)
+        .map_err(|e| format!("cannot write {}: {e}", kubeconfig.display()))?;
+    println!("url {}", server.url());
+    let _ = std::io::stdout().flush();
+    let mut sig = 0;
+    // SAFETY: `set` was initialised above; `sig` is a valid out pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    drop(server);
+    Ok(())
+}

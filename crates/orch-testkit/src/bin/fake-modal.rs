@@ -1,0 +1,97 @@
+//! `fake-modal`: a local server speaking Modal's gRPC protocol (see `orch_testkit::modal`).
+//!
+//! ```text
+//! fake-modal [--root DIR] [--port N] [--token ID:SECRET]
+//!            [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
+//!            [--kill-after SECS] [--transient N] [--drop-log-streams]
+//! ```
+//!
+//! Prints `url http://127.0.0.1:PORT` as the first stdout line (for
+//! `MODAL_SERVER_URL`), then serves until killed.
+
+use orch_testkit::modal::{FakeModal, Scenario};
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRET]
+                  [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
+                  [--kill-after SECS] [--transient N] [--drop-log-streams]
+
+  --root DIR            volumes, blobs and sandbox folders (default: a temporary folder)
+  --port N              port on 127.0.0.1 (default: a free port)
+  --token ID:SECRET     accept only this token (default: any)
+  --fail-build TEXT     an image build fails at the Dockerfile step containing TEXT
+  --unavailable-gpu T   sandboxes asking for GPU type T are never scheduled
+  --oom CELL            sandboxes of cells containing CELL are OOM-killed after --kill-after
+  --terminate CELL      ... or terminated after --kill-after
+  --kill-after SECS     default 1
+  --transient N         the first N calls answer UNAVAILABLE
+  --drop-log-streams    log streams end after every batch (clients must resume)
+
+The first stdout line is `url http://127.0.0.1:PORT`.";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fake-modal: {e}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut b = FakeModal::builder();
+    let mut sc = Scenario {
+        kill_after: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("`{a}` needs a value"));
+        match a.as_str() {
+            "--root" => b = b.root(val()?),
+            "--port" => {
+                b = b.port(
+                    val()?
+                        .parse()
+                        .map_err(|_| "`--port` takes a number".to_string())?,
+                )
+            }
+            "--token" => {
+                let v = val()?;
+                let (id, secret) = v.split_once(':').ok_or("`--token` is ID:SECRET")?;
+                b = b.token(id, secret);
+            }
+            "--fail-build" => sc.build_fail = Some(val()?),
+            "--unavailable-gpu" => sc.unavailable_gpus.push(val()?),
+            "--oom" => sc.oom.push(val()?),
+            "--terminate" => sc.terminate.push(val()?),
+            "--kill-after" => {
+                sc.kill_after = Duration::from_secs_f64(
+                    val()?
+                        .parse()
+                        .map_err(|_| "`--kill-after` takes seconds".to_string())?,
+                )
+            }
+            "--transient" => {
+                sc.transient_failures = val()?
+                    .parse()
+                    .map_err(|_| "`--transient` takes a number".to_string())?
+            }
+            "--drop-log-streams" => sc.drop_log_streams = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    let server = b.scenario(sc).start().map_err(|e| format!("cannot start: {e}"))?;
+    println!("url {}", server.url());
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::park();
+    }
+}

@@ -1,0 +1,860 @@
+//! The HTTP API: routing, CRUD, list and watch, pod logs.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::jobs::{
+    delete_job, delete_pod, is_dns_subdomain, prepare_job, run_job, start_pod, validate_pod_spec, JobRt,
+};
+use super::store::{info, key_of, list_locked, lock, Inner, ResourceInfo};
+use super::util::{
+    decode, details, field_str, labels_match, merge_patch, now, parse_field_selector, parse_label_selector,
+    rand_suffix, uuid, ApiError, Req,
+};
+
+pub(crate) type Body = UnsyncBoxBody<Bytes, io::Error>;
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+fn json_resp(code: u16, v: &Value) -> Response<Body> {
+    let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn err_resp(e: &ApiError) -> Response<Body> {
+    json_resp(e.code, &e.status())
+}
+
+fn text_resp(b: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(full(b));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain"),
+    );
+    r
+}
+
+type Tx = mpsc::Sender<Result<Frame<Bytes>, io::Error>>;
+
+fn stream_resp(content_type: &'static str) -> (Tx, Response<Body>) {
+    let (tx, rx) = mpsc::channel(64);
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed_unsync();
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    (tx, r)
+}
+
+pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    lock(&inner.requests).push(if query.is_empty() {
+        format!("{} {path}", req.method())
+    } else {
+        format!("{} {path}?{query}", req.method())
+    });
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if auth != format!("Bearer {}", inner.token) {
+        return Ok(err_resp(&ApiError::new(401, "Unauthorized", "Unauthorized")));
+    }
+    Ok(match route(&inner, req, &path, &query).await {
+        Ok(r) => r,
+        Err(e) => err_resp(&e),
+    })
+}
+
+struct Ctx<'a> {
+    inner: &'a Arc<Inner>,
+    q: BTreeMap<String, String>,
+    method: Method,
+    content_type: String,
+    body: Value,
+}
+
+async fn route(
+    inner: &Arc<Inner>,
+    req: Request<Incoming>,
+    path: &str,
+    query: &str,
+) -> Result<Response<Body>, ApiError> {
+    let q: BTreeMap<String, String> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect();
+    let method = req.method().clone();
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let bytes = Limited::new(req.into_body(), 64 << 20)
+        .collect()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?
+        .to_bytes();
+    let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf: {e}")))?
+    };
+    let mut cx = Ctx {
+        inner,
+        q,
+        method,
+        content_type,
+        body,
+    };
+    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(decode).collect();
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let (group, rest) = match segs.as_slice() {
+        ["version"] => {
+            return Ok(json_resp(
+                200,
+                &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "platform": "linux/amd64"}),
+            ))
+        }
+        ["api"] => {
+            return Ok(json_resp(
+                200,
+                &json!({"kind": "APIVersions", "versions": ["v1"]}),
+            ))
+        }
+        ["apis"] => {
+            return Ok(json_resp(
+                200,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [{"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}], "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]}),
+            ))
+        }
+        ["api", "v1"] | ["apis", "batch", "v1"] => {
+            let gv = if segs.len() == 2 { "v1" } else { "batch/v1" };
+            let resources: Vec<Value> = super::store::RESOURCES
+                .iter()
+                .filter(|r| r.api_version() == gv)
+                .flat_map(|r| {
+                    let verbs = if r.resource == "nodes" {
+                        json!(["get", "list", "watch"])
+                    } else {
+                        json!(["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"])
+                    };
+                    let mut out = vec![json!({"name": r.resource, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs})];
+                    if r.resource == "pods" {
+                        out.push(json!({"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]}));
+                    }
+                    out
+                })
+                .collect();
+            return Ok(json_resp(
+                200,
+                &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+            ));
+        }
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
+        _ => return Err(not_found_path(path)),
+    };
+    let rest = match rest {
+        ["watch", r @ ..] => {
+            cx.q.insert("watch".into(), "true".into());
+            r
+        }
+        r => r,
+    };
+    let ri = |r: &str| info(group, r).ok_or_else(|| not_found_path(path));
+    match rest {
+        ["namespaces", ns] if group.is_empty() && cx.method == Method::GET => Ok(json_resp(
+            200,
+            &json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": ns, "uid": uuid(), "creationTimestamp": now()}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+        )),
+        ["namespaces", ns, r] => {
+            let ri = ri(r)?;
+            if !ri.namespaced {
+                return Err(not_found_path(path));
+            }
+            collection(&cx, ri, Some(ns)).await
+        }
+        ["namespaces", ns, r, name] => {
+            let ri = ri(r)?;
+            if !ri.namespaced {
+                return Err(not_found_path(path));
+            }
+            item(&cx, ri, ns, name).await
+        }
+        ["namespaces", ns, "pods", name, "log"] if group.is_empty() && cx.method == Method::GET => {
+            logs(&cx, ns, name).await
+        }
+        [r] => {
+            let ri = ri(r)?;
+            if ri.namespaced && cx.method != Method::GET {
+                return Err(ApiError::new(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                ));
+            }
+            collection(&cx, ri, None).await
+        }
+        [r, name] => {
+            let ri = ri(r)?;
+            if ri.namespaced {
+                return Err(not_found_path(path));
+            }
+            item(&cx, ri, "", name).await
+        }
+        _ => Err(not_found_path(path)),
+    }
+}
+
+fn not_found_path(_path: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    )
+}
+
+struct Selector {
+    labels: Vec<Req>,
+    fields: Vec<Req>,
+}
+
+impl Selector {
+    fn from(q: &BTreeMap<String, String>) -> Result<Self, ApiError> {
+        Ok(Selector {
+            labels: parse_label_selector(q.get("labelSelector").map_or("", String::as_str))
+                .map_err(ApiError::bad_request)?,
+            fields: parse_field_selector(q.get("fieldSelector").map_or("", String::as_str))
+                .map_err(ApiError::bad_request)?,
+        })
+    }
+    fn matches(&self, obj: &Value) -> bool {
+        let labels = &obj["metadata"]["labels"];
+        labels_match(&self.labels, |k| labels[k].as_str().map(str::to_string))
+            && labels_match(&self.fields, |k| field_str(obj, k))
+    }
+}
+
+fn list_json(ri: &ResourceInfo, rv: u64, items: Vec<Value>) -> Value {
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|mut o| {
+            if let Some(m) = o.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            o
+        })
+        .collect();
+    json!({"kind": format!("{}List", ri.kind), "apiVersion": ri.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": items})
+}
+
+async fn collection(
+    cx: &Ctx<'_>,
+    ri: &'static ResourceInfo,
+    ns: Option<&str>,
+) -> Result<Response<Body>, ApiError> {
+    match cx.method {
+        Method::GET => {
+            let sel = Selector::from(&cx.q)?;
+            if matches!(cx.q.get("watch").map(String::as_str), Some("true" | "1")) {
+                return Ok(watch(cx, ri, ns, sel));
+            }
+            let st = cx.inner.lock();
+            let items: Vec<Value> = list_locked(&st, ri.resource, ns)
+                .into_iter()
+                .filter(|o| sel.matches(o))
+                .collect();
+            Ok(json_resp(200, &list_json(ri, st.rv, items)))
+        }
+        Method::POST => {
+            let ns = ns.unwrap_or_default();
+            if !ri.namespaced || ri.resource == "nodes" {
+                return Err(method_not_allowed());
+            }
+            let out = create(cx.inner, ri, ns, cx.body.clone(), cx.q.contains_key("dryRun"))?;
+            Ok(json_resp(201, &out))
+        }
+        Method::DELETE => {
+            let Some(ns) = ns else {
+                return Err(method_not_allowed());
+            };
+            let sel = Selector::from(&cx.q)?;
+            let items: Vec<Value> = cx
+                .inner
+                .list(ri.resource, Some(ns))
+                .into_iter()
+                .filter(|o| sel.matches(o))
+                .collect();
+            let mut out = Vec::new();
+            for o in items {
+                let (_, name) = key_of(&o);
+                let r = delete_one(cx, ri, ns, &name)?;
+                out.push(if r["kind"] == json!("Status") { o } else { r });
+            }
+            let rv = cx.inner.lock().rv;
+            Ok(json_resp(200, &list_json(ri, rv, out)))
+        }
+        _ => Err(method_not_allowed()),
+    }
+}
+
+fn create(
+    inner: &Arc<Inner>,
+    ri: &'static ResourceInfo,
+    ns: &str,
+    body: Value,
+    dry_run: bool,
+) -> Result<Value, ApiError> {
+    let mut obj = body;
+    if !obj.is_object() {
+        return Err(ApiError::bad_request("the body of the request must be an object"));
+    }
+    if let Some(k) = obj["kind"].as_str() {
+        if k != ri.kind {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({}) does not match the expected API version ({})",
+                obj["apiVersion"].as_str().unwrap_or_default(),
+                ri.api_version()
+            )));
+        }
+    }
+    if !obj["metadata"].is_object() {
+        obj["metadata"] = json!({});
+    }
+    match obj["metadata"]["namespace"].as_str() {
+        Some(n) if !n.is_empty() && n != ns => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ))
+        }
+        _ => obj["metadata"]["namespace"] = json!(ns),
+    }
+    let name = match (
+        obj["metadata"]["name"].as_str(),
+        obj["metadata"]["generateName"].as_str(),
+    ) {
+        (Some(n), _) if !n.is_empty() => n.to_string(),
+        (_, Some(g)) if !g.is_empty() => format!("{g}{}", rand_suffix(5)),
+        _ => {
+            return Err(ApiError::invalid(
+                ri.kind,
+                ri.group,
+                "",
+                &[(
+                    "metadata.name".into(),
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required".into(),
+                )],
+            ))
+        }
+    };
+    obj["metadata"]["name"] = json!(name);
+    if !is_dns_subdomain(&name) {
+        return Err(ApiError::invalid(
+            ri.kind,
+            ri.group,
+            &name,
+            &[("metadata.name".into(), "FieldValueInvalid", format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"))],
+        ));
+    }
+    if let Some(m) = obj["metadata"].as_object_mut() {
+        for k in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "managedFields",
+        ] {
+            m.remove(k);
+        }
+    }
+    obj["metadata"]["uid"] = json!(uuid());
+    match ri.resource {
+        "secrets" => prepare_secret(&mut obj)?,
+        "jobs" => prepare_job(&mut obj)?,
+        "pods" => {
+            let errs = validate_pod_spec(&obj["spec"], "spec", false);
+            if !errs.is_empty() {
+                return Err(ApiError::invalid("Pod", "", &name, &errs));
+            }
+            super::jobs::default_pod_spec(&mut obj["spec"]);
+            obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+        }
+        _ => {}
+    }
+    let mut st = inner.lock();
+    if st
+        .objs
+        .get(ri.resource)
+        .is_some_and(|m| m.contains_key(&(ns.to_string(), name.clone())))
+    {
+        return Err(ApiError::already_exists(ri.resource, ri.group, &name));
+    }
+    if dry_run {
+        return Ok(obj);
+    }
+    Ok(match ri.resource {
+        "pods" => start_pod(inner, &mut st, obj),
+        "jobs" => {
+            let job = inner.insert_locked(&mut st, "jobs", obj);
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            st.jobs.insert(key_of(&job), Arc::new(JobRt { cancel: tx }));
+            tokio::spawn(run_job(inner.clone(), job.clone(), rx));
+            job
+        }
+        r => inner.insert_locked(&mut st, info(ri.group, r).map_or("events", |i| i.resource), obj),
+    })
+}
+
+fn prepare_secret(obj: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    if obj["type"].is_null() {
+        obj["type"] = json!("Opaque");
+    }
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    if let Some(data) = obj["data"].as_object() {
+        for (k, v) in data {
+            let ok = v
+                .as_str()
+                .is_some_and(|s| base64::engine::general_purpose::STANDARD.decode(s).is_ok());
+            if !ok {
+                return Err(ApiError::bad_request(format!("Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data at input byte 0 (key {k})")));
+            }
+        }
+    }
+    if let Some(sd) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
+        for (k, v) in sd.as_object().cloned().unwrap_or_default() {
+            let s = v.as_str().unwrap_or_default();
+            obj["data"][&k] = json!(base64::engine::general_purpose::STANDARD.encode(s));
+        }
+    }
+    for k in obj["data"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let ok = !k.is_empty()
+            && k.len() <= 253
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+        if !ok {
+            return Err(ApiError::invalid(
+                "Secret",
+                "",
+                &name,
+                &[(format!("data[{k}]"), "FieldValueInvalid", format!("Invalid value: \"{k}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"))],
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn item(
+    cx: &Ctx<'_>,
+    ri: &'static ResourceInfo,
+    ns: &str,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let get = || {
+        cx.inner
+            .get(ri.resource, ns, name)
+            .ok_or_else(|| ApiError::not_found(ri.resource, ri.group, name))
+    };
+    match cx.method {
+        Method::GET => Ok(json_resp(200, &get()?)),
+        Method::DELETE => {
+            if ri.resource == "nodes" {
+                return Err(method_not_allowed());
+            }
+            Ok(json_resp(200, &delete_one(cx, ri, ns, name)?))
+        }
+        Method::PUT | Method::PATCH => {
+            if ri.resource == "nodes" {
+                return Err(method_not_allowed());
+            }
+            let apply = cx.content_type.starts_with("application/apply-patch");
+            if cx.method == Method::PATCH && cx.content_type.starts_with("application/json-patch") {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    "the fake supports merge, strategic merge and apply patches",
+                ));
+            }
+            let Some(old) = cx.inner.get(ri.resource, ns, name) else {
+                if apply || cx.method == Method::PUT {
+                    let mut body = cx.body.clone();
+                    body["metadata"]["name"] = json!(name);
+                    let out = create(cx.inner, ri, ns, body, cx.q.contains_key("dryRun"))?;
+                    return Ok(json_resp(201, &out));
+                }
+                return Err(ApiError::not_found(ri.resource, ri.group, name));
+            };
+            let mut new = if cx.method == Method::PUT {
+                let want = cx.body["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default();
+                if !want.is_empty() && json!(want) != old["metadata"]["resourceVersion"] {
+                    let q = if ri.group.is_empty() {
+                        ri.resource.to_string()
+                    } else {
+                        format!("{}.{}", ri.resource, ri.group)
+                    };
+                    let mut e = ApiError::new(
+                        409,
+                        "Conflict",
+                        format!("Operation cannot be fulfilled on {q} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+                    );
+                    e.details = Some(details(name, ri.group, ri.resource));
+                    return Err(e);
+                }
+                cx.body.clone()
+            } else {
+                let mut n = old.clone();
+                merge_patch(&mut n, &cx.body);
+                n
+            };
+            if ri.resource == "secrets" {
+                prepare_secret(&mut new)?;
+            }
+            // Identity, status and the immutable parts of pods and Jobs stay as they were.
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "namespace",
+                "name",
+                "deletionTimestamp",
+                "ownerReferences",
+            ] {
+                new["metadata"][k] = old["metadata"][k].clone();
+            }
+            if let Some(m) = new["metadata"].as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            match ri.resource {
+                "pods" => new["spec"] = old["spec"].clone(),
+                "jobs" => {
+                    new["spec"]["template"] = old["spec"]["template"].clone();
+                    new["spec"]["selector"] = old["spec"]["selector"].clone();
+                }
+                _ => {}
+            }
+            if ri.resource == "pods" || ri.resource == "jobs" {
+                new["status"] = old["status"].clone();
+            }
+            if cx.q.contains_key("dryRun") {
+                return Ok(json_resp(200, &new));
+            }
+            let out = cx
+                .inner
+                .update(ri.resource, ns, name, |o| {
+                    let rv = o["metadata"]["resourceVersion"].clone();
+                    *o = new;
+                    o["metadata"]["resourceVersion"] = rv;
+                    o["kind"] = json!(ri.kind);
+                    o["apiVersion"] = json!(ri.api_version());
+                })
+                .ok_or_else(|| ApiError::not_found(ri.resource, ri.group, name))?;
+            Ok(json_resp(200, &out))
+        }
+        _ => Err(method_not_allowed()),
+    }
+}
+
+fn delete_one(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: &str, name: &str) -> Result<Value, ApiError> {
+    let policy = cx.body["propagationPolicy"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| cx.q.get("propagationPolicy").cloned())
+        .or_else(|| {
+            match cx.body["orphanDependents"]
+                .as_bool()
+                .or_else(|| cx.q.get("orphanDependents").map(|v| v == "true"))
+            {
+                Some(true) => Some("Orphan".to_string()),
+                Some(false) => Some("Background".to_string()),
+                None => None,
+            }
+        });
+    let grace = cx.body["gracePeriodSeconds"]
+        .as_i64()
+        .or_else(|| cx.q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+    match ri.resource {
+        "jobs" => delete_job(cx.inner, ns, name, policy.as_deref(), grace),
+        "pods" => delete_pod(cx.inner, ns, name, grace),
+        r => {
+            let o = cx
+                .inner
+                .remove(info(ri.group, r).map_or("events", |i| i.resource), ns, name)
+                .ok_or_else(|| ApiError::not_found(ri.resource, ri.group, name))?;
+            let mut d = details(name, ri.group, ri.resource);
+            d["uid"] = o["metadata"]["uid"].clone();
+            Ok(
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": d}),
+            )
+        }
+    }
+}
+
+fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selector) -> Response<Body> {
+    let inner = cx.inner.clone();
+    let ns = ns.map(str::to_string);
+    let rv: Option<u64> =
+        cx.q.get("resourceVersion")
+            .and_then(|r| r.parse().ok())
+            .filter(|r| *r > 0);
+    let initial_events = cx.q.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let timeout =
+        cx.q.get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|t| *t > 0);
+    let (tx, resp) = stream_resp("application/json");
+    tokio::spawn(async move {
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + Duration::from_secs(t));
+        let mut changed = inner.changed.subscribe();
+        changed.borrow_and_update();
+        let line = |kind: &str, obj: &Value| {
+            let mut b = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap_or_default();
+            b.push(b'\n');
+            Bytes::from(b)
+        };
+        let matches = |obj: &Value| {
+            (ns.is_none() || obj["metadata"]["namespace"].as_str() == ns.as_deref()) && sel.matches(obj)
+        };
+        let (mut pos, first) = {
+            let st = inner.lock();
+            match rv {
+                Some(rv) if !initial_events => (st.history.partition_point(|c| c.rv <= rv), Vec::new()),
+                _ => {
+                    let mut out: Vec<Bytes> = list_locked(&st, ri.resource, ns.as_deref())
+                        .iter()
+                        .filter(|o| matches(o))
+                        .map(|o| line("ADDED", o))
+                        .collect();
+                    if initial_events {
+                        out.push(line(
+                            "BOOKMARK",
+                            &json!({"kind": ri.kind, "apiVersion": ri.api_version(), "metadata": {"resourceVersion": st.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}}),
+                        ));
+                    }
+                    (st.history.len(), out)
+                }
+            }
+        };
+        for b in first {
+            if tx.send(Ok(Frame::data(b))).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let batch: Vec<Bytes> = {
+                changed.borrow_and_update();
+                let st = inner.lock();
+                let out = st.history[pos..]
+                    .iter()
+                    .filter(|c| c.resource == ri.resource && matches(&c.obj))
+                    .map(|c| line(c.kind, &c.obj))
+                    .collect();
+                pos = st.history.len();
+                out
+            };
+            for b in batch {
+                if tx.send(Ok(Frame::data(b))).await.is_err() {
+                    return;
+                }
+            }
+            let until = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                _ = until => return,
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    resp
+}
+
+async fn logs(cx: &Ctx<'_>, ns: &str, name: &str) -> Result<Response<Body>, ApiError> {
+    let pod = cx
+        .inner
+        .get("pods", ns, name)
+        .ok_or_else(|| ApiError::not_found("pods", "", name))?;
+    let names = |k: &str| -> Vec<String> {
+        super::sched::arr(&pod["spec"][k])
+            .iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    let (inits, mains) = (names("initContainers"), names("containers"));
+    let container = match cx.q.get("container").filter(|c| !c.is_empty()) {
+        Some(c) => c.clone(),
+        None if mains.len() == 1 => mains[0].clone(),
+        None => {
+            let mut m = format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                mains.join(" ")
+            );
+            if !inits.is_empty() {
+                m.push_str(&format!(" or one of the init containers: [{}]", inits.join(" ")));
+            }
+            return Err(ApiError::bad_request(m));
+        }
+    };
+    if !mains.contains(&container) && !inits.contains(&container) {
+        return Err(ApiError::bad_request(format!(
+            "container {container} is not valid for pod {name}"
+        )));
+    }
+    if cx.q.get("previous").is_some_and(|p| p == "true") {
+        return Err(ApiError::bad_request(format!(
+            "previous terminated container \"{container}\" in pod \"{name}\" not found"
+        )));
+    }
+    if pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty) {
+        // The API server has no kubelet to ask: an empty answer.
+        return Ok(text_resp(Vec::new()));
+    }
+    let rt = cx
+        .inner
+        .lock()
+        .pods
+        .get(&(ns.to_string(), name.to_string()))
+        .cloned();
+    let log = rt.as_ref().and_then(|r| r.log(&container));
+    let Some(log) = log else {
+        let statuses = super::sched::arr(&pod["status"]["containerStatuses"])
+            .iter()
+            .chain(super::sched::arr(&pod["status"]["initContainerStatuses"]))
+            .find(|s| s["name"] == json!(container))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let reason = statuses["state"]["waiting"]["reason"]
+            .as_str()
+            .unwrap_or("ContainerCreating");
+        let what = match reason {
+            "ErrImagePull" | "ImagePullBackOff" => "trying and failing to pull image",
+            "InvalidImageName" => "image can't be pulled",
+            r => r,
+        };
+        return Err(ApiError::bad_request(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start: {what}"
+        )));
+    };
+    let num = |k: &str| cx.q.get(k).and_then(|v| v.parse::<u64>().ok());
+    let tail = num("tailLines").map(|t| t as usize);
+    let since = num("sinceSeconds")
+        .map(|s| SystemTime::now() - Duration::from_secs(s))
+        .or_else(|| cx.q.get("sinceTime").and_then(|t| super::util::parse_rfc3339(t)));
+    let timestamps = cx.q.get("timestamps").is_some_and(|v| v == "true");
+    let limit = num("limitBytes").map(|l| l as usize);
+    let follow = cx.q.get("follow").is_some_and(|v| v == "true");
+    let (from, first, done) = {
+        let d = lock(&log.data);
+        let from = d.start(tail, since);
+        (d.bytes.len(), d.render(from, d.bytes.len(), timestamps), d.done)
+    };
+    if !follow || done {
+        let mut b = first;
+        if let Some(l) = limit {
+            b.truncate(l);
+        }
+        return Ok(text_resp(b));
+    }
+    let cut = match (cx.inner.cut_logs, limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let (tx, resp) = stream_resp("text/plain");
+    tokio::spawn(async move {
+        let mut sent = 0usize;
+        let mut pos = from;
+        let mut chunk = first;
+        let mut rx = log.tx.subscribe();
+        loop {
+            if !chunk.is_empty() {
+                let mut end = false;
+                if let Some(c) = cut {
+                    if sent + chunk.len() >= c {
+                        chunk.truncate(c - sent);
+                        end = true;
+                    }
+                }
+                sent += chunk.len();
+                if !chunk.is_empty()
+                    && tx
+                        .send(Ok(Frame::data(Bytes::from(std::mem::take(&mut chunk)))))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+                if end {
+                    return;
+                }
+            }
+            rx.borrow_and_update();
+            let done = {
+                let d = lock(&log.data);
+                chunk = d.render(pos, d.bytes.len(), timestamps);
+                pos = d.bytes.len();
+                d.done
+            };
+            if !chunk.is_empty() {
+                continue;
+            }
+            if done {
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    Ok(resp)
+}

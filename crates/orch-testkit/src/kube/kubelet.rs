@@ -1,0 +1,1304 @@
+//! The kubelet: runs a bound pod's containers as local processes (own process group each), with
+//! image "pulls" from the builder's image map, env from Secrets, volumes as host folders, memory
+//! limits, graceful termination and container logs.
+
+use std::collections::BTreeMap;
+use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+use sha2::Digest as _;
+use tokio::io::AsyncReadExt as _;
+use tokio::sync::watch;
+
+use super::sched::{arr, try_schedule};
+use super::store::{lock, Inner};
+use super::util::{hex, now, quantity_of, rfc3339_nano};
+
+/// Why and how a pod's containers must stop.
+#[derive(Clone, Default, Debug)]
+pub(crate) struct StopReq {
+    /// The pod object goes away once its processes are gone.
+    pub delete: bool,
+    /// SIGKILL at once (eviction, force deletion).
+    pub kill_now: bool,
+    /// SIGTERM, then SIGKILL after this long.
+    pub grace: Option<Duration>,
+    /// Pod `status.reason` and `status.message` (Evicted, DeadlineExceeded).
+    pub reason: Option<(String, String)>,
+}
+
+/// The kubelet's side of one pod.
+pub(crate) struct PodRt {
+    pub stop: watch::Sender<Option<StopReq>>,
+    /// Running containers → process group.
+    pub pgids: Mutex<BTreeMap<String, i32>>,
+    pub logs: Mutex<BTreeMap<String, Arc<LogBuf>>>,
+    /// `Some(succeeded)` once the pod is terminal (or will never run).
+    pub done: watch::Sender<Option<bool>>,
+}
+
+impl PodRt {
+    pub fn new() -> Self {
+        PodRt {
+            stop: watch::Sender::new(None),
+            pgids: Mutex::new(BTreeMap::new()),
+            logs: Mutex::new(BTreeMap::new()),
+            done: watch::Sender::new(None),
+        }
+    }
+
+    pub fn request_stop(&self, req: StopReq) {
+        self.stop.send_modify(|cur| {
+            let mut s = cur.take().unwrap_or_default();
+            s.delete |= req.delete;
+            s.kill_now |= req.kill_now;
+            s.grace = match (s.grace, req.grace) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if req.reason.is_some() && (s.reason.is_none() || req.kill_now) {
+                s.reason = req.reason;
+            }
+            *cur = Some(s);
+        });
+    }
+
+    pub fn running(&self) -> bool {
+        !lock(&self.pgids).is_empty()
+    }
+
+    pub fn log(&self, container: &str) -> Option<Arc<LogBuf>> {
+        lock(&self.logs).get(container).cloned()
+    }
+}
+
+/// One container's log: merged stdout and stderr as they arrived, with each line's arrival time.
+pub(crate) struct LogBuf {
+    pub data: Mutex<LogData>,
+    pub tx: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+pub(crate) struct LogData {
+    pub bytes: Vec<u8>,
+    /// Offsets where lines start, with the time their first byte arrived.
+    pub starts: Vec<(usize, SystemTime)>,
+    /// The container ended and its output is drained.
+    pub done: bool,
+}
+
+impl LogBuf {
+    fn new() -> Self {
+        LogBuf {
+            data: Mutex::new(LogData::default()),
+            tx: watch::Sender::new(0),
+        }
+    }
+
+    fn push(&self, chunk: &[u8]) {
+        let mut d = lock(&self.data);
+        let t = SystemTime::now();
+        let base = d.bytes.len();
+        if base == 0 || d.bytes.last() == Some(&b'\n') {
+            d.starts.push((base, t));
+        }
+        for (i, b) in chunk.iter().enumerate() {
+            if *b == b'\n' && i + 1 < chunk.len() {
+                d.starts.push((base + i + 1, t));
+            }
+        }
+        d.bytes.extend_from_slice(chunk);
+        drop(d);
+        self.tx.send_modify(|n| *n += 1);
+    }
+
+    fn finish(&self) {
+        lock(&self.data).done = true;
+        self.tx.send_modify(|n| *n += 1);
+    }
+}
+
+impl LogData {
+    /// Where a log request starts: after `tailLines` and `sinceSeconds`.
+    pub fn start(&self, tail: Option<usize>, since: Option<SystemTime>) -> usize {
+        let mut idx = 0;
+        if let Some(n) = tail {
+            idx = self.starts.len().saturating_sub(n);
+        }
+        if let Some(s) = since {
+            let j = self
+                .starts
+                .iter()
+                .position(|(_, t)| *t >= s)
+                .unwrap_or(self.starts.len());
+            idx = idx.max(j);
+        }
+        self.starts.get(idx).map_or(self.bytes.len(), |s| s.0)
+    }
+
+    /// Bytes `from..to`, with an RFC 3339 timestamp before each line when asked.
+    pub fn render(&self, from: usize, to: usize, timestamps: bool) -> Vec<u8> {
+        if !timestamps {
+            return self.bytes[from..to].to_vec();
+        }
+        let mut out = Vec::new();
+        let mut pos = from;
+        for &(s, t) in self.starts.iter().filter(|(s, _)| *s >= from && *s < to) {
+            out.extend_from_slice(&self.bytes[pos..s]);
+            out.extend_from_slice(format!("{} ", rfc3339_nano(t)).as_bytes());
+            pos = s;
+        }
+        out.extend_from_slice(&self.bytes[pos..to]);
+        out
+    }
+}
+
+struct CStat {
+    name: String,
+    image: String,
+    state: Value,
+    ready: bool,
+    started: bool,
+    id: Option<String>,
+    image_id: String,
+}
+
+impl CStat {
+    fn json(&self) -> Value {
+        let mut v = json!({
+            "name": self.name,
+            "state": self.state,
+            "lastState": {},
+            "ready": self.ready,
+            "restartCount": 0,
+            "image": self.image,
+            "imageID": self.image_id,
+            "started": self.started,
+        });
+        if let Some(id) = &self.id {
+            v["containerID"] = json!(id);
+        }
+        v
+    }
+}
+
+struct Cond {
+    ty: &'static str,
+    status: bool,
+    reason: Option<String>,
+    message: Option<String>,
+    at: String,
+}
+
+/// What the kubelet (and before binding, the scheduler) reports as the pod's status.
+struct Model {
+    phase: &'static str,
+    reason: Option<String>,
+    message: Option<String>,
+    conds: Vec<Cond>,
+    init: Vec<CStat>,
+    main: Vec<CStat>,
+    bound: bool,
+    start_time: String,
+    pod_ip: String,
+    qos: &'static str,
+}
+
+impl Model {
+    fn new(pod: &Value) -> Self {
+        let stat = |c: &Value, reason: &str| CStat {
+            name: c["name"].as_str().unwrap_or_default().to_string(),
+            image: c["image"].as_str().unwrap_or_default().to_string(),
+            state: json!({"waiting": {"reason": reason}}),
+            ready: false,
+            started: false,
+            id: None,
+            image_id: String::new(),
+        };
+        let inits = arr(&pod["spec"]["initContainers"]);
+        let main_reason = if inits.is_empty() {
+            "ContainerCreating"
+        } else {
+            "PodInitializing"
+        };
+        Model {
+            phase: "Pending",
+            reason: None,
+            message: None,
+            conds: Vec::new(),
+            init: inits.iter().map(|c| stat(c, "PodInitializing")).collect(),
+            main: arr(&pod["spec"]["containers"])
+                .iter()
+                .map(|c| stat(c, main_reason))
+                .collect(),
+            bound: false,
+            start_time: String::new(),
+            pod_ip: String::new(),
+            qos: qos_class(pod),
+        }
+    }
+
+    fn cond(&mut self, ty: &'static str, status: bool, reason: Option<&str>, message: Option<&str>) {
+        let at = now();
+        match self.conds.iter_mut().find(|c| c.ty == ty) {
+            Some(c) => {
+                if c.status != status {
+                    c.at = at;
+                }
+                c.status = status;
+                c.reason = reason.map(str::to_string);
+                c.message = message.map(str::to_string);
+            }
+            None => self.conds.push(Cond {
+                ty,
+                status,
+                reason: reason.map(str::to_string),
+                message: message.map(str::to_string),
+                at,
+            }),
+        }
+        let order = [
+            "PodReadyToStartContainers",
+            "Initialized",
+            "Ready",
+            "ContainersReady",
+            "PodScheduled",
+        ];
+        self.conds
+            .sort_by_key(|c| order.iter().position(|o| *o == c.ty).unwrap_or(9));
+    }
+
+    fn json(&self) -> Value {
+        let mut s = json!({"phase": self.phase, "qosClass": self.qos});
+        s["conditions"] = self
+            .conds
+            .iter()
+            .map(|c| {
+                let mut v = json!({
+                    "type": c.ty,
+                    "status": if c.status { "True" } else { "False" },
+                    "lastProbeTime": null,
+                    "lastTransitionTime": c.at,
+                });
+                if let Some(r) = &c.reason {
+                    v["reason"] = json!(r);
+                }
+                if let Some(m) = &c.message {
+                    v["message"] = json!(m);
+                }
+                v
+            })
+            .collect();
+        if let Some(r) = &self.reason {
+            s["reason"] = json!(r);
+        }
+        if let Some(m) = &self.message {
+            s["message"] = json!(m);
+        }
+        if self.bound {
+            s["hostIP"] = json!("127.0.0.1");
+            s["hostIPs"] = json!([{"ip": "127.0.0.1"}]);
+            s["podIP"] = json!(self.pod_ip);
+            s["podIPs"] = json!([{"ip": self.pod_ip}]);
+            s["startTime"] = json!(self.start_time);
+            if !self.init.is_empty() {
+                s["initContainerStatuses"] = self.init.iter().map(CStat::json).collect();
+            }
+            s["containerStatuses"] = self.main.iter().map(CStat::json).collect();
+        }
+        s
+    }
+}
+
+fn qos_class(pod: &Value) -> &'static str {
+    let cs = arr(&pod["spec"]["containers"]);
+    let any = cs.iter().any(|c| {
+        let r = &c["resources"];
+        ["cpu", "memory"]
+            .iter()
+            .any(|k| !r["limits"][k].is_null() || !r["requests"][k].is_null())
+    });
+    if !any {
+        return "BestEffort";
+    }
+    let guaranteed = cs.iter().all(|c| {
+        let r = &c["resources"];
+        ["cpu", "memory"].iter().all(|k| {
+            let l = quantity_of(&r["limits"][k]);
+            l.is_some() && (r["requests"][k].is_null() || quantity_of(&r["requests"][k]) == l)
+        })
+    });
+    if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+struct Ctx {
+    inner: Arc<Inner>,
+    rt: Arc<PodRt>,
+    pod: Value,
+    ns: String,
+    name: String,
+    model: Mutex<Model>,
+    dir: PathBuf,
+}
+
+enum Outcome {
+    Exited(i32),
+    Stopped,
+}
+
+impl Ctx {
+    fn publish(&self) {
+        let m = lock(&self.model);
+        let status = m.json();
+        self.inner
+            .update("pods", &self.ns, &self.name, |p| p["status"] = status);
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Model)) {
+        f(&mut lock(&self.model));
+        self.publish();
+    }
+
+    fn event(&self, field: Option<&str>, type_: &str, reason: &str, message: &str, component: &str) {
+        let pod = self
+            .inner
+            .get("pods", &self.ns, &self.name)
+            .unwrap_or_else(|| self.pod.clone());
+        self.inner.event(&pod, field, type_, reason, message, component);
+    }
+
+    fn stopping(&self) -> bool {
+        self.rt.stop.borrow().is_some()
+    }
+
+    /// Sleep; `true` when a stop came first.
+    async fn sleep_or_stop(&self, d: Duration) -> bool {
+        let mut rx = self.rt.stop.subscribe();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => self.stopping(),
+            _ = rx.wait_for(Option::is_some) => true,
+        }
+    }
+
+    async fn wait_stop(&self) {
+        let mut rx = self.rt.stop.subscribe();
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+}
+
+/// The whole life of one pod: scheduling, then the kubelet.
+pub(crate) async fn run_pod(inner: Arc<Inner>, rt: Arc<PodRt>, pod: Value) {
+    let ns = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let dir = inner
+        .root
+        .join("pods")
+        .join(format!("{ns}_{name}_{}", &uid[..uid.len().min(8)]));
+    let ctx = Ctx {
+        model: Mutex::new(Model::new(&pod)),
+        inner,
+        rt,
+        pod,
+        ns,
+        name,
+        dir,
+    };
+    let ok = pod_flow(&ctx).await;
+    finish(&ctx, ok);
+}
+
+fn finish(ctx: &Ctx, ok: Option<bool>) {
+    let stop = ctx.rt.stop.borrow().clone();
+    let succeeded = stop.as_ref().is_none_or(|s| s.reason.is_none()) && ok == Some(true);
+    ctx.with(|m| {
+        m.phase = if succeeded { "Succeeded" } else { "Failed" };
+        if let Some((r, msg)) = stop.as_ref().and_then(|s| s.reason.clone()) {
+            m.reason = Some(r);
+            m.message = Some(msg);
+        }
+        if m.bound {
+            let why = if succeeded { "PodCompleted" } else { "PodFailed" };
+            m.cond("Ready", false, Some(why), None);
+            m.cond("ContainersReady", false, Some(why), None);
+            m.cond("PodReadyToStartContainers", false, None, None);
+        }
+    });
+    ctx.rt.done.send_replace(Some(succeeded));
+    if stop.is_some_and(|s| s.delete) {
+        ctx.inner.remove("pods", &ctx.ns, &ctx.name);
+        let _ = std::fs::remove_dir_all(&ctx.dir);
+    }
+}
+
+/// `Some(all containers exited 0)`, or `None` when the containers never (all) ran.
+async fn pod_flow(ctx: &Ctx) -> Option<bool> {
+    if ctx.sleep_or_stop(Duration::from_millis(100)).await {
+        return None;
+    }
+    let node = loop {
+        match try_schedule(&ctx.inner, &ctx.ns, &ctx.name) {
+            Ok(Some(n)) => break n,
+            Ok(None) => return None,
+            Err(msg) => {
+                ctx.with(|m| m.cond("PodScheduled", false, Some("Unschedulable"), Some(&msg)));
+                ctx.event(None, "Warning", "FailedScheduling", &msg, "default-scheduler");
+                if ctx.sleep_or_stop(Duration::from_secs(1)).await {
+                    return None;
+                }
+            }
+        }
+    };
+    ctx.event(
+        None,
+        "Normal",
+        "Scheduled",
+        &format!("Successfully assigned {}/{} to {node}", ctx.ns, ctx.name),
+        "default-scheduler",
+    );
+    let has_init = !arr(&ctx.pod["spec"]["initContainers"]).is_empty();
+    ctx.with(|m| {
+        m.bound = true;
+        m.start_time = now();
+        m.pod_ip = format!("10.244.0.{}", 2 + (super::util::rand_u64() % 250));
+        m.cond("PodScheduled", true, None, None);
+        m.cond("PodReadyToStartContainers", true, None, None);
+        if has_init {
+            m.cond("Initialized", false, Some("ContainersNotInitialized"), None);
+        } else {
+            m.cond("Initialized", true, None, None);
+        }
+        m.cond("Ready", false, Some("ContainersNotReady"), None);
+        m.cond("ContainersReady", false, Some("ContainersNotReady"), None);
+    });
+    let volumes = prepare_volumes(ctx).await?;
+    for (i, c) in arr(&ctx.pod["spec"]["initContainers"]).iter().enumerate() {
+        match run_container(ctx, true, i, c, &volumes).await {
+            Outcome::Exited(0) => {}
+            Outcome::Exited(_) => return Some(false),
+            Outcome::Stopped => return None,
+        }
+    }
+    if has_init {
+        ctx.with(|m| {
+            m.cond("Initialized", true, None, None);
+            for s in &mut m.main {
+                s.state = json!({"waiting": {"reason": "ContainerCreating"}});
+            }
+        });
+    }
+    let runs = arr(&ctx.pod["spec"]["containers"])
+        .iter()
+        .enumerate()
+        .map(|(i, c)| run_container(ctx, false, i, c, &volumes));
+    let outs = futures_util::future::join_all(runs).await;
+    if outs.iter().any(|o| matches!(o, Outcome::Stopped))
+        && outs.iter().all(|o| !matches!(o, Outcome::Exited(c) if *c != 0))
+    {
+        return None;
+    }
+    Some(outs.iter().all(|o| matches!(o, Outcome::Exited(0))))
+}
+
+/// Volume name → host folder; `None` when stopped while waiting for a volume.
+async fn prepare_volumes(ctx: &Ctx) -> Option<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    for v in arr(&ctx.pod["spec"]["volumes"]) {
+        let name = v["name"].as_str().unwrap_or_default().to_string();
+        let own = ctx.dir.join("volumes").join(&name);
+        let host = if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
+            ctx.inner.pvcs.get(claim).cloned().unwrap_or(own)
+        } else if let Some(p) = v["hostPath"]["path"].as_str() {
+            PathBuf::from(p)
+        } else if let Some(secret) = v["secret"]["secretName"].as_str() {
+            loop {
+                match ctx.inner.get("secrets", &ctx.ns, secret) {
+                    Some(s) => {
+                        let _ = std::fs::create_dir_all(&own);
+                        write_secret_files(&own, &s, &v["secret"]);
+                        break;
+                    }
+                    None if v["secret"]["optional"] == json!(true) => break,
+                    None => {
+                        ctx.event(
+                            None,
+                            "Warning",
+                            "FailedMount",
+                            &format!("MountVolume.SetUp failed for volume \"{name}\" : secret \"{secret}\" not found"),
+                            "kubelet",
+                        );
+                        if ctx.sleep_or_stop(Duration::from_secs(1)).await {
+                            return None;
+                        }
+                    }
+                }
+            }
+            own
+        } else {
+            own
+        };
+        let _ = std::fs::create_dir_all(&host);
+        out.insert(name, host);
+    }
+    Some(out)
+}
+
+fn write_secret_files(dir: &Path, secret: &Value, vol: &Value) {
+    use base64::Engine as _;
+    let data = secret["data"].as_object().cloned().unwrap_or_default();
+    let items = arr(&vol["items"]);
+    let pairs: Vec<(String, String)> = if items.is_empty() {
+        data.keys().map(|k| (k.clone(), k.clone())).collect()
+    } else {
+        items
+            .iter()
+            .filter_map(|i| Some((i["key"].as_str()?.to_string(), i["path"].as_str()?.to_string())))
+            .collect()
+    };
+    for (key, path) in pairs {
+        if path.split('/').any(|p| p == "..") {
+            continue;
+        }
+        let Some(b) = data.get(&key).and_then(Value::as_str) else {
+            continue;
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .unwrap_or_default();
+        let p = dir.join(path);
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        let _ = std::fs::write(p, bytes);
+    }
+}
+
+pub(crate) enum ImageCheck {
+    Known(PathBuf),
+    Unknown(String),
+    Invalid(String),
+}
+
+/// `x` → `docker.io/library/x:latest`, as containerd names it.
+pub(crate) fn normalize_image(image: &str) -> String {
+    let (name, digest) = match image.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (image, None),
+    };
+    let slash = name.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match name[slash..].rfind(':') {
+        Some(i) => (&name[..slash + i], Some(&name[slash + i + 1..])),
+        None => (name, None),
+    };
+    let first = name.split('/').next().unwrap_or_default();
+    let full = if !name.contains('/') {
+        format!("docker.io/library/{name}")
+    } else if first.contains('.') || first.contains(':') || first == "localhost" {
+        name.to_string()
+    } else {
+        format!("docker.io/{name}")
+    };
+    match (tag, digest) {
+        (_, Some(d)) => format!("{full}@{d}"),
+        (Some(t), None) => format!("{full}:{t}"),
+        (None, None) => format!("{full}:latest"),
+    }
+}
+
+pub(crate) fn check_image(inner: &Inner, image: &str) -> ImageCheck {
+    let invalid = || {
+        ImageCheck::Invalid(format!(
+            "Failed to apply default image tag \"{image}\": couldn't parse image name \"{image}\": invalid reference format"
+        ))
+    };
+    if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return invalid();
+    }
+    let name = image.split('@').next().unwrap_or_default();
+    let slash = name.rfind('/').map_or(0, |i| i + 1);
+    let repo = match name[slash..].rfind(':') {
+        Some(i) => &name[..slash + i],
+        None => name,
+    };
+    // The registry host may have upper case; the repository path may not.
+    let path = match repo.split_once('/') {
+        Some((host, rest)) if host.contains('.') || host.contains(':') || host == "localhost" => rest,
+        _ => repo,
+    };
+    if path.is_empty() || path.chars().any(|c| c.is_ascii_uppercase()) || repo.ends_with('/') {
+        return invalid();
+    }
+    match inner.images.get(image) {
+        Some(root) => ImageCheck::Known(root.clone()),
+        None => ImageCheck::Unknown(normalize_image(image)),
+    }
+}
+
+/// Kubernetes `$(VAR)` expansion (`$$` escapes `$`; unknown references stay as written).
+fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(a) = after.strip_prefix('$') {
+            out.push('$');
+            rest = a;
+        } else if let Some(body) = after.strip_prefix('(') {
+            match body.find(')') {
+                Some(j) => {
+                    let var = &body[..j];
+                    match env.get(var) {
+                        Some(v) => out.push_str(v),
+                        None => out.push_str(&format!("$({var})")),
+                    }
+                    rest = &body[j + 1..];
+                }
+                None => {
+                    out.push('$');
+                    rest = after;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn secret_value(inner: &Inner, ns: &str, name: &str, key: &str) -> Result<Option<String>, String> {
+    use base64::Engine as _;
+    let s = inner
+        .get("secrets", ns, name)
+        .ok_or_else(|| format!("secret \"{name}\" not found"))?;
+    match s["data"][key].as_str() {
+        Some(b) => Ok(Some(
+            String::from_utf8_lossy(
+                &base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .unwrap_or_default(),
+            )
+            .into_owned(),
+        )),
+        None => Err(format!("couldn't find key {key} in Secret {ns}/{name}")),
+    }
+}
+
+/// The container's environment (`env`, `envFrom`), or the kubelet's CreateContainerConfigError.
+fn resolve_env(inner: &Inner, pod: &Value, c: &Value) -> Result<BTreeMap<String, String>, String> {
+    use base64::Engine as _;
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    let mut env = BTreeMap::new();
+    for ef in arr(&c["envFrom"]) {
+        let prefix = ef["prefix"].as_str().unwrap_or_default();
+        if let Some(name) = ef["secretRef"]["name"].as_str() {
+            match inner.get("secrets", ns, name) {
+                Some(s) => {
+                    for (k, v) in s["data"].as_object().cloned().unwrap_or_default() {
+                        let b = base64::engine::general_purpose::STANDARD
+                            .decode(v.as_str().unwrap_or_default())
+                            .unwrap_or_default();
+                        env.insert(format!("{prefix}{k}"), String::from_utf8_lossy(&b).into_owned());
+                    }
+                }
+                None if ef["secretRef"]["optional"] == json!(true) => {}
+                None => return Err(format!("secret \"{name}\" not found")),
+            }
+        }
+        if let Some(name) = ef["configMapRef"]["name"].as_str() {
+            if ef["configMapRef"]["optional"] != json!(true) {
+                return Err(format!("configmap \"{name}\" not found"));
+            }
+        }
+    }
+    for e in arr(&c["env"]) {
+        let Some(name) = e["name"].as_str() else {
+            continue;
+        };
+        let vf = &e["valueFrom"];
+        let value = if let Some(v) = e["value"].as_str() {
+            expand(v, &env)
+        } else if let Some(r) = vf.get("secretKeyRef") {
+            let optional = r["optional"] == json!(true);
+            let sname = r["name"].as_str().unwrap_or_default();
+            let key = r["key"].as_str().unwrap_or_default();
+            match secret_value(inner, ns, sname, key) {
+                Ok(Some(v)) => v,
+                Ok(None) => continue,
+                Err(_) if optional => continue,
+                Err(e) => return Err(e),
+            }
+        } else if let Some(r) = vf.get("configMapKeyRef") {
+            if r["optional"] == json!(true) {
+                continue;
+            }
+            return Err(format!(
+                "configmap \"{}\" not found",
+                r["name"].as_str().unwrap_or_default()
+            ));
+        } else if let Some(path) = vf["fieldRef"]["fieldPath"].as_str() {
+            field_ref(pod, path)
+        } else if let Some(res) = vf["resourceFieldRef"]["resource"].as_str() {
+            let (kind, what) = res.split_once('.').unwrap_or(("limits", res));
+            let div = quantity_of(&vf["resourceFieldRef"]["divisor"]).unwrap_or(1.0);
+            let q = quantity_of(&c["resources"][kind][what]).unwrap_or(0.0);
+            format!("{}", (q / div).ceil() as i64)
+        } else {
+            String::new()
+        };
+        env.insert(name.to_string(), value);
+    }
+    Ok(env)
+}
+
+fn field_ref(pod: &Value, path: &str) -> String {
+    let ann = |field: &str, p: &str| {
+        p.strip_prefix(&format!("metadata.{field}['"))
+            .and_then(|k| k.strip_suffix("']"))
+            .and_then(|k| pod["metadata"][field][k].as_str())
+            .map(str::to_string)
+    };
+    if let Some(v) = ann("labels", path).or_else(|| ann("annotations", path)) {
+        return v;
+    }
+    let v = match path {
+        "status.hostIP" => json!("127.0.0.1"),
+        "status.podIP" => pod["status"]["podIP"].clone(),
+        "spec.serviceAccountName" => json!(pod["spec"]["serviceAccountName"].as_str().unwrap_or("default")),
+        p => {
+            let mut v = pod;
+            for part in p.split('.') {
+                v = &v[part];
+            }
+            v.clone()
+        }
+    };
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// A container path to a host path: the longest mount that is the path or a folder above it.
+fn map_mounts(arg: &str, mounts: &[(String, PathBuf)]) -> Option<String> {
+    if !arg.starts_with('/') {
+        return None;
+    }
+    for (c, h) in mounts {
+        let c = c.trim_end_matches('/');
+        if arg == c || (c.is_empty() && arg == "/") {
+            return Some(h.display().to_string());
+        }
+        if let Some(rest) = arg.strip_prefix(c).and_then(|r| r.strip_prefix('/')) {
+            return Some(h.join(rest).display().to_string());
+        }
+    }
+    None
+}
+
+fn map_arg(arg: &str, mounts: &[(String, PathBuf)], image_root: Option<&Path>) -> String {
+    if let Some(m) = map_mounts(arg, mounts) {
+        return m;
+    }
+    if let (Some(root), true) = (image_root, arg.starts_with('/')) {
+        let p = root.join(arg.trim_start_matches('/'));
+        if arg.len() > 1 && p.exists() {
+            return p.display().to_string();
+        }
+    }
+    arg.to_string()
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid two-int array; pipe2 fills it on success.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub(crate) fn killpg(pgid: i32, sig: i32) {
+    if pgid > 1 {
+        // SAFETY: plain syscall; a negative pid names the process group.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// Every process of a container: its process group and every descendant
+/// of its main process (a real container is a cgroup: processes that leave
+/// the group, like a supervisor's workload in a group of its own, are still
+/// in it). (pid, resident bytes) of each.
+fn container_procs(root: i32) -> Vec<(i32, u64)> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    // pid -> (ppid, pgid, rss)
+    let mut all: BTreeMap<i32, (i32, i32, u64)> = BTreeMap::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(i) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[i + 1..].split_whitespace().collect();
+        let num = |k: usize| f.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        all.insert(pid, (num(1) as i32, num(2) as i32, num(21).max(0) as u64 * page));
+    }
+    let inside = |mut pid: i32| {
+        for _ in 0..64 {
+            if pid == root {
+                return true;
+            }
+            match all.get(&pid) {
+                Some((ppid, _, _)) if *ppid > 1 => pid = *ppid,
+                _ => return false,
+            }
+        }
+        false
+    };
+    all.iter()
+        .filter(|(pid, (_, pgid, _))| *pgid == root || inside(**pid))
+        .map(|(pid, (_, _, rss))| (*pid, *rss))
+        .collect()
+}
+
+/// Resident memory of every process of a container.
+fn group_rss(root: i32) -> u64 {
+    container_procs(root).iter().map(|(_, r)| r).sum()
+}
+
+/// Signal every process of a container.
+fn kill_container(root: i32, sig: i32) {
+    let procs = container_procs(root);
+    killpg(root, sig);
+    for (pid, _) in procs {
+        if pid > 1 {
+            // SAFETY: plain syscall on a pid of this container.
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+}
+
+async fn run_container(
+    ctx: &Ctx,
+    init: bool,
+    idx: usize,
+    c: &Value,
+    volumes: &BTreeMap<String, PathBuf>,
+) -> Outcome {
+    let cname = c["name"].as_str().unwrap_or_default().to_string();
+    let image = c["image"].as_str().unwrap_or_default().to_string();
+    let field = if init {
+        format!("spec.initContainers{{{cname}}}")
+    } else {
+        format!("spec.containers{{{cname}}}")
+    };
+    let field = Some(field.as_str());
+    let set = |f: &dyn Fn(&mut CStat)| {
+        ctx.with(|m| {
+            let list = if init { &mut m.init } else { &mut m.main };
+            if let Some(s) = list.get_mut(idx) {
+                f(s);
+            }
+        })
+    };
+    let waiting = |reason: &str, message: Option<&str>| {
+        let mut w = json!({"reason": reason});
+        if let Some(m) = message {
+            w["message"] = json!(m);
+        }
+        set(&|s| s.state = json!({ "waiting": w.clone() }));
+    };
+    if ctx.stopping() {
+        return Outcome::Stopped;
+    }
+    let image_root = match check_image(&ctx.inner, &image) {
+        ImageCheck::Invalid(msg) => {
+            waiting("InvalidImageName", Some(&msg));
+            ctx.event(field, "Warning", "InspectFailed", &msg, "kubelet");
+            ctx.event(field, "Warning", "Failed", "Error: InvalidImageName", "kubelet");
+            ctx.wait_stop().await;
+            return Outcome::Stopped;
+        }
+        ImageCheck::Unknown(full) => {
+            ctx.event(
+                field,
+                "Normal",
+                "Pulling",
+                &format!("Pulling image \"{image}\""),
+                "kubelet",
+            );
+            let msg = format!(
+                "rpc error: code = NotFound desc = failed to pull and unpack image \"{full}\": failed to resolve reference \"{full}\": {full}: not found"
+            );
+            waiting("ErrImagePull", Some(&msg));
+            ctx.event(
+                field,
+                "Warning",
+                "Failed",
+                &format!("Failed to pull image \"{image}\": {msg}"),
+                "kubelet",
+            );
+            ctx.event(field, "Warning", "Failed", "Error: ErrImagePull", "kubelet");
+            if ctx.sleep_or_stop(Duration::from_secs(1)).await {
+                return Outcome::Stopped;
+            }
+            let back = format!("Back-off pulling image \"{image}\"");
+            waiting("ImagePullBackOff", Some(&back));
+            ctx.event(field, "Normal", "BackOff", &back, "kubelet");
+            ctx.event(field, "Warning", "Failed", "Error: ImagePullBackOff", "kubelet");
+            ctx.wait_stop().await;
+            return Outcome::Stopped;
+        }
+        ImageCheck::Known(root) => {
+            ctx.event(
+                field,
+                "Normal",
+                "Pulled",
+                &format!("Container image \"{image}\" already present on machine"),
+                "kubelet",
+            );
+            root
+        }
+    };
+    let env = loop {
+        match resolve_env(&ctx.inner, &ctx.pod, c) {
+            Ok(env) => break env,
+            Err(msg) => {
+                waiting("CreateContainerConfigError", Some(&msg));
+                ctx.event(field, "Warning", "Failed", &format!("Error: {msg}"), "kubelet");
+                if ctx.sleep_or_stop(Duration::from_secs(1)).await {
+                    return Outcome::Stopped;
+                }
+            }
+        }
+    };
+    // Paths: the termination message file, then volume mounts (longest first).
+    let cdir = ctx.dir.join("containers").join(&cname);
+    let work = cdir.join("work");
+    let term = cdir.join("termination-log");
+    let _ = std::fs::create_dir_all(&work);
+    let _ = std::fs::write(&term, b"");
+    let term_path = c["terminationMessagePath"]
+        .as_str()
+        .unwrap_or("/dev/termination-log")
+        .to_string();
+    let mut mounts: Vec<(String, PathBuf)> = arr(&c["volumeMounts"])
+        .iter()
+        .filter_map(|vm| {
+            let host = volumes.get(vm["name"].as_str()?)?;
+            let host = match vm["subPath"].as_str().filter(|s| !s.is_empty()) {
+                Some(sp) => host.join(sp),
+                None => host.clone(),
+            };
+            Some((vm["mountPath"].as_str()?.to_string(), host))
+        })
+        .collect();
+    mounts.sort_by_key(|(c, _)| std::cmp::Reverse(c.trim_end_matches('/').len()));
+    mounts.insert(0, (term_path, term.clone()));
+    let env: BTreeMap<String, String> = env
+        .into_iter()
+        .map(|(k, v)| {
+            let v = map_mounts(&v, &mounts).unwrap_or(v);
+            (k, v)
+        })
+        .collect();
+    let argv: Vec<String> = arr(&c["command"])
+        .iter()
+        .chain(arr(&c["args"]))
+        .filter_map(Value::as_str)
+        .map(|a| map_arg(&expand(a, &env), &mounts, Some(&image_root)))
+        .collect();
+    let workdir = c["workingDir"]
+        .as_str()
+        .map(|w| PathBuf::from(map_arg(w, &mounts, Some(&image_root))))
+        .filter(|p| p.is_dir())
+        .unwrap_or(work);
+    let log = Arc::new(LogBuf::new());
+    lock(&ctx.rt.logs).insert(cname.clone(), log.clone());
+    let started_at = now();
+    let id = format!("containerd://{}", hex(64));
+    let image_id = format!(
+        "{}@sha256:{:x}",
+        normalize_image(&image)
+            .split([':', '@'])
+            .next()
+            .unwrap_or_default(),
+        sha2::Sha256::digest(image.as_bytes())
+    );
+    let spawned = spawn(ctx, &argv, &env, &workdir);
+    let (mut child, reader) = match spawned {
+        Ok(x) => x,
+        Err(msg) => {
+            log.finish();
+            let message = format!(
+                "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: {msg}: unknown"
+            );
+            let t = now();
+            set(&|s| {
+                s.id = Some(id.clone());
+                s.image_id = image_id.clone();
+                s.state = json!({"terminated": {"exitCode": 128, "reason": "StartError", "message": message, "startedAt": "1970-01-01T00:00:00Z", "finishedAt": t, "containerID": id}});
+            });
+            ctx.event(
+                field,
+                "Normal",
+                "Created",
+                &format!("Created container: {cname}"),
+                "kubelet",
+            );
+            ctx.event(
+                field,
+                "Warning",
+                "Failed",
+                &format!("Error: {message}"),
+                "kubelet",
+            );
+            return Outcome::Exited(128);
+        }
+    };
+    let pid = child.id().map_or(0, |p| p as i32);
+    lock(&ctx.rt.pgids).insert(cname.clone(), pid);
+    lock(&ctx.inner.pgids).insert(pid);
+    let reader = tokio::spawn(read_into(reader, log.clone()));
+    ctx.event(
+        field,
+        "Normal",
+        "Created",
+        &format!("Created container: {cname}"),
+        "kubelet",
+    );
+    ctx.event(
+        field,
+        "Normal",
+        "Started",
+        &format!("Started container {cname}"),
+        "kubelet",
+    );
+    ctx.with(|m| {
+        let list = if init { &mut m.init } else { &mut m.main };
+        if let Some(s) = list.get_mut(idx) {
+            s.state = json!({"running": {"startedAt": started_at}});
+            s.started = true;
+            s.ready = !init;
+            s.id = Some(id.clone());
+            s.image_id = image_id.clone();
+        }
+        if !init {
+            m.phase = "Running";
+            if m.main.iter().all(|s| s.ready) {
+                m.cond("Ready", true, None, None);
+                m.cond("ContainersReady", true, None, None);
+            }
+        }
+    });
+    let mem_limit = quantity_of(&c["resources"]["limits"]["memory"]).map(|q| q as u64);
+    let mut stop_rx = ctx.rt.stop.subscribe();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut termed = false;
+    let mut kill_at: Option<Instant> = None;
+    let mut oom = false;
+    let status = loop {
+        if let Some(s) = stop_rx.borrow_and_update().clone() {
+            if s.kill_now {
+                killpg(pid, libc::SIGKILL);
+            } else {
+                let grace = s.grace.unwrap_or(Duration::from_secs(30));
+                if !termed {
+                    termed = true;
+                    ctx.event(
+                        field,
+                        "Normal",
+                        "Killing",
+                        &format!("Stopping container {cname}"),
+                        "kubelet",
+                    );
+                    killpg(pid, libc::SIGTERM);
+                }
+                let at = Instant::now() + grace;
+                kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+            }
+        }
+        tokio::select! {
+            st = child.wait() => break st.ok(),
+            r = stop_rx.changed() => { if r.is_err() { tokio::time::sleep(Duration::from_millis(50)).await; } }
+            _ = tick.tick() => {
+                if kill_at.is_some_and(|k| Instant::now() >= k) {
+                    kill_container(pid, libc::SIGKILL);
+                }
+                if let Some(limit) = mem_limit {
+                    if !oom && group_rss(pid) > limit {
+                        oom = true;
+                        kill_container(pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    };
+    // The container is gone: so is everything else in it.
+    kill_container(pid, libc::SIGKILL);
+    lock(&ctx.rt.pgids).remove(&cname);
+    lock(&ctx.inner.pgids).remove(&pid);
+    let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+    log.finish();
+    let code = status.map_or(137, |s| {
+        use std::os::unix::process::ExitStatusExt as _;
+        s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+    });
+    let code = if oom { 137 } else { code };
+    let reason = if oom {
+        "OOMKilled"
+    } else if code == 0 {
+        "Completed"
+    } else {
+        "Error"
+    };
+    let mut message = std::fs::read(&term).unwrap_or_default();
+    message.truncate(4096);
+    let mut message = String::from_utf8_lossy(&message).into_owned();
+    if message.is_empty() && code != 0 && c["terminationMessagePolicy"] == json!("FallbackToLogsOnError") {
+        let d = lock(&log.data);
+        let from = d.start(Some(80), None).max(d.bytes.len().saturating_sub(2048));
+        message = String::from_utf8_lossy(&d.bytes[from..]).into_owned();
+    }
+    let mut t = json!({"exitCode": code, "reason": reason, "startedAt": started_at, "finishedAt": now(), "containerID": id});
+    if !message.is_empty() {
+        t["message"] = json!(message);
+    }
+    ctx.with(|m| {
+        let list = if init { &mut m.init } else { &mut m.main };
+        if let Some(s) = list.get_mut(idx) {
+            s.state = json!({ "terminated": t.clone() });
+            s.ready = init && code == 0;
+            s.started = false;
+        }
+        if !init {
+            m.cond("Ready", false, Some("ContainersNotReady"), None);
+            m.cond("ContainersReady", false, Some("ContainersNotReady"), None);
+        }
+    });
+    Outcome::Exited(code)
+}
+
+fn spawn(
+    ctx: &Ctx,
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    workdir: &Path,
+) -> Result<(tokio::process::Child, OwnedFd), String> {
+    if ctx.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err("the fake is shutting down".to_string());
+    }
+    let Some(prog) = argv.first() else {
+        return Err("no command specified".to_string());
+    };
+    let (r, w) = pipe().map_err(|e| format!("pipe: {e}"))?;
+    let w2 = w.try_clone().map_err(|e| format!("pipe: {e}"))?;
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .current_dir(workdir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(w))
+        .stderr(std::process::Stdio::from(w2))
+        .process_group(0)
+        .kill_on_drop(true);
+    for k in ["PATH", "HOME"] {
+        if let Ok(v) = std::env::var(k) {
+            cmd.env(k, v);
+        }
+    }
+    cmd.envs(env)
+        .env("HOSTNAME", &ctx.name)
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", ctx.inner.port.to_string());
+    let child = cmd.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("exec: \"{prog}\": executable file not found in $PATH")
+        } else {
+            format!("exec: \"{prog}\": {e}")
+        }
+    })?;
+    // Our copies of the write end close with `cmd`, so the reader sees EOF when the group is gone.
+    drop(cmd);
+    Ok((child, r))
+}
+
+async fn read_into(fd: OwnedFd, log: Arc<LogBuf>) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => log.push(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_normalize_and_validate() {
+        assert_eq!(normalize_image("busybox"), "docker.io/library/busybox:latest");
+        assert_eq!(normalize_image("acme/x:v1"), "docker.io/acme/x:v1");
+        assert_eq!(normalize_image("reg.io:5000/a/b"), "reg.io:5000/a/b:latest");
+        assert_eq!(normalize_image("localhost/a@sha256:ab"), "localhost/a@sha256:ab");
+    }
+
+    #[test]
+    fn expansion() {
+        let env: BTreeMap<String, String> = [("A".to_string(), "1".to_string())].into();
+        assert_eq!(expand("x$(A)y$(B)$$(A)$", &env), "x1y$(B)$(A)$");
+    }
+
+    #[test]
+    fn mapping() {
+        let m = vec![
+            ("/orch/bin".to_string(), PathBuf::from("/h/bin")),
+            ("/orch".to_string(), PathBuf::from("/h/orch")),
+        ];
+        assert_eq!(map_arg("/orch/bin/agent", &m, None), "/h/bin/agent");
+        assert_eq!(map_arg("/orch/x", &m, None), "/h/orch/x");
+        assert_eq!(map_arg("/orchestra", &m, None), "/orchestra");
+        assert_eq!(map_arg("rel", &m, None), "rel");
+    }
+
+    #[test]
+    fn log_rendering() {
+        let b = LogBuf::new();
+        b.push(b"a\nb");
+        b.push(b"c\nd\n");
+        let d = lock(&b.data);
+        assert_eq!(d.starts.len(), 3);
+        let from = d.start(Some(2), None);
+        assert_eq!(&d.bytes[from..], b"bc\nd\n");
+        let r = String::from_utf8(d.render(0, d.bytes.len(), true)).unwrap();
+        assert_eq!(r.lines().count(), 3);
+        assert!(r.lines().all(|l| l.contains("Z ")), "{r}");
+    }
+}

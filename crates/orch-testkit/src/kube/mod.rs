@@ -1,0 +1,382 @@
+//! A fake Kubernetes API server over real HTTP, for tests: the subset a batch client uses
+//! (Jobs, Pods, Secrets, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
+//! and a kubelet that runs each container as a local process.
+//!
+//! - objects are JSON with uid, a global resourceVersion, creationTimestamp; errors are
+//!   `Status` objects (`NotFound`, `AlreadyExists`, `Invalid`, `BadRequest`, `Unauthorized`);
+//! - watches replay changes after a given resourceVersion (or list the current objects as
+//!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`;
+//! - a Job gets one pod (`backoffLimit` treated as 0); the scheduler checks nodeSelector,
+//!   required node affinity, NoSchedule taints, `nvidia.com/gpu` capacity and PVCs, with the
+//!   default scheduler's messages and `FailedScheduling` events;
+//! - the kubelet "pulls" images from the builder's map (unknown: `ErrImagePull` then
+//!   `ImagePullBackOff`; malformed: `InvalidImageName`), resolves env from Secrets
+//!   (`CreateContainerConfigError` until they exist), maps volume mount paths and image files
+//!   to host folders in command, args and env values, runs init containers then containers in
+//!   their own process groups, enforces memory limits (`OOMKilled`), writes termination
+//!   messages, and terminates gracefully (SIGTERM, SIGKILL after the grace period);
+//! - deleting a Job through the API without a propagation policy orphans its pods, as
+//!   batch/v1 does; `Background` and `Foreground` delete them.
+//!
+//! ```no_run
+//! use orch_testkit::kube::{FakeKube, FakeNode};
+//! let kube = FakeKube::builder()
+//!     .node(FakeNode::h100("gpu-0", 8))
+//!     .node(FakeNode::cpu("cpu-0"))
+//!     .image("busybox:1.36", "/tmp/empty-root")
+//!     .start()
+//!     .unwrap();
+//! kube.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"), "default").unwrap();
+//! ```
+
+mod api;
+mod jobs;
+mod kubelet;
+mod sched;
+mod store;
+mod util;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+
+use kubelet::StopReq;
+use store::{lock, Inner, State};
+
+/// A node of the fake cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// `nvidia.com/gpu` capacity.
+    pub gpus: u32,
+    pub taints: Vec<Taint>,
+}
+
+/// A node taint (`key=value:effect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    pub effect: String,
+}
+
+impl FakeNode {
+    /// GPU node: labels `nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3`, `nvidia.com/gpu.count=N`,
+    /// `nvidia.com/gpu.present=true`, `kubernetes.io/hostname=NAME`; taint
+    /// `nvidia.com/gpu=present:NoSchedule`.
+    pub fn h100(name: &str, gpus: u32) -> FakeNode {
+        let labels = [
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3".to_string()),
+            ("nvidia.com/gpu.count", gpus.to_string()),
+            ("nvidia.com/gpu.present", "true".to_string()),
+            ("kubernetes.io/hostname", name.to_string()),
+            ("kubernetes.io/os", "linux".to_string()),
+        ];
+        FakeNode {
+            name: name.to_string(),
+            labels: labels.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            gpus,
+            taints: vec![Taint {
+                key: "nvidia.com/gpu".into(),
+                value: "present".into(),
+                effect: "NoSchedule".into(),
+            }],
+        }
+    }
+
+    /// CPU-only node, no taints, label `kubernetes.io/hostname=NAME`.
+    pub fn cpu(name: &str) -> FakeNode {
+        FakeNode {
+            name: name.to_string(),
+            labels: [
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+            ]
+            .into(),
+            gpus: 0,
+            taints: Vec::new(),
+        }
+    }
+
+    fn object(&self) -> Value {
+        let mut capacity =
+            json!({"cpu": "64", "memory": "527939160Ki", "pods": "110", "ephemeral-storage": "1845045268Ki"});
+        if self.gpus > 0 {
+            capacity[sched::GPU] = json!(self.gpus.to_string());
+        }
+        json!({
+            "metadata": {"name": self.name, "namespace": "", "labels": self.labels},
+            "spec": {"taints": self.taints.iter().map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect})).collect::<Vec<_>>()},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": util::now(), "lastTransitionTime": util::now()}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}],
+                "nodeInfo": {"kubeletVersion": "v1.33.0-fake", "containerRuntimeVersion": "containerd://2.0.0", "operatingSystem": "linux", "architecture": "amd64", "osImage": "fake", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
+            },
+        })
+    }
+}
+
+/// Builds a [`FakeKube`].
+pub struct FakeKubeBuilder {
+    nodes: Vec<FakeNode>,
+    images: BTreeMap<String, PathBuf>,
+    pvcs: BTreeMap<String, PathBuf>,
+    cut_logs: Option<usize>,
+    token: String,
+}
+
+impl FakeKubeBuilder {
+    pub fn node(mut self, n: FakeNode) -> Self {
+        self.nodes.push(n);
+        self
+    }
+
+    /// Image reference (exactly as written in a container's `image`) → host folder standing
+    /// for that image's filesystem.
+    pub fn image(mut self, reference: &str, root: impl Into<PathBuf>) -> Self {
+        self.images.insert(reference.to_string(), root.into());
+        self
+    }
+
+    /// A PersistentVolumeClaim that exists (in every namespace): name → host folder.
+    pub fn pvc(mut self, name: &str, dir: impl Into<PathBuf>) -> Self {
+        self.pvcs.insert(name.to_string(), dir.into());
+        self
+    }
+
+    /// Cut every `follow=true` log stream after this many bytes (tests reconnection).
+    pub fn cut_log_streams_after(mut self, bytes: usize) -> Self {
+        self.cut_logs = Some(bytes);
+        self
+    }
+
+    /// Require `Authorization: Bearer TOKEN` (default `fake-token`; a 401 `Status` otherwise).
+    pub fn token(mut self, t: &str) -> Self {
+        self.token = t.to_string();
+        self
+    }
+
+    pub fn start(self) -> std::io::Result<FakeKube> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "fake-kube-{}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            util::hex(6)
+        ));
+        std::fs::create_dir_all(&root)?;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::default()),
+            changed: tokio::sync::watch::Sender::new(0),
+            token: self.token,
+            nodes: self.nodes,
+            images: self.images,
+            pvcs: self.pvcs,
+            cut_logs: self.cut_logs,
+            root: root.clone(),
+            port: addr.port(),
+            requests: Mutex::new(Vec::new()),
+            pgids: Mutex::new(BTreeSet::new()),
+            stopping: AtomicBool::new(false),
+        });
+        {
+            let mut st = inner.lock();
+            for n in &inner.nodes {
+                inner.insert_locked(&mut st, "nodes", n.object());
+            }
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fake-kube")
+            .enable_all()
+            .build()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("fake-kube-main".into())
+                .spawn(move || {
+                    rt.block_on(accept_loop(listener, inner, rx));
+                    rt.shutdown_timeout(Duration::from_secs(2));
+                })?
+        };
+        Ok(FakeKube {
+            inner,
+            url: format!("http://{addr}"),
+            shutdown: Some(tx),
+            thread: Some(thread),
+            root,
+        })
+    }
+}
+
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    inner: Arc<Inner>,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("fake-kube: cannot register the listener: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            acc = listener.accept() => match acc {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let inner = inner.clone();
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req| api::handle(inner.clone(), req));
+                        let _ = http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .keep_alive(true)
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+}
+
+/// The running fake API server (on 127.0.0.1). Dropping it stops the server and kills every
+/// process group it started.
+pub struct FakeKube {
+    inner: Arc<Inner>,
+    url: String,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    root: PathBuf,
+}
+
+impl FakeKube {
+    pub fn builder() -> FakeKubeBuilder {
+        FakeKubeBuilder {
+            nodes: Vec::new(),
+            images: BTreeMap::new(),
+            pvcs: BTreeMap::new(),
+            cut_logs: None,
+            token: "fake-token".to_string(),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Writes a kubeconfig: cluster `fake` (server = url), user `fake` (token), context `fake`
+    /// with the given default namespace, current-context `fake`.
+    pub fn write_kubeconfig(&self, path: &Path, namespace: &str) -> std::io::Result<()> {
+        let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {}\ncurrent-context: fake\npreferences: {{}}\nusers:\n- name: fake\n  user:\n    token: {}\n",
+            q(&self.url),
+            q(namespace),
+            q(&self.inner.token)
+        );
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(path, text)
+    }
+
+    /// Every live object of a resource (`jobs`, `pods`, `secrets`, `events`, `nodes`), all
+    /// namespaces, as JSON.
+    pub fn objects(&self, resource: &str) -> Vec<Value> {
+        match store::RESOURCES.iter().find(|r| r.resource == resource) {
+            Some(ri) => self.inner.list(ri.resource, None),
+            None => Vec::new(),
+        }
+    }
+
+    /// Pods whose container processes are still running (names).
+    pub fn running_pods(&self) -> Vec<String> {
+        let st = self.inner.lock();
+        let mut out: Vec<String> = st
+            .pods
+            .iter()
+            .filter(|(_, rt)| rt.running())
+            .map(|(k, _)| k.1.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Evict a running pod: kill its processes, phase Failed, reason Evicted, the given message.
+    pub fn evict(&self, namespace: &str, pod: &str, message: &str) {
+        let rt = self
+            .inner
+            .lock()
+            .pods
+            .get(&(namespace.to_string(), pod.to_string()))
+            .cloned();
+        if let Some(rt) = rt {
+            rt.request_stop(StopReq {
+                kill_now: true,
+                reason: Some(("Evicted".into(), message.into())),
+                ..Default::default()
+            });
+            for pgid in lock(&rt.pgids).values() {
+                kubelet::killpg(*pgid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// `"METHOD /path?query"` of every request, in order.
+    pub fn requests(&self) -> Vec<String> {
+        lock(&self.inner.requests).clone()
+    }
+}
+
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let pgids: Vec<i32> = lock(&self.inner.pgids).iter().copied().collect();
+        for pgid in &pgids {
+            kubelet::killpg(*pgid, libc::SIGKILL);
+        }
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Group leaders whose container task never got to reap them (the runtime is gone).
+        let left: Vec<i32> = lock(&self.inner.pgids).iter().copied().collect();
+        for pgid in left {
+            kubelet::killpg(pgid, libc::SIGKILL);
+            for _ in 0..200 {
+                let mut status = 0;
+                // SAFETY: plain syscall on a pid this process spawned and has not reaped.
+                let r = unsafe { libc::waitpid(pgid, &mut status, libc::WNOHANG) };
+                if r != 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,334 @@
+//! The object store: every object as JSON, a global resourceVersion, and the history of changes
+//! that watches replay.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use super::jobs::JobRt;
+use super::kubelet::PodRt;
+use super::util::{hex, now, uuid};
+use super::FakeNode;
+
+/// What the API knows about one resource.
+pub(crate) struct ResourceInfo {
+    pub resource: &'static str,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+}
+
+impl ResourceInfo {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+pub(crate) const RESOURCES: &[ResourceInfo] = &[
+    ResourceInfo {
+        resource: "pods",
+        group: "",
+        version: "v1",
+        kind: "Pod",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "secrets",
+        group: "",
+        version: "v1",
+        kind: "Secret",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "events",
+        group: "",
+        version: "v1",
+        kind: "Event",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "nodes",
+        group: "",
+        version: "v1",
+        kind: "Node",
+        namespaced: false,
+    },
+    ResourceInfo {
+        resource: "jobs",
+        group: "batch",
+        version: "v1",
+        kind: "Job",
+        namespaced: true,
+    },
+];
+
+pub(crate) fn info(group: &str, resource: &str) -> Option<&'static ResourceInfo> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.resource == resource)
+}
+
+pub(crate) fn info_of(resource: &str) -> &'static ResourceInfo {
+    // Invariant: callers pass one of the names in RESOURCES (internal constants).
+    RESOURCES
+        .iter()
+        .find(|r| r.resource == resource)
+        .unwrap_or(&RESOURCES[0])
+}
+
+/// One change, as a watch sends it.
+pub(crate) struct Change {
+    pub rv: u64,
+    pub resource: &'static str,
+    pub kind: &'static str,
+    pub obj: Arc<Value>,
+}
+
+pub(crate) type Key = (String, String);
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub rv: u64,
+    pub objs: BTreeMap<&'static str, BTreeMap<Key, Value>>,
+    pub history: Vec<Change>,
+    pub pods: HashMap<Key, Arc<PodRt>>,
+    pub jobs: HashMap<Key, Arc<JobRt>>,
+}
+
+pub(crate) struct Inner {
+    pub state: Mutex<State>,
+    /// The latest resourceVersion, for watches and log followers to wake on.
+    pub changed: watch::Sender<u64>,
+    pub token: String,
+    pub nodes: Vec<FakeNode>,
+    pub images: BTreeMap<String, PathBuf>,
+    pub pvcs: BTreeMap<String, PathBuf>,
+    pub cut_logs: Option<usize>,
+    pub root: PathBuf,
+    pub port: u16,
+    pub requests: Mutex<Vec<String>>,
+    /// Process groups started and not yet reaped.
+    pub pgids: Mutex<BTreeSet<i32>>,
+    pub stopping: AtomicBool,
+}
+
+/// Lock a mutex, also after a panic elsewhere (the data stays usable for a test fake).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    fn record(&self, st: &mut State, resource: &'static str, kind: &'static str, obj: &Value) {
+        st.history.push(Change {
+            rv: st.rv,
+            resource,
+            kind,
+            obj: Arc::new(obj.clone()),
+        });
+        self.changed.send_replace(st.rv);
+    }
+
+    /// Store a new object (metadata filled in); the caller checked the name is free.
+    pub fn insert_locked(&self, st: &mut State, resource: &'static str, mut obj: Value) -> Value {
+        st.rv += 1;
+        let info = info_of(resource);
+        obj["kind"] = json!(info.kind);
+        obj["apiVersion"] = json!(info.api_version());
+        let m = &mut obj["metadata"];
+        if m.get("uid").and_then(Value::as_str).is_none() {
+            m["uid"] = json!(uuid());
+        }
+        m["resourceVersion"] = json!(st.rv.to_string());
+        m["creationTimestamp"] = json!(now());
+        if m["namespace"].as_str().is_some_and(str::is_empty) {
+            if let Some(m) = m.as_object_mut() {
+                m.remove("namespace");
+            }
+        }
+        let key = key_of(&obj);
+        st.objs.entry(resource).or_default().insert(key, obj.clone());
+        self.record(st, resource, "ADDED", &obj);
+        obj
+    }
+
+    pub fn get(&self, resource: &'static str, ns: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objs
+            .get(resource)?
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Change an object; a MODIFIED change is recorded when it really changed.
+    pub fn update(
+        &self,
+        resource: &'static str,
+        ns: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> Option<Value> {
+        let mut st = self.lock();
+        self.update_locked(&mut st, resource, ns, name, f)
+    }
+
+    pub fn update_locked(
+        &self,
+        st: &mut State,
+        resource: &'static str,
+        ns: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> Option<Value> {
+        let key = (ns.to_string(), name.to_string());
+        let obj = st.objs.get_mut(resource)?.get_mut(&key)?;
+        let before = obj.clone();
+        f(obj);
+        if *obj == before {
+            return Some(before);
+        }
+        st.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        let out = obj.clone();
+        self.record(st, resource, "MODIFIED", &out);
+        Some(out)
+    }
+
+    pub fn remove(&self, resource: &'static str, ns: &str, name: &str) -> Option<Value> {
+        let mut st = self.lock();
+        self.remove_locked(&mut st, resource, ns, name)
+    }
+
+    pub fn remove_locked(
+        &self,
+        st: &mut State,
+        resource: &'static str,
+        ns: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let mut obj = st
+            .objs
+            .get_mut(resource)?
+            .remove(&(ns.to_string(), name.to_string()))?;
+        st.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        self.record(st, resource, "DELETED", &obj);
+        if resource == "pods" {
+            st.pods.remove(&(ns.to_string(), name.to_string()));
+        }
+        if resource == "jobs" {
+            st.jobs.remove(&(ns.to_string(), name.to_string()));
+        }
+        Some(obj)
+    }
+
+    /// Every object of a resource in a namespace (`None`: all namespaces).
+    pub fn list(&self, resource: &'static str, ns: Option<&str>) -> Vec<Value> {
+        let st = self.lock();
+        list_locked(&st, resource, ns)
+    }
+
+    /// Record a core/v1 Event about `involved` (a Pod or Job object); an identical one (same
+    /// object, reason, message, source) is counted again instead.
+    pub fn event(
+        &self,
+        involved: &Value,
+        field_path: Option<&str>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+        component: &str,
+    ) {
+        let ns = involved["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let name = involved["metadata"]["name"].as_str().unwrap_or_default();
+        let uid = involved["metadata"]["uid"].as_str().unwrap_or_default();
+        let host = involved["spec"]["nodeName"].as_str().unwrap_or_default();
+        let mut st = self.lock();
+        let existing = st.objs.get("events").and_then(|evs| {
+            evs.iter().find_map(|(k, e)| {
+                (k.0 == ns
+                    && e["involvedObject"]["uid"] == json!(uid)
+                    && e["reason"] == json!(reason)
+                    && e["message"] == json!(message)
+                    && e["source"]["component"] == json!(component))
+                .then(|| k.1.clone())
+            })
+        });
+        if let Some(ev) = existing {
+            self.update_locked(&mut st, "events", &ns, &ev, |e| {
+                let n = e["count"].as_u64().unwrap_or(1);
+                e["count"] = json!(n + 1);
+                e["lastTimestamp"] = json!(now());
+            });
+            return;
+        }
+        let mut io = json!({
+            "kind": involved["kind"],
+            "namespace": ns,
+            "name": name,
+            "uid": uid,
+            "apiVersion": involved["apiVersion"],
+            "resourceVersion": involved["metadata"]["resourceVersion"],
+        });
+        if let Some(fp) = field_path {
+            io["fieldPath"] = json!(fp);
+        }
+        let mut source = json!({"component": component});
+        if !host.is_empty() && component == "kubelet" {
+            source["host"] = json!(host);
+        }
+        let t = now();
+        let ev = json!({
+            "metadata": {"name": format!("{name}.{}", hex(16)), "namespace": ns},
+            "involvedObject": io,
+            "reason": reason,
+            "message": message,
+            "source": source,
+            "firstTimestamp": t,
+            "lastTimestamp": t,
+            "count": 1,
+            "type": type_,
+            "eventTime": null,
+            "reportingComponent": component,
+            "reportingInstance": if component == "kubelet" { host } else { "" },
+        });
+        self.insert_locked(&mut st, "events", ev);
+    }
+}
+
+pub(crate) fn list_locked(st: &State, resource: &'static str, ns: Option<&str>) -> Vec<Value> {
+    st.objs
+        .get(resource)
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
+                .map(|(_, v)| v.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn key_of(obj: &Value) -> Key {
+    (
+        obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        obj["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+    )
+}

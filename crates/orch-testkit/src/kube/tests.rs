@@ -1,0 +1,736 @@
+//! The fake over plain HTTP (reqwest), one behaviour per test.
+
+use super::*;
+use std::time::Instant;
+
+struct C {
+    base: String,
+    http: reqwest::Client,
+    token: String,
+}
+
+impl C {
+    fn new(k: &FakeKube) -> Self {
+        C {
+            base: k.url(),
+            http: reqwest::Client::new(),
+            token: "fake-token".into(),
+        }
+    }
+
+    async fn req(&self, m: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let (code, text) = self.raw(m, path, body).await;
+        (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn raw(&self, m: &str, path: &str, body: Option<Value>) -> (u16, String) {
+        let mut r = self
+            .http
+            .request(m.parse().unwrap(), format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token));
+        if let Some(b) = body {
+            r = r.header("Content-Type", "application/json").body(b.to_string());
+        }
+        let resp = r.send().await.unwrap();
+        let code = resp.status().as_u16();
+        (code, resp.text().await.unwrap())
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.req("GET", path, None).await.1
+    }
+
+    /// Poll `path` until `f` holds (20 s at most).
+    async fn until(&self, path: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let t = Instant::now();
+        loop {
+            let v = self.get(path).await;
+            if f(&v) {
+                return v;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {what}: {v:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn job_pod(&self, ns: &str, job: &str) -> Value {
+        let v = self
+            .until(
+                &format!("/api/v1/namespaces/{ns}/pods?labelSelector=job-name%3D{job}"),
+                "a pod",
+                |v| v["items"].as_array().is_some_and(|a| !a.is_empty()),
+            )
+            .await;
+        v["items"][0].clone()
+    }
+}
+
+fn fake() -> (FakeKube, tempfile::TempDir) {
+    let img = tempfile::tempdir().unwrap();
+    let k = FakeKube::builder()
+        .node(FakeNode::h100("gpu-0", 8))
+        .node(FakeNode::cpu("cpu-0"))
+        .image("busybox:1.36", img.path())
+        .start()
+        .unwrap();
+    (k, img)
+}
+
+fn job(name: &str, cmd: &[&str]) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "t"}}, "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": cmd}],
+        }}},
+    })
+}
+
+const JOBS: &str = "/apis/batch/v1/namespaces/ns/jobs";
+
+fn has_cond(j: &Value, ty: &str) -> bool {
+    j["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == json!(ty) && c["status"] == "True"))
+}
+
+fn cond<'a>(j: &'a Value, ty: &str) -> &'a Value {
+    j["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == json!(ty)))
+        .unwrap_or(&Value::Null)
+}
+
+fn pod_name(p: &Value) -> String {
+    p["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_to_completion_with_merged_logs() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    let (code, j) = c
+        .req(
+            "POST",
+            JOBS,
+            Some(job("hi", &["sh", "-c", "echo hi; echo err >&2"])),
+        )
+        .await;
+    assert_eq!(code, 201, "{j}");
+    assert_eq!(j["metadata"]["namespace"], "ns");
+    assert!(j["metadata"]["uid"].is_string() && j["metadata"]["resourceVersion"].is_string());
+    assert_eq!(j["spec"]["template"]["metadata"]["labels"]["job-name"], "hi");
+    let (code, dup) = c.req("POST", JOBS, Some(job("hi", &["true"]))).await;
+    assert_eq!(code, 409);
+    assert_eq!(dup["reason"], "AlreadyExists");
+    assert_eq!(dup["message"], "jobs.batch \"hi\" already exists");
+    let j = c
+        .until(&format!("{JOBS}/hi"), "Complete", |j| has_cond(j, "Complete"))
+        .await;
+    assert_eq!(j["status"]["succeeded"], 1);
+    assert!(j["status"]["completionTime"].is_string());
+    let pod = c.job_pod("ns", "hi").await;
+    let name = pod_name(&pod);
+    assert!(name.starts_with("hi-") && name.len() == 8, "{name}");
+    assert_eq!(pod["status"]["phase"], "Succeeded");
+    assert_eq!(pod["metadata"]["labels"]["app"], "t");
+    assert_eq!(
+        pod["metadata"]["labels"]["batch.kubernetes.io/controller-uid"],
+        j["metadata"]["uid"]
+    );
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], j["metadata"]["uid"]);
+    assert_eq!(pod["spec"]["nodeName"], "cpu-0");
+    let t = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["exitCode"], 0, "{pod:#}");
+    assert_eq!(t["reason"], "Completed");
+    let (code, log) = c
+        .raw("GET", &format!("/api/v1/namespaces/ns/pods/{name}/log"), None)
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(log, "hi\nerr\n");
+    let (_, log) = c
+        .raw(
+            "GET",
+            &format!("/api/v1/namespaces/ns/pods/{name}/log?tailLines=1&timestamps=true"),
+            None,
+        )
+        .await;
+    assert!(log.ends_with("Z err\n") && log.lines().count() == 1, "{log}");
+    let evs = c
+        .get(&format!(
+            "/api/v1/namespaces/ns/events?fieldSelector=involvedObject.name%3D{name}"
+        ))
+        .await;
+    let reasons: Vec<&str> = evs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    for r in ["Scheduled", "Pulled", "Created", "Started"] {
+        assert!(reasons.contains(&r), "{reasons:?}");
+    }
+    assert_eq!(evs["kind"], "EventList");
+    let evs = c
+        .get("/api/v1/namespaces/ns/events?fieldSelector=involvedObject.kind%3DJob")
+        .await;
+    let reasons: Vec<&str> = evs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    let (code, nf) = c.req("GET", &format!("{JOBS}/nope"), None).await;
+    assert_eq!(code, 404);
+    assert_eq!(
+        nf,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "jobs.batch \"nope\" not found", "reason": "NotFound", "details": {"name": "nope", "group": "batch", "kind": "jobs"}, "code": 404})
+    );
+    let (code, _) = c
+        .req("GET", "/apis/apps/v1/namespaces/ns/deployments", None)
+        .await;
+    assert_eq!(code, 404);
+    assert!(k
+        .requests()
+        .iter()
+        .any(|r| r == "POST /apis/batch/v1/namespaces/ns/jobs"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_and_auth() {
+    let (k, _img) = fake();
+    let mut c = C::new(&k);
+    let mut j = job("bad", &["true"]);
+    j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always");
+    let (code, e) = c.req("POST", JOBS, Some(j)).await;
+    assert_eq!(code, 422, "{e}");
+    assert_eq!(e["reason"], "Invalid");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.template.spec.restartPolicy"),
+        "{e}"
+    );
+    c.token = "wrong".into();
+    let (code, e) = c.req("GET", JOBS, None).await;
+    assert_eq!(code, 401);
+    assert_eq!(e["reason"], "Unauthorized");
+}
+
+fn gpu_job(name: &str, gpus: u32, tolerate: bool, selector: bool) -> Value {
+    let mut j = job(name, &["sleep", "30"]);
+    let s = &mut j["spec"]["template"]["spec"];
+    s["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": gpus}});
+    if tolerate {
+        s["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+    if selector {
+        s["nodeSelector"] = json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"});
+    }
+    j
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_over_capacity_are_unschedulable() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    c.req("POST", JOBS, Some(gpu_job("big", 16, true, true))).await;
+    c.req("POST", JOBS, Some(gpu_job("untol", 1, false, false))).await;
+    c.req("POST", JOBS, Some(gpu_job("fits", 6, true, true))).await;
+    let big = c.job_pod("ns", "big").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&big));
+    let big = c
+        .until(&path, "unschedulable", |p| {
+            cond(p, "PodScheduled")["reason"] == "Unschedulable"
+        })
+        .await;
+    assert_eq!(big["status"]["phase"], "Pending");
+    assert_eq!(
+        cond(&big, "PodScheduled")["message"],
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 1 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling."
+    );
+    let untol = c.job_pod("ns", "untol").await;
+    let path2 = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&untol));
+    let untol = c
+        .until(&path2, "unschedulable", |p| {
+            cond(p, "PodScheduled")["reason"] == "Unschedulable"
+        })
+        .await;
+    assert_eq!(
+        cond(&untol, "PodScheduled")["message"],
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {nvidia.com/gpu: present}. preemption: 0/2 nodes are available: 1 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling."
+    );
+    let fits = c.job_pod("ns", "fits").await;
+    let fits = c
+        .until(
+            &format!("/api/v1/namespaces/ns/pods/{}", pod_name(&fits)),
+            "running",
+            |p| p["status"]["phase"] == "Running",
+        )
+        .await;
+    assert_eq!(fits["spec"]["nodeName"], "gpu-0");
+    // An unbound pod's log is empty, as the API server has no kubelet to ask.
+    let (code, log) = c.raw("GET", &format!("{path}/log"), None).await;
+    assert_eq!((code, log.as_str()), (200, ""));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let evs = c
+        .get(&format!(
+            "/api/v1/namespaces/ns/events?fieldSelector=involvedObject.name%3D{}",
+            pod_name(&big)
+        ))
+        .await;
+    let fs = evs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "FailedScheduling")
+        .cloned()
+        .unwrap();
+    assert_eq!(fs["type"], "Warning");
+    assert!(fs["count"].as_u64().unwrap() >= 2, "{fs}");
+    // Another 3 GPUs do not fit while 6 are held: 8 - 6 < 3.
+    c.req("POST", JOBS, Some(gpu_job("three", 3, true, true))).await;
+    let three = c.job_pod("ns", "three").await;
+    c.until(
+        &format!("/api/v1/namespaces/ns/pods/{}", pod_name(&three)),
+        "unschedulable",
+        |p| cond(p, "PodScheduled")["reason"] == "Unschedulable",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_limit_ooms() {
+    if std::process::Command::new("python3")
+        .arg("-c")
+        .arg("1")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    let mut j = job(
+        "oom",
+        &[
+            "python3",
+            "-c",
+            "b=bytearray(300*1024*1024); import time; time.sleep(5)",
+        ],
+    );
+    j["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "100Mi"}});
+    c.req("POST", JOBS, Some(j)).await;
+    let j = c
+        .until(&format!("{JOBS}/oom"), "Failed", |j| has_cond(j, "Failed"))
+        .await;
+    assert_eq!(cond(&j, "Failed")["reason"], "BackoffLimitExceeded");
+    assert_eq!(
+        cond(&j, "Failed")["message"],
+        "Job has reached the specified backoff limit"
+    );
+    assert_eq!(j["status"]["failed"], 1);
+    let pod = c.job_pod("ns", "oom").await;
+    let t = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{pod:#}");
+    assert_eq!(t["exitCode"], 137);
+    assert_eq!(pod["status"]["phase"], "Failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_job_orphans_its_pods_by_default() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    c.req("POST", JOBS, Some(job("orph", &["sleep", "30"]))).await;
+    let pod = c.job_pod("ns", "orph").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&pod));
+    c.until(&path, "running", |p| p["status"]["phase"] == "Running")
+        .await;
+    assert_eq!(k.running_pods(), vec![pod_name(&pod)]);
+    let (code, d) = c.req("DELETE", &format!("{JOBS}/orph"), None).await;
+    assert_eq!(code, 200);
+    assert_eq!(d["metadata"]["finalizers"], json!(["orphan"]), "{d}");
+    c.until(&format!("{JOBS}/orph"), "the job gone", |j| j["code"] == 404)
+        .await;
+    let p = c
+        .until(&path, "orphaned", |p| p["metadata"]["ownerReferences"].is_null())
+        .await;
+    assert_eq!(p["status"]["phase"], "Running");
+    assert_eq!(k.running_pods().len(), 1);
+    // Deleting the pod: SIGTERM, and it goes once `sleep` has died.
+    let (code, d) = c.req("DELETE", &path, None).await;
+    assert_eq!(code, 200);
+    assert!(d["metadata"]["deletionTimestamp"].is_string(), "{d}");
+    c.until(&path, "the pod gone", |p| p["code"] == 404).await;
+    assert!(k.running_pods().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_deletion_removes_pods_and_watch_sees_it() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    let list = c.get("/api/v1/namespaces/ns/pods").await;
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    c.req(
+        "POST",
+        JOBS,
+        Some(job(
+            "bg",
+            &[
+                "sh",
+                "-c",
+                "trap 'echo term; exit 0' TERM; while true; do sleep 0.1; done",
+            ],
+        )),
+    )
+    .await;
+    let pod = c.job_pod("ns", "bg").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&pod));
+    c.until(&path, "running", |p| p["status"]["phase"] == "Running")
+        .await;
+    let (code, d) = c
+        .req(
+            "DELETE",
+            &format!("{JOBS}/bg"),
+            Some(json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})),
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(d["status"], "Success", "{d}");
+    c.until(&path, "the pod gone", |p| p["code"] == 404).await;
+    assert!(k.running_pods().is_empty());
+    // A watch from the list's resourceVersion replays everything since.
+    let resp = c
+        .http
+        .get(format!("{}/api/v1/namespaces/ns/pods?watch=true&labelSelector=job-name%3Dbg&resourceVersion={rv}&timeoutSeconds=1", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    let evs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(evs.first().unwrap()["type"], "ADDED");
+    assert_eq!(evs.last().unwrap()["type"], "DELETED");
+    assert!(evs
+        .iter()
+        .any(|e| e["object"]["metadata"]["deletionTimestamp"].is_string()));
+    let last = evs.last().unwrap();
+    assert_eq!(
+        last["object"]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0,
+        "{last:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_changes_live() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    c.req("POST", JOBS, Some(job("w", &["sh", "-c", "sleep 0.3; exit 4"])))
+        .await;
+    let mut resp = c
+        .http
+        .get(format!(
+            "{}/api/v1/namespaces/ns/pods?watch=1&labelSelector=app%3Dt",
+            c.base
+        ))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let t = Instant::now();
+    'outer: loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        buf.extend_from_slice(&chunk);
+        for l in String::from_utf8_lossy(&buf).lines() {
+            if let Ok(e) = serde_json::from_str::<Value>(l) {
+                if e["object"]["status"]["phase"] == "Failed" {
+                    assert_eq!(
+                        e["object"]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+                        4
+                    );
+                    break 'outer;
+                }
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(20));
+    }
+    let first: Value = serde_json::from_str(String::from_utf8_lossy(&buf).lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["kind"], "Pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_errors() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    let mut j = job("unknown", &["true"]);
+    j["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nope/missing:v9");
+    c.req("POST", JOBS, Some(j)).await;
+    let mut j = job("invalid", &["true"]);
+    j["spec"]["template"]["spec"]["containers"][0]["image"] = json!("Busybox:1");
+    c.req("POST", JOBS, Some(j)).await;
+    let p = c.job_pod("ns", "unknown").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p));
+    let w = |p: &Value| p["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+    let p = c
+        .until(&path, "ErrImagePull", |p| w(p)["reason"] == "ErrImagePull")
+        .await;
+    assert!(w(&p)["message"].as_str().unwrap().starts_with(
+        "rpc error: code = NotFound desc = failed to pull and unpack image \"docker.io/nope/missing:v9\""
+    ));
+    let p = c
+        .until(&path, "ImagePullBackOff", |p| {
+            w(p)["reason"] == "ImagePullBackOff"
+        })
+        .await;
+    assert_eq!(w(&p)["message"], "Back-off pulling image \"nope/missing:v9\"");
+    assert_eq!(p["status"]["phase"], "Pending");
+    let (code, e) = c.req("GET", &format!("{path}/log?follow=true"), None).await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        e["message"],
+        format!(
+            "container \"main\" in pod \"{}\" is waiting to start: trying and failing to pull image",
+            pod_name(&p)
+        )
+    );
+    let p = c.job_pod("ns", "invalid").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p));
+    c.until(&path, "InvalidImageName", |p| {
+        w(p)["reason"] == "InvalidImageName"
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_from_secrets_waits_for_the_secret() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    let mut j = job("env", &["sh", "-c", "echo \"v=$V w=$W\"; echo \"$(P)\""]);
+    j["spec"]["template"]["spec"]["containers"][0]["env"] = json!([
+        {"name": "V", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "W", "value": "x$(V)"},
+        {"name": "P", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]);
+    c.req("POST", JOBS, Some(j)).await;
+    let p = c.job_pod("ns", "env").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p));
+    let w = |p: &Value| p["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+    let p = c
+        .until(&path, "config error", |p| {
+            w(p)["reason"] == "CreateContainerConfigError"
+        })
+        .await;
+    assert_eq!(w(&p)["message"], "secret \"s\" not found");
+    let (code, _) = c
+        .req(
+            "POST",
+            "/api/v1/namespaces/ns/secrets",
+            Some(json!({"metadata": {"name": "s"}, "stringData": {"other": "1"}})),
+        )
+        .await;
+    assert_eq!(code, 201);
+    let p = c
+        .until(&path, "missing key", |p| {
+            w(p)["message"] == "couldn't find key k in Secret ns/s"
+        })
+        .await;
+    assert_eq!(p["status"]["phase"], "Pending");
+    c.req("DELETE", "/api/v1/namespaces/ns/secrets/s", None).await;
+    let (_, s) = c
+        .req(
+            "POST",
+            "/api/v1/namespaces/ns/secrets",
+            Some(json!({"metadata": {"name": "s"}, "stringData": {"k": "sekrit"}})),
+        )
+        .await;
+    assert_eq!(s["data"]["k"], "c2Vrcml0");
+    assert!(s["stringData"].is_null());
+    c.until(&path, "done", |p| p["status"]["phase"] == "Succeeded")
+        .await;
+    let (_, log) = c.raw("GET", &format!("{path}/log"), None).await;
+    assert_eq!(log, format!("v=sekrit w=xsekrit\n{}\n", pod_name(&p)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_volumes_and_termination_messages() {
+    let img = tempfile::tempdir().unwrap();
+    let agent = img.path().join("agent");
+    std::fs::write(&agent, "#!/bin/sh\ncp \"$0\" \"$2\"\n").unwrap();
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pvc = tempfile::tempdir().unwrap();
+    std::fs::write(pvc.path().join("data.txt"), "from-pvc").unwrap();
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .image("reg/agent:v1", img.path())
+        .image("busybox:1.36", img.path())
+        .pvc("weights", pvc.path())
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let mut j = job(
+        "init",
+        &[
+            "sh",
+            "-c",
+            "cat \"$0\"; test -x \"$1\" && echo installed; echo bye > \"$2\"; exit 2",
+        ],
+    );
+    let s = &mut j["spec"]["template"]["spec"];
+    s["containers"][0]["args"] = json!(["/w/data.txt", "/orch/bin/agent", "/dev/termination-log"]);
+    s["containers"][0]["volumeMounts"] = json!([{"name": "bin", "mountPath": "/orch/bin"}, {"name": "w", "mountPath": "/w", "readOnly": true}]);
+    s["initContainers"] = json!([{"name": "install", "image": "reg/agent:v1", "command": ["/agent", "install", "/orch/bin/agent"],
+        "volumeMounts": [{"name": "bin", "mountPath": "/orch/bin"}]}]);
+    s["volumes"] = json!([{"name": "bin", "emptyDir": {"medium": "Memory"}}, {"name": "w", "persistentVolumeClaim": {"claimName": "weights"}}]);
+    c.req("POST", JOBS, Some(j)).await;
+    c.until(&format!("{JOBS}/init"), "Failed", |j| has_cond(j, "Failed"))
+        .await;
+    let p = c.job_pod("ns", "init").await;
+    let name = pod_name(&p);
+    assert_eq!(
+        p["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
+        "{p:#}"
+    );
+    let t = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["exitCode"], 2);
+    assert_eq!(t["message"], "bye\n");
+    let (_, log) = c
+        .raw(
+            "GET",
+            &format!("/api/v1/namespaces/ns/pods/{name}/log?container=main"),
+            None,
+        )
+        .await;
+    assert_eq!(log, "from-pvcinstalled\n");
+    // A missing PVC leaves the pod unschedulable.
+    let mut j = job("nopvc", &["true"]);
+    j["spec"]["template"]["spec"]["volumes"] =
+        json!([{"name": "x", "persistentVolumeClaim": {"claimName": "ghost"}}]);
+    c.req("POST", JOBS, Some(j)).await;
+    let p = c.job_pod("ns", "nopvc").await;
+    let p = c
+        .until(
+            &format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p)),
+            "unschedulable",
+            |p| cond(p, "PodScheduled")["reason"] == "Unschedulable",
+        )
+        .await;
+    assert!(cond(&p, "PodScheduled")["message"]
+        .as_str()
+        .unwrap()
+        .contains("persistentvolumeclaim \"ghost\" not found"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_evictions_ttl_and_cut_log_streams() {
+    let img = tempfile::tempdir().unwrap();
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .image("busybox:1.36", img.path())
+        .cut_log_streams_after(5)
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let mut j = job("dl", &["sleep", "30"]);
+    j["spec"]["activeDeadlineSeconds"] = json!(1);
+    c.req("POST", JOBS, Some(j)).await;
+    c.req(
+        "POST",
+        JOBS,
+        Some(job("ev", &["sh", "-c", "echo hello world; echo $$$$; sleep 30"])),
+    )
+    .await;
+    let mut j = job("ttl", &["true"]);
+    j["spec"]["ttlSecondsAfterFinished"] = json!(1);
+    c.req("POST", JOBS, Some(j)).await;
+
+    let ev = c.job_pod("ns", "ev").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&ev));
+    c.until(&format!("{path}/log"), "output", |l| {
+        l.as_str().is_some_and(|s| s.lines().count() == 2) || l.is_number()
+    })
+    .await;
+    let (_, log) = c.raw("GET", &format!("{path}/log?follow=true"), None).await;
+    assert_eq!(log, "hello", "the follow stream is cut after 5 bytes");
+    k.evict("ns", &pod_name(&ev), "The node was low on resource: memory.");
+    let p = c
+        .until(&path, "evicted", |p| p["status"]["phase"] == "Failed")
+        .await;
+    assert_eq!(p["status"]["reason"], "Evicted");
+    assert_eq!(p["status"]["message"], "The node was low on resource: memory.");
+
+    let j = c
+        .until(&format!("{JOBS}/dl"), "deadline", |j| has_cond(j, "Failed"))
+        .await;
+    assert_eq!(cond(&j, "Failed")["reason"], "DeadlineExceeded");
+    assert_eq!(
+        cond(&j, "Failed")["message"],
+        "Job was active longer than specified deadline"
+    );
+    let p = c.job_pod("ns", "dl").await;
+    assert_eq!(p["status"]["reason"], "DeadlineExceeded", "{p:#}");
+
+    c.until(&format!("{JOBS}/ttl"), "ttl deletion", |j| j["code"] == 404)
+        .await;
+    c.until(
+        "/api/v1/namespaces/ns/pods?labelSelector=job-name%3Dttl",
+        "ttl pods",
+        |v| v["items"].as_array().is_some_and(Vec::is_empty),
+    )
+    .await;
+    assert!(k.running_pods().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_kills_every_process_group() {
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    c.req(
+        "POST",
+        JOBS,
+        Some(job("bg", &["sh", "-c", "sleep 60 & echo $!; echo $$$$; wait"])),
+    )
+    .await;
+    let pod = c.job_pod("ns", "bg").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&pod));
+    let log = c
+        .until(&path, "pids", |l| {
+            l.as_str().is_some_and(|s| s.lines().count() == 2)
+        })
+        .await;
+    let pids: Vec<i32> = log
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().expect(l))
+        .collect();
+    drop(k);
+    let t = Instant::now();
+    for pid in pids {
+        // SAFETY: signal 0 only checks for existence.
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            let zombie =
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+            if zombie {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "pid {pid} survived the drop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

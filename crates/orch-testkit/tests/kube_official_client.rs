@@ -1,0 +1,203 @@
+//! The fake Kubernetes API server speaks Kubernetes: the official Python client
+//! (`pip install kubernetes`), pointed at it with a kubeconfig, creates a Secret and a GPU Job,
+//! watches its pod until the container terminates, reads the log, the Job's status and the
+//! pod's events, and deletes the Job with `propagation_policy='Background'`. Under `CI=true` a
+//! missing `kubernetes` package fails; elsewhere the test is skipped with the reason printed.
+
+use orch_testkit::kube::{FakeKube, FakeNode};
+
+const SCRIPT: &str = r#"
+import json, sys, time
+from kubernetes import client, config, watch
+
+config.load_kube_config(config_file=sys.argv[1])
+v1 = client.CoreV1Api()
+batch = client.BatchV1Api()
+ns = "proof"
+
+v1.create_namespaced_secret(ns, client.V1Secret(
+    metadata=client.V1ObjectMeta(name="proof-token"), string_data={"token": "s3cr3t-value"}))
+job = client.V1Job(
+    api_version="batch/v1", kind="Job",
+    metadata=client.V1ObjectMeta(name="proof"),
+    spec=client.V1JobSpec(backoff_limit=0, template=client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels={"app": "proof"}),
+        spec=client.V1PodSpec(
+            restart_policy="Never",
+            node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            tolerations=[client.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+            containers=[client.V1Container(
+                name="main", image="busybox:1.36",
+                command=["sh", "-c", 'echo "hello $TOKEN"; exit 3'],
+                env=[client.V1EnvVar(name="TOKEN", value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(name="proof-token", key="token")))],
+                resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "2"}),
+            )],
+        ),
+    )),
+)
+batch.create_namespaced_job(ns, job)
+
+w = watch.Watch()
+seen, pod = [], None
+for ev in w.stream(v1.list_namespaced_pod, ns, label_selector="job-name=proof", timeout_seconds=60):
+    p = ev["object"]
+    seen.append([ev["type"], p.status.phase])
+    cs = p.status.container_statuses or []
+    if cs and cs[0].state.terminated is not None:
+        pod = p
+        w.stop()
+        break
+assert pod is not None, seen
+name = pod.metadata.name
+term = pod.status.container_statuses[0].state.terminated
+log = v1.read_namespaced_pod_log(name, ns, container="main")
+
+failed = None
+for _ in range(200):
+    j = batch.read_namespaced_job("proof", ns)
+    failed = next((c for c in (j.status.conditions or []) if c.type == "Failed" and c.status == "True"), None)
+    if failed:
+        break
+    time.sleep(0.05)
+
+events = v1.list_namespaced_event(ns, field_selector="involvedObject.name=" + name)
+batch.delete_namespaced_job("proof", ns, propagation_policy="Background")
+left = None
+for _ in range(200):
+    left = [p.metadata.name for p in v1.list_namespaced_pod(ns, label_selector="job-name=proof").items]
+    if not left:
+        break
+    time.sleep(0.05)
+try:
+    batch.read_namespaced_job("proof", ns)
+    job_status = 200
+except client.exceptions.ApiException as e:
+    job_status = e.status
+
+print("RESULT " + json.dumps({
+    "pod": name,
+    "node": pod.spec.node_name,
+    "watch": seen,
+    "exit_code": term.exit_code,
+    "reason": term.reason,
+    "log": log,
+    "job_failed": None if failed is None else {"reason": failed.reason, "message": failed.message},
+    "job_status_failed": j.status.failed,
+    "events": sorted({e.reason for e in events.items}),
+    "pods_left": left,
+    "job_after_delete": job_status,
+}))
+"#;
+
+fn have_kubernetes() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import kubernetes"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("python3 with the `kubernetes` package is needed (pip install kubernetes)");
+        }
+        eprintln!("skipped: python3 with `kubernetes` is not installed here");
+    }
+    ok
+}
+
+#[test]
+fn the_official_python_client_runs_a_job_on_the_fake() {
+    if !have_kubernetes() {
+        return;
+    }
+    let image = tempfile::tempdir().unwrap();
+    let fake = FakeKube::builder()
+        .node(FakeNode::h100("gpu-0", 8))
+        .node(FakeNode::cpu("cpu-0"))
+        .image("busybox:1.36", image.path())
+        .token("proof-token-123")
+        .start()
+        .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig, "proof").unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-c", SCRIPT])
+        .arg(&kubeconfig)
+        .env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .expect("a result line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["exit_code"], 3, "{v}");
+    assert_eq!(v["reason"], "Error", "{v}");
+    assert_eq!(v["node"], "gpu-0", "{v}");
+    assert_eq!(v["log"], "hello s3cr3t-value\n", "{v}");
+    assert_eq!(v["job_failed"]["reason"], "BackoffLimitExceeded", "{v}");
+    assert_eq!(
+        v["job_failed"]["message"], "Job has reached the specified backoff limit",
+        "{v}"
+    );
+    assert_eq!(v["job_status_failed"], 1, "{v}");
+    for r in ["Scheduled", "Pulled", "Created", "Started"] {
+        assert!(v["events"].as_array().unwrap().iter().any(|e| e == r), "{r}: {v}");
+    }
+    assert_eq!(v["pods_left"], serde_json::json!([]), "{v}");
+    assert_eq!(v["job_after_delete"], 404, "{v}");
+    assert_eq!(v["watch"][0][0], "ADDED", "{v}");
+
+    assert!(fake.objects("pods").is_empty());
+    assert!(fake.objects("jobs").is_empty());
+    assert_eq!(fake.objects("secrets").len(), 1);
+    assert!(fake.running_pods().is_empty());
+    let reqs = fake.requests();
+    assert!(
+        reqs.iter().any(
+            |r| r.starts_with("DELETE /apis/batch/v1/namespaces/proof/jobs/proof")
+                && r.contains("propagationPolicy=Background")
+        ),
+        "{reqs:#?}"
+    );
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("GET /api/v1/namespaces/proof/pods?") && r.contains("watch=true")),
+        "{reqs:#?}"
+    );
+}
+
+#[test]
+fn a_wrong_token_is_refused() {
+    if !have_kubernetes() {
+        return;
+    }
+    let fake = FakeKube::builder().token("right").start().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig, "default").unwrap();
+    let text = std::fs::read_to_string(&kubeconfig)
+        .unwrap()
+        .replace("\"right\"", "\"wrong\"");
+    std::fs::write(&kubeconfig, text).unwrap();
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys\nfrom kubernetes import client, config\nconfig.load_kube_config(config_file=sys.argv[1])\ntry:\n    client.BatchV1Api().list_namespaced_job('default')\nexcept client.exceptions.ApiException as e:\n    print('STATUS', e.status)\n",
+        ])
+        .arg(&kubeconfig)
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("STATUS 401"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,147 @@
+//! What `--backend kubernetes` needs from the command line and the suite:
+//! the settings ([`orch_backend_kubernetes::KubeSettings`]) from the suite's
+//! `kubernetes:` section and `--context`/`--namespace`, each cell's image,
+//! and `--dry-run`'s YAML.
+
+use crate::error::user;
+use orch_backend_kubernetes::{spec, KubeSettings, KubernetesBackend, Toleration};
+use orch_manifest::{ImageDef, KubernetesDef, Plan};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The agent image: the suite's `kubernetes.agent_image`, else `ORCH_AGENT_IMAGE`.
+fn agent_image(def: &KubernetesDef) -> String {
+    def.agent_image
+        .clone()
+        .or_else(|| std::env::var("ORCH_AGENT_IMAGE").ok())
+        .unwrap_or_default()
+}
+
+/// The settings for a plan, in `namespace`.
+pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
+    let def = plan.kubernetes.clone().unwrap_or_default();
+    let mut s = KubeSettings::new(namespace, &agent_image(&def));
+    s.node_selector = def.node_selector.clone();
+    s.tolerations = def
+        .tolerations
+        .iter()
+        .map(|t| Toleration {
+            key: t.key.clone(),
+            operator: t.operator.clone(),
+            value: t.value.clone(),
+            effect: t.effect.clone(),
+        })
+        .collect();
+    s.service_account = def.service_account.clone();
+    s.image_pull_secrets = def.image_pull_secrets.clone();
+    s.shm_size_bytes = def.shm_size.map(|b| b.0);
+    s.runtime_class = def.runtime_class.clone();
+    s.gpu_label = def.gpu_label.clone();
+    s.gpu_types = def.gpu_types.clone();
+    s.weights_pvc = def.weights_pvc.clone();
+    s.secret_name = def.secret.clone();
+    s.cpu = def.cpu.clone();
+    if let Some(p) = def.max_pending {
+        s.max_pending = Duration::from_secs_f64(p.0.max(1.0));
+    }
+    if let Some(g) = def.unschedulable_grace {
+        s.unschedulable_grace = Duration::from_secs_f64(g.0.max(0.0));
+    }
+    s
+}
+
+/// The namespace: `--namespace`, else the suite's, else (None) the context's.
+fn namespace_choice<'a>(plan: &'a Plan, flag: Option<&'a str>) -> Option<&'a str> {
+    flag.or(plan.kubernetes.as_ref().and_then(|k| k.namespace.as_deref()))
+}
+
+/// Connect as `kubectl` would and make the backend.
+pub async fn backend(
+    plan: &Plan,
+    context: Option<&str>,
+    namespace: Option<&str>,
+) -> anyhow::Result<KubernetesBackend> {
+    let context = context.or(plan.kubernetes.as_ref().and_then(|k| k.context.as_deref()));
+    let (client, ns) = orch_backend_kubernetes::connect(context, namespace_choice(plan, namespace))
+        .await
+        .map_err(|e| -> anyhow::Error {
+            if e.is_user_error() {
+                user(e.to_string())
+            } else {
+                e.into()
+            }
+        })?;
+    Ok(KubernetesBackend::new(client, settings(plan, &ns)))
+}
+
+/// The image of cells that name none (builtin workloads need nothing of
+/// it, commands a shell): `ORCH_KUBERNETES_IMAGE`, else `debian:bookworm-slim`.
+fn default_image() -> String {
+    std::env::var("ORCH_KUBERNETES_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "debian:bookworm-slim".into())
+}
+
+/// Each cell's image: `image: REF` as written; `image: {build: NAME}` as
+/// pushed by `orch build --push REGISTRY` (`kubernetes.registry`, else
+/// `ORCH_REGISTRY`).
+pub fn images(plan: &Plan) -> anyhow::Result<BTreeMap<String, String>> {
+    let specs = crate::commands::build::image_specs(plan)?;
+    let registry = plan
+        .kubernetes
+        .as_ref()
+        .and_then(|k| k.registry.clone())
+        .or_else(|| std::env::var("ORCH_REGISTRY").ok().filter(|r| !r.is_empty()));
+    let mut out = BTreeMap::new();
+    for c in &plan.cells {
+        match &c.image {
+            Some(ImageDef::Ref(r)) => {
+                out.insert(c.id.clone(), r.clone());
+            }
+            Some(ImageDef::Build(b)) => {
+                let Some(spec) = specs.get(&b.build) else { continue };
+                let Some(registry) = &registry else {
+                    return Err(user(format!(
+                        "cell `{}` uses `image: {{build: {}}}`, which the cluster can only pull from a registry\nhint: `orch build -f {} --push REGISTRY`, then set `kubernetes.registry: REGISTRY` in the suite (or `ORCH_REGISTRY`)",
+                        c.id,
+                        b.build,
+                        plan.manifest.display()
+                    )));
+                };
+                let tag = orch_images::resolve_tag(spec)?;
+                out.insert(c.id.clone(), format!("{}/{tag}", registry.trim_end_matches('/')));
+            }
+            None => {
+                out.insert(c.id.clone(), default_image());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `orch run --backend kubernetes --dry-run`: the manifests, as YAML.
+pub fn dry_run(plan: &Plan, namespace: Option<&str>, context: Option<&str>) -> anyhow::Result<String> {
+    let images = images(plan)?;
+    let ns = namespace_choice(plan, namespace).unwrap_or("default");
+    let mut s = settings(plan, ns);
+    if s.agent_image.is_empty() {
+        s.agent_image = "<ORCH_AGENT_IMAGE>".into();
+    }
+    let run_id = format!("dry-run-{}", plan.suite);
+    let mut jobs = Vec::new();
+    for c in &plan.cells {
+        let mut task = c.task.clone();
+        task.run_id = run_id.clone();
+        let image = images.get(&c.id).cloned().unwrap_or_default();
+        jobs.push(spec::cell_job(&task, &image, &plan.secrets, &s));
+    }
+    let mut out = format!(
+        "# orch run --backend kubernetes --dry-run: {} Job(s) of suite `{}` for namespace `{ns}`{}\n",
+        jobs.len(),
+        plan.suite,
+        context.map(|c| format!(", context `{c}`")).unwrap_or_default()
+    );
+    out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
+    Ok(out)
+}

@@ -1,0 +1,490 @@
+//! `--backend kubernetes` end to end against `FakeKube` (orch-testkit): a
+//! local API server speaking the Kubernetes REST protocol, whose Job
+//! controller and "kubelet" schedule pods on fake nodes (GPU capacity,
+//! labels, taints) and run their containers as local processes, so the real
+//! agent is installed by the init container, runs, and ships its frames home
+//! over the pod log. No cluster is needed.
+
+use orch_testkit::kube::{FakeKube, FakeNode};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const AGENT_IMAGE: &str = "registry.local/orch/orch-agent:test";
+const TOKEN: &str = "hf_CANARY-k8s-NEVER-SHOWN-7731";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The agent image's file system: the static agent at `/orch-agent` (here,
+/// the workspace's `orch-agent` binary, built beside `orch`).
+fn agent_image_root(tmp: &Path) -> PathBuf {
+    let root = tmp.join("agent-image");
+    std::fs::create_dir_all(&root).unwrap();
+    let agent = Path::new(env!("CARGO_BIN_EXE_orch"))
+        .parent()
+        .unwrap()
+        .join("orch-agent");
+    assert!(
+        agent.is_file(),
+        "`{}` is needed (cargo test --workspace builds it)",
+        agent.display()
+    );
+    std::fs::copy(&agent, root.join("orch-agent")).unwrap();
+    root
+}
+
+/// The quickstart's built image as the cluster knows it (`ORCH_REGISTRY`).
+fn quickstart_image() -> String {
+    let spec = orch_images::ImageSpec {
+        name: "quickstart".into(),
+        context: repo().join("containers/quickstart"),
+        dockerfile: "Dockerfile".into(),
+        args: Default::default(),
+    };
+    format!("registry.local/{}", orch_images::resolve_tag(&spec).unwrap())
+}
+
+struct Cluster {
+    fake: FakeKube,
+    tmp: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+fn cluster(
+    nodes: Vec<FakeNode>,
+    tweak: impl FnOnce(orch_testkit::kube::FakeKubeBuilder) -> orch_testkit::kube::FakeKubeBuilder,
+) -> Cluster {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty-image");
+    std::fs::create_dir_all(&empty).unwrap();
+    let mut b = FakeKube::builder()
+        .image(AGENT_IMAGE, agent_image_root(tmp.path()))
+        .image("debian:bookworm-slim", &empty)
+        .image(&quickstart_image(), &empty);
+    for n in nodes {
+        b = b.node(n);
+    }
+    let fake = tweak(b).start().unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig, "bench").unwrap();
+    Cluster {
+        fake,
+        tmp,
+        kubeconfig,
+    }
+}
+
+impl Cluster {
+    fn orch(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
+        c.env_remove("ORCH_STORE")
+            .env_remove("ORCH_AGENT")
+            .env("HOME", self.tmp.path())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("ORCH_AGENT_IMAGE", AGENT_IMAGE)
+            .env("ORCH_REGISTRY", "registry.local")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn store(&self) -> PathBuf {
+        self.tmp.path().join("store")
+    }
+
+    fn run(&self, manifest: &Path, extra: &[&str]) -> (Output, Value) {
+        let out = self
+            .orch()
+            .args(["run", "-f"])
+            .arg(manifest)
+            .args(["--backend", "kubernetes", "--store"])
+            .arg(self.store())
+            .arg("--json")
+            .args(extra)
+            .output()
+            .unwrap();
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out, v)
+    }
+
+    fn suite(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.tmp.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Nothing of orch's is left on the cluster.
+    fn assert_nothing_left(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let jobs = self.fake.objects("jobs");
+            let pods = self.fake.objects("pods");
+            if jobs.is_empty() && pods.is_empty() && self.fake.running_pods().is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("left on the cluster: jobs {jobs:?}\npods {pods:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn cells(v: &Value) -> Vec<Value> {
+    v["cells"].as_array().unwrap().clone()
+}
+
+fn cell_dir(store: &Path, v: &Value, cell: &str) -> PathBuf {
+    store.join(v["id"].as_str().unwrap()).join("cells").join(cell)
+}
+
+#[test]
+fn the_quickstart_runs_on_the_fake_cluster_with_logs_in_the_store() {
+    let c = cluster(vec![FakeNode::h100("gpu-1", 8), FakeNode::cpu("cpu-1")], |b| b);
+    let (out, v) = c.run(&repo().join("manifests/quickstart.yaml"), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{v:#}");
+    let cells = cells(&v);
+    assert_eq!(cells.len(), 4);
+    for cell in &cells {
+        assert_eq!(cell["status"], "succeeded", "{cell:#}");
+        assert!(cell["info"]["kubernetes_pod"].is_string(), "{cell:#}");
+        assert!(cell["timings"]["provision"].as_f64().unwrap() > 0.0);
+    }
+    // The command cell's output came home through the pod log.
+    let dir = cell_dir(&c.store(), &v, "command.cpu");
+    let stdout = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
+    assert!(stdout.contains("hello from command.cpu"), "{stdout}");
+    assert!(dir.join("events.jsonl").is_file());
+    // `orch logs` reads it like any other backend's.
+    let logs = c
+        .orch()
+        .args(["logs", "--store"])
+        .arg(c.store())
+        .args([v["id"].as_str().unwrap(), "command.cpu"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("hello from command.cpu"));
+    // Every Job asked what the spec says, and nothing is left.
+    let reqs = c.fake.requests();
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("POST /apis/batch/v1/namespaces/bench/jobs")),
+        "{reqs:?}"
+    );
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_dropped_log_stream_reconnects_without_losing_or_duplicating_lines() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.cut_log_streams_after(3000));
+    let suite = c.suite(
+        "lines",
+        "name: lines\nbenchmarks:\n  - name: count\n    workload:\n      shell: 'for i in $(seq 1 400); do echo \"line $i of the count\"; done; sleep 1; echo done'\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = std::fs::read_to_string(cell_dir(&c.store(), &v, "count.cpu").join("stdout.log")).unwrap();
+    let want: String = (1..=400)
+        .map(|i| format!("line {i} of the count\n"))
+        .collect::<String>()
+        + "done\n";
+    assert_eq!(stdout, want);
+    let log_calls = c.fake.requests().iter().filter(|r| r.contains("/log?")).count();
+    assert!(
+        log_calls > 2,
+        "the stream was cut and resumed: {log_calls} log requests"
+    );
+    c.assert_nothing_left();
+}
+
+#[test]
+fn an_unschedulable_h100x8_cell_fails_within_seconds_with_the_schedulers_words() {
+    let c = cluster(vec![FakeNode::h100("gpu-1", 4), FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "big",
+        "name: big\ngpus: [\"H100:8\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let t0 = Instant::now();
+    let (out, v) = c.run(&suite, &[]);
+    let took = t0.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "failed", "{cell:#}");
+    assert_eq!(cell["failure"]["kind"], "unschedulable", "{cell:#}");
+    let msg = cell["failure"]["message"].as_str().unwrap();
+    assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
+    assert_eq!(cell["diagnosis"]["kind"], "unschedulable", "{cell:#}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn an_oom_killed_pod_is_oom() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "oom",
+        r#"name: oom
+memory_limit: 96MiB
+benchmarks:
+  - name: hog
+    workload:
+      shell: |
+        python3 -c 'b = b"x" * (400 * 1024 * 1024); import time; time.sleep(30)'
+"#,
+    );
+    let (_, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "oom", "{cell:#}");
+    assert!(
+        cell["failure"]["message"].as_str().unwrap().contains("OOMKilled"),
+        "{cell:#}"
+    );
+    c.assert_nothing_left();
+}
+
+#[test]
+fn image_and_secret_errors_are_named() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "img",
+        "name: img\nimage: registry.local/nosuch/image:v9\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let t0 = Instant::now();
+    let (_, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["failure"]["kind"], "image_pull_failed", "{cell:#}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+
+    // An existing Secret without the key the suite needs.
+    let suite = c.suite(
+        "sec",
+        "name: sec\nsecrets: [HF_TOKEN]\nkubernetes: {secret: team-tokens}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let (_, v) = {
+        let out = c
+            .orch()
+            .env("HF_TOKEN", TOKEN)
+            .args(["run", "-f"])
+            .arg(&suite)
+            .args(["--backend", "kubernetes", "--json", "--store"])
+            .arg(c.store())
+            .output()
+            .unwrap();
+        (out.status, serde_json::from_slice::<Value>(&out.stdout).unwrap())
+    };
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["failure"]["kind"], "container_config_error", "{cell:#}");
+    assert!(cell["failure"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("team-tokens"));
+    c.assert_nothing_left();
+}
+
+#[test]
+fn secrets_reach_the_pod_by_reference_only_and_are_masked_at_home() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "canary",
+        "name: canary\nsecrets: [HF_TOKEN]\nbenchmarks:\n  - name: leak\n    workload: {shell: 'echo \"token=$HF_TOKEN\"; echo \"$HF_TOKEN\" | base64; echo \"err $HF_TOKEN\" >&2'}\n",
+    );
+    let out = c
+        .orch()
+        .env("HF_TOKEN", TOKEN)
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains(TOKEN));
+    // The workload got the value (masked in what came home).
+    let mut found_mask = false;
+    for entry in walk(&c.store()) {
+        let text = String::from_utf8_lossy(&std::fs::read(&entry).unwrap()).to_string();
+        assert!(!text.contains(TOKEN), "the token is in {}", entry.display());
+        found_mask |= text.contains("token=***");
+    }
+    assert!(found_mask, "the workload printed the (masked) token");
+    // The Job names the secret; only the Secret object holds its value.
+    let reqs = c.fake.requests();
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("POST /api/v1/namespaces/bench/secrets")),
+        "{reqs:?}"
+    );
+    c.assert_nothing_left();
+    assert!(
+        c.fake.objects("secrets").is_empty(),
+        "the run's Secret is deleted"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ctrl_c_deletes_the_job_and_records_the_cell_cancelled() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "long",
+        "name: long\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'echo started; sleep 120'}\n",
+    );
+    let child = c
+        .orch()
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--json", "--store"])
+        .arg(c.store())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.fake.running_pods().is_empty() {
+        assert!(Instant::now() < deadline, "the pod never ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cells(&v)[0]["status"], "cancelled", "{v:#}");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn orch_down_deletes_what_a_killed_run_left() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "left",
+        "name: left\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'sleep 120'}\n",
+    );
+    let mut child = c
+        .orch()
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--store"])
+        .arg(c.store())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.fake.running_pods().is_empty() {
+        assert!(Instant::now() < deadline, "the pod never ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The Job outlives `kill -9` of orch on a real cluster too ...
+    assert!(!c.fake.objects("jobs").is_empty());
+    // ... until `orch down`.
+    let out = c
+        .orch()
+        .args(["down", "latest", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.assert_nothing_left();
+}
+
+#[test]
+fn dry_run_prints_the_manifests_and_applies_nothing() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "dry",
+        "name: dry\ngpus: [\"H100:8\"]\nimage: registry.local/team/serve:v1\nsecrets: [HF_TOKEN]\nkubernetes: {weights_pvc: hf-weights, namespace: bench}\nbenchmarks:\n  - name: serve\n    workload: {shell: 'echo hi'}\n",
+    );
+    let out = c
+        .orch()
+        .env("HF_TOKEN", TOKEN)
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--dry-run", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "kind: Job",
+        "backoffLimit: 0",
+        "nvidia.com/gpu:",
+        "claimName: hf-weights",
+        "secretKeyRef:",
+        "activeDeadlineSeconds:",
+        "app.kubernetes.io/managed-by: orch",
+        "registry.local/team/serve:v1",
+    ] {
+        assert!(yaml.contains(want), "`{want}` missing:\n{yaml}");
+    }
+    assert!(!yaml.contains(TOKEN));
+    assert!(c.fake.requests().is_empty(), "nothing is applied");
+}
+
+#[test]
+fn kubernetes_cells_are_costed_at_the_users_price() {
+    let c = cluster(vec![FakeNode::h100("gpu-1", 8)], |b| b);
+    let prices = c.tmp.path().join("prices.yaml");
+    std::fs::write(&prices, "backends:\n  kubernetes:\n    gpu: {H100: 0.001}\n").unwrap();
+    let suite = c.suite(
+        "paid",
+        "name: paid\ngpus: [\"H100:2\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'sleep 1; echo hi'}\n",
+    );
+    let out = c
+        .orch()
+        .args(["--prices"])
+        .arg(&prices)
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--json", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let cell = &cells(&v)[0];
+    // The agent finds no GPU on this host: the cell still ran and is costed
+    // at 2 x 0.001 USD per GPU-second for its whole time.
+    let usd = cell["cost"]["usd"].as_f64().unwrap_or_else(|| panic!("{cell:#}"));
+    assert!(usd >= 0.002, "{cell:#}");
+    c.assert_nothing_left();
+}

@@ -1,0 +1,425 @@
+//! `--backend modal` end to end against `FakeModal` (orch-testkit): a local
+//! server speaking Modal's gRPC protocol that runs each sandbox's entrypoint
+//! as a local process, so the real agent runs and ships its frames home over
+//! the sandbox's stdout. No network to Modal.
+
+use orch_testkit::modal::FakeModal;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN_SECRET: &str = "as-NEVER-PRINT-THIS-0042";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The "static agent" a fake sandbox runs: this orch's built-in agent (the
+/// fake's sandboxes are processes on this host, any binary runs there).
+fn agent_wrapper(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("orch-agent-for-modal");
+    std::fs::write(
+        &p,
+        format!("#!/bin/sh\nexec '{}' agent \"$@\"\n", env!("CARGO_BIN_EXE_orch")),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+fn orch(fake: &FakeModal, tmp: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
+    c.env_remove("ORCH_STORE")
+        .env_remove("ORCH_AGENT")
+        .env_remove("MODAL_PROFILE")
+        .env("HOME", tmp)
+        .env("MODAL_SERVER_URL", fake.url())
+        .env("MODAL_TOKEN_ID", "ak-test")
+        .env("MODAL_TOKEN_SECRET", TOKEN_SECRET)
+        .env("ORCH_AGENT_STATIC", agent_wrapper(tmp))
+        .env("ORCH_MODAL_SCHEDULE_TIMEOUT", "2")
+        .stdin(Stdio::null());
+    c
+}
+
+fn run(fake: &FakeModal, tmp: &Path, manifest: &Path, extra: &[&str]) -> (Output, Value) {
+    let out = orch(fake, tmp)
+        .args(["run", "-f"])
+        .arg(manifest)
+        .args(["--backend", "modal", "--store"])
+        .arg(tmp.join("store"))
+        .arg("--json")
+        .args(extra)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_no_token(&out, &tmp.join("store"));
+    (out, v)
+}
+
+/// The token secret is in no output and no file of the store.
+fn assert_no_token(out: &Output, store: &Path) {
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(TOKEN_SECRET));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(TOKEN_SECRET));
+    fn walk(p: &Path) {
+        if p.is_dir() {
+            for e in std::fs::read_dir(p).unwrap() {
+                walk(&e.unwrap().path());
+            }
+        } else if let Ok(b) = std::fs::read(p) {
+            assert!(
+                !String::from_utf8_lossy(&b).contains(TOKEN_SECRET),
+                "the token is in {}",
+                p.display()
+            );
+        }
+    }
+    walk(store);
+}
+
+fn cell<'a>(record: &'a Value, id: &str) -> &'a Value {
+    record["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no cell {id} in {record}"))
+}
+
+fn cell_dir(tmp: &Path, record: &Value, id: &str) -> PathBuf {
+    tmp.join("store")
+        .join(record["id"].as_str().unwrap())
+        .join("cells")
+        .join(id)
+}
+
+fn write(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("suite.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn quickstart_runs_in_sandboxes_with_logs_home() {
+    let fake = FakeModal::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, rec) = run(&fake, tmp.path(), &repo().join("manifests/quickstart.yaml"), &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rec["backend"], "modal");
+    for c in rec["cells"].as_array().unwrap() {
+        assert_eq!(c["status"], "succeeded", "{c}");
+        assert!(
+            c["info"]["modal_sandbox_id"].as_str().unwrap().starts_with("sb-"),
+            "{c}"
+        );
+    }
+    let cmd = cell(&rec, "command.cpu");
+    assert!(cmd["metrics"]["md5_mib"].as_f64().is_some(), "{cmd}");
+    let dir = cell_dir(tmp.path(), &rec, "command.cpu");
+    let stdout = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
+    assert!(stdout.contains("hello from command.cpu"), "{stdout}");
+    assert!(dir.join("events.jsonl").is_file());
+    // One sandbox per cell, tagged; every one ended; the agent went up once.
+    let sbs = fake.sandboxes();
+    assert_eq!(sbs.len(), rec["cells"].as_array().unwrap().len());
+    assert!(sbs
+        .iter()
+        .all(|s| s.tags.get("orch.run") == rec["id"].as_str().map(String::from).as_ref()));
+    assert!(fake.running().is_empty());
+    assert_eq!(fake.count("MountGetOrCreate"), 1);
+    assert!(fake
+        .calls()
+        .iter()
+        .all(|c| c.token_id.as_deref() == Some("ak-test")));
+    // Idempotency keys on unary calls.
+    assert!(fake
+        .calls()
+        .iter()
+        .filter(|c| c.method == "SandboxCreate")
+        .all(|c| c.idempotency_key.is_some()));
+}
+
+#[test]
+fn a_server_cell_runs_and_transient_errors_are_retried() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| {
+        s.transient_failures = 3;
+        s.drop_log_streams = true;
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let port = 19000 + (std::process::id() % 1000) as u16;
+    let m = write(
+        tmp.path(),
+        &format!(
+            r#"
+name: srv
+image: python:3.11-slim
+benchmarks:
+  - name: ok
+    workload:
+      server:
+        command: [python3, -m, http.server, "{port}", --bind, 127.0.0.1]
+        ready: {{http: /, port: {port}}}
+        startup_timeout: 30s
+      client:
+        shell: 'for i in $(seq 1 200); do echo "line $i of the client"; done; echo ORCH_METRIC requests=1'
+"#
+        ),
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = cell(&rec, "ok.cpu");
+    assert_eq!(c["status"], "succeeded", "{c}");
+    assert_eq!(c["metrics"]["requests"], 1.0);
+    // The log stream was dropped after every batch and resumed from the last entry id.
+    assert!(fake.count("SandboxGetLogs") > 3);
+    let retried = fake
+        .calls()
+        .iter()
+        .filter(|c| c.retry_attempt.as_deref() == Some("1"))
+        .count();
+    assert!(retried >= 1, "a transient UNAVAILABLE is retried");
+}
+
+#[test]
+fn failures_are_cells_with_logs_and_causes() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| {
+        s.oom = vec!["hog".into()];
+        s.terminate = vec!["killed".into()];
+        s.kill_after = Duration::from_millis(1500);
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        r#"
+name: fails
+image: debian:bookworm-slim
+benchmarks:
+  - name: hog
+    workload: {shell: 'echo started; sleep 30'}
+  - name: killed
+    workload: {shell: 'echo first line before the kill; sleep 30'}
+"#,
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let hog = cell(&rec, "hog.cpu");
+    assert_eq!(hog["status"], "oom", "{hog}");
+    assert_eq!(hog["diagnosis"]["kind"], "host_oom_killed", "{hog}");
+    let killed = cell(&rec, "killed.cpu");
+    assert_eq!(killed["status"], "failed", "{killed}");
+    assert_eq!(killed["failure"]["kind"], "sandbox_terminated", "{killed}");
+    assert_eq!(killed["diagnosis"]["kind"], "sandbox_terminated", "{killed}");
+    let stdout =
+        std::fs::read_to_string(cell_dir(tmp.path(), &rec, "killed.cpu").join("stdout.log")).unwrap();
+    assert!(
+        stdout.contains("first line before the kill"),
+        "logs that came home stay: {stdout}"
+    );
+    assert!(fake.running().is_empty());
+
+    // An image that does not build: a failed cell naming the step.
+    fake.scenario(|s| s.build_fail = Some("pip install nope".into()));
+    let ctx = tmp.path().join("containers/bad");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM python:3.11-slim\nRUN pip install nope==9\n",
+    )
+    .unwrap();
+    let m = write(
+        tmp.path(),
+        "name: badimg\nimage: {build: bad}\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo never'}\n",
+    );
+    let (_, rec) = run(&fake, tmp.path(), &m, &[]);
+    let x = cell(&rec, "x.cpu");
+    assert_eq!(x["failure"]["kind"], "image_build_failed", "{x}");
+    assert!(
+        x["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("RUN pip install nope==9"),
+        "{x}"
+    );
+    assert_eq!(x["diagnosis"]["kind"], "image_build_failed", "{x}");
+    assert!(cell_dir(tmp.path(), &rec, "x.cpu")
+        .join("image-build.log")
+        .is_file());
+}
+
+#[test]
+fn an_unavailable_gpu_falls_back_and_the_record_says_which_ran() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| s.unavailable_gpus = vec!["H100".into()]);
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        r#"
+name: fallback
+image: debian:bookworm-slim
+gpus: ["H100:2", L4]
+gpu_fallback:
+  "H100:2": ["A100-80GB:2"]
+benchmarks:
+  - name: g
+    workload: {shell: 'echo ran'}
+"#,
+    );
+    let (_, rec) = run(&fake, tmp.path(), &m, &[]);
+    let g = cell(&rec, "g.h100x2");
+    assert_eq!(g["status"], "succeeded", "{g}");
+    assert_eq!(g["info"]["modal_gpu"], "A100-80GB:2", "{g}");
+    let asked: Vec<_> = fake.sandboxes().iter().filter_map(|s| s.gpu.clone()).collect();
+    assert!(
+        asked.contains(&("H100".into(), 2)) && asked.contains(&("A100-80GB".into(), 2)),
+        "{asked:?}"
+    );
+    assert!(asked.contains(&("L4".into(), 1)));
+    // With no alternative left, the cell fails with a named cause.
+    fake.scenario(|s| s.unavailable_gpus = vec!["H100".into(), "A100-80GB".into()]);
+    let (_, rec) = run(&fake, tmp.path(), &m, &[]);
+    let g = cell(&rec, "g.h100x2");
+    assert_eq!(g["failure"]["kind"], "gpu_unavailable", "{g}");
+    assert_eq!(g["diagnosis"]["kind"], "gpu_unavailable", "{g}");
+    assert!(
+        fake.running().is_empty(),
+        "sandboxes waiting for a GPU are terminated"
+    );
+    // `--strict-hardware` pins the type.
+    fake.scenario(|s| s.unavailable_gpus.clear());
+    run(&fake, tmp.path(), &m, &["--strict-hardware"]);
+    assert!(fake
+        .sandboxes()
+        .iter()
+        .any(|s| s.gpu == Some(("H100!".into(), 2))));
+}
+
+#[test]
+fn down_terminates_every_sandbox_of_a_killed_run() {
+    let fake = FakeModal::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        "name: long\nimage: debian:bookworm-slim\nconcurrency: 2\nbenchmarks:\n  - name: a\n    workload: {shell: 'sleep 60'}\n  - name: b\n    workload: {shell: 'sleep 60'}\n",
+    );
+    let mut child = orch(&fake, tmp.path())
+        .args(["run", "-f"])
+        .arg(&m)
+        .args(["--backend", "modal", "--store"])
+        .arg(tmp.path().join("store"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while fake.running().len() < 2 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(fake.running().len(), 2);
+    child.kill().unwrap(); // SIGKILL: orch leaves its sandboxes behind
+    child.wait().unwrap();
+    assert_eq!(fake.running().len(), 2);
+    let out = orch(&fake, tmp.path())
+        .args(["down", "latest", "--store"])
+        .arg(tmp.path().join("store"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fake.running().is_empty(), "{:?}", fake.running());
+}
+
+#[test]
+fn setup_fills_the_volume_from_a_sandbox_and_plan_sees_it() {
+    use orch_testkit::fixtures::{write_test_model, ModelOptions};
+    use orch_testkit::hub::HubServer;
+    let fake = FakeModal::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("hub");
+    write_test_model(&root, "acme/tiny", &ModelOptions::tiny()).unwrap();
+    let hub = HubServer::start(&root);
+    let m = write(
+        tmp.path(),
+        "name: w\nimage: debian:bookworm-slim\nmodels: [{repo: acme/tiny}]\nbenchmarks:\n  - name: a\n    workload: {shell: 'echo ok'}\n",
+    );
+    let plan = |fake: &FakeModal| {
+        orch(fake, tmp.path())
+            .args(["plan", "-f"])
+            .arg(&m)
+            .args(["--backend", "modal", "--json"])
+            .env("HF_ENDPOINT", hub.endpoint())
+            .output()
+            .unwrap()
+    };
+    let before = plan(&fake);
+    let v: Value = serde_json::from_slice(&before.stdout).unwrap();
+    assert_eq!(v["models"][0]["complete"], false, "{v}");
+    // `orch run` refuses while the weights are missing.
+    let out = orch(&fake, tmp.path())
+        .args(["run", "-f"])
+        .arg(&m)
+        .args(["--backend", "modal", "--store"])
+        .arg(tmp.path().join("store"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The "static orch" of the setup sandbox: this orch (a large file: it
+    // goes through the blob upload).
+    let out = orch(&fake, tmp.path())
+        .args(["setup", "-f"])
+        .arg(&m)
+        .args(["--backend", "modal"])
+        .env("ORCH_STATIC", env!("CARGO_BIN_EXE_orch"))
+        .env("HF_ENDPOINT", hub.endpoint())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fake.count("BlobCreate") >= 1);
+    let vol = fake.volume_dir("orch-weights");
+    assert!(vol.join("models--acme--tiny/refs/main").is_file());
+    let setup_sb = fake
+        .sandboxes()
+        .into_iter()
+        .find(|s| s.tags.contains_key("orch.setup"))
+        .unwrap();
+    assert_eq!(setup_sb.volume_mounts[0].1, "/weights");
+    assert!(!setup_sb.volume_mounts[0].2, "mounted read-write");
+    let after = plan(&fake);
+    let v: Value = serde_json::from_slice(&after.stdout).unwrap();
+    assert_eq!(v["models"][0]["complete"], true, "{v}");
+    assert_eq!(after.status.code(), Some(0));
+}
