@@ -584,10 +584,21 @@ impl Backend for KubernetesBackend {
                     home.finish_without_result(&cell_id, status, failure)
                 }
             };
-            // Kubernetes' OOM kill is `oom`, whatever the agent managed to say.
-            if end.0 == Status::Oom && !matches!(result.status, Status::Succeeded | Status::Cancelled) {
+            // What the cluster did to the pod (OOM kill, eviction, the Job's
+            // deadline, a lost node) names the end, whatever the agent managed
+            // to say while it was being stopped.
+            let cluster_ended_it = match end.1.kind.as_str() {
+                "oom" => !matches!(result.status, Status::Succeeded | Status::Cancelled),
+                "evicted" | "node_lost" | "timeout" => {
+                    by_host.is_none() && result.status != Status::Succeeded
+                }
+                _ => false,
+            };
+            if cluster_ended_it
+                && result.failure.as_ref().map(|f| f.kind.as_str()) != Some(end.1.kind.as_str())
+            {
                 note(&dir, &note_line(&end.1));
-                result.status = Status::Oom;
+                result.status = end.0;
                 result.failure = Some(end.1.clone());
             }
             if let Some(n) = pod

@@ -295,9 +295,9 @@ pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Affinity {
 
 /// A byte count as a Kubernetes quantity (`Mi` when whole, else bytes).
 pub fn quantity_bytes(b: u64) -> Quantity {
-    if b % (1 << 30) == 0 {
+    if b.is_multiple_of(1 << 30) {
         Quantity(format!("{}Gi", b >> 30))
-    } else if b % (1 << 20) == 0 {
+    } else if b.is_multiple_of(1 << 20) {
         Quantity(format!("{}Mi", b >> 20))
     } else {
         Quantity(b.to_string())

@@ -6,13 +6,13 @@
 //! nothing of manifests, matrices or the store's layout beyond the cell folder
 //! it is handed.
 //!
-//! | backend      | a cell is                        | weights            | agent delivered by            | status |
-//! |--------------|----------------------------------|--------------------|-------------------------------|--------|
-//! | `local`      | a child process                  | a host folder      | the `orch` binary itself      | built  |
-//! | `docker`     | a container (Engine API)         | a named volume     | bind-mounted static binary    | planned |
-//! | `kubernetes` | a Job                            | a PVC              | an init container             | planned |
-//! | `modal`      | a sandbox (official client)      | a Modal volume     | copied into the sandbox image | planned |
-//! | `slurm`      | a batch job (`orch-backend-slurm`) | a shared folder  | `orch` on the shared filesystem | built |
+//! | backend      | a cell is                        | weights            | agent delivered by            | crate |
+//! |--------------|----------------------------------|--------------------|-------------------------------|-------|
+//! | `local`      | a child process                  | a host folder      | the `orch` binary itself      | this |
+//! | `docker`     | a container (Engine API)         | a named volume     | bind-mounted static binary    | this |
+//! | `kubernetes` | a Job                            | a PVC              | an init container             | `orch-backend-kubernetes` |
+//! | `modal`      | a sandbox (Modal's gRPC API)     | a Modal volume     | a content-addressed mount     | `orch-backend-modal` |
+//! | `slurm`      | a batch job                      | a shared folder    | `orch` on the shared filesystem | `orch-backend-slurm` |
 
 pub mod docker;
 pub mod fake;

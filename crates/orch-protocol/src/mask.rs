@@ -83,6 +83,9 @@ pub enum MaskError {
 pub struct Masker {
     ac: Option<AhoCorasick>,
     longest: usize,
+    /// The forms searched for (a stream holds back only a tail that may
+    /// start one of them). Never shown.
+    patterns: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for Masker {
@@ -143,6 +146,7 @@ impl Masker {
             .ok();
         Masker {
             longest: if ac.is_some() { longest } else { 0 },
+            patterns: patterns.into_iter().map(String::into_bytes).collect(),
             ac,
         }
     }
@@ -258,7 +262,8 @@ fn replace_into(ac: &AhoCorasick, bytes: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Masks a stream of chunks: a secret split across chunks is still found.
-/// Output lags the input by at most the longest pattern less one byte;
+/// Output lags the input by at most the longest pattern less one byte, and
+/// only while the input's last bytes could begin a secret;
 /// [`StreamMasker::finish`] flushes it.
 #[derive(Debug, Clone)]
 pub struct StreamMasker {
@@ -294,10 +299,22 @@ impl StreamMasker {
             out.extend_from_slice(MASK.as_bytes());
             pos = m.end();
         }
-        let emit = pos.max(cut);
-        out.extend_from_slice(&buf[pos..emit]);
+        // Of the last bytes, hold back only what may begin a secret: a log
+        // line that cannot be the start of one is written at once (a live
+        // log does not lag by a secret's length).
+        let from = pos.max(cut);
+        let hold = (from..buf.len())
+            .find(|&i| {
+                let rest = &buf[i..];
+                self.masker
+                    .patterns
+                    .iter()
+                    .any(|p| p.starts_with(rest) || rest.starts_with(p))
+            })
+            .unwrap_or(buf.len());
+        out.extend_from_slice(&buf[pos..hold]);
         self.carry.clear();
-        self.carry.extend_from_slice(&buf[emit..]);
+        self.carry.extend_from_slice(&buf[hold..]);
     }
 
     /// The held-back bytes, masked; the stream is over.
@@ -428,6 +445,21 @@ mod tests {
         assert_eq!(m.mask_str("abc long-enough"), "abc ***");
         assert!(Masker::new([("EMPTY", "")]).unwrap().is_empty());
         assert!(!format!("{:?}", masker()).contains("Canary"));
+    }
+
+    #[test]
+    fn a_live_line_that_cannot_start_a_secret_is_not_held_back() {
+        let mut st = masker().stream();
+        let mut out = Vec::new();
+        st.push(b"first\n", &mut out);
+        assert_eq!(out, b"first\n");
+        // A tail that may begin the token waits for the next chunk.
+        out.clear();
+        st.push(b"token: hf_Can", &mut out);
+        assert_eq!(out, b"token: ");
+        st.push(b"aryTok3n/With+Odd chars&=? done\n", &mut out);
+        st.finish(&mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), "token: *** done\n");
     }
 
     #[test]

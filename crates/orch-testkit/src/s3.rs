@@ -131,20 +131,31 @@ impl S3Server {
             return std::fs::create_dir_all(root.join(name)).map_err(|e| e.to_string());
         }
         let addr = self.endpoint.trim_start_matches("http://");
-        let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-        write!(
-            s,
-            "PUT /{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
+        // A server that accepts before it answers (moto under load) gets a
+        // few more tries while its replies are empty.
         let mut reply = String::new();
-        let _ = s.read_to_string(&mut reply);
+        for attempt in 0..20 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+            write!(
+                s,
+                "PUT /{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .map_err(|e| e.to_string())?;
+            reply.clear();
+            let _ = s.read_to_string(&mut reply);
+            if !reply.is_empty() {
+                break;
+            }
+        }
         if reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200") {
             Ok(())
         } else {
             Err(format!(
                 "create bucket `{name}`: {}",
-                reply.lines().next().unwrap_or("")
+                reply.lines().next().unwrap_or("(no reply)")
             ))
         }
     }

@@ -488,3 +488,44 @@ fn kubernetes_cells_are_costed_at_the_users_price() {
     assert!(usd >= 0.002, "{cell:#}");
     c.assert_nothing_left();
 }
+
+#[test]
+fn an_evicted_pod_is_a_failed_cell_named_evicted_with_its_logs() {
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "evict",
+        "name: evict\nbenchmarks:\n  - name: victim\n    workload: {shell: 'echo before-eviction; sleep 120'}\n",
+    );
+    let child = c
+        .orch()
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--json", "--store"])
+        .arg(c.store())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pod = loop {
+        if let Some(p) = c.fake.running_pods().first() {
+            break p.clone();
+        }
+        assert!(Instant::now() < deadline, "the pod never ran");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    c.fake
+        .evict("bench", &pod, "The node was low on resource: memory.");
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "failed", "{cell:#}");
+    assert_eq!(cell["failure"]["kind"], "evicted", "{cell:#}");
+    assert_eq!(cell["diagnosis"]["kind"], "evicted", "{cell:#}");
+    let stdout = std::fs::read_to_string(cell_dir(&c.store(), &v, "victim.cpu").join("stdout.log")).unwrap();
+    assert!(stdout.contains("before-eviction"), "{stdout}");
+    c.assert_nothing_left();
+}

@@ -122,7 +122,7 @@ fn a_shared_dir_outside_the_store_is_mirrored_while_the_job_runs() {
     std::fs::write(
         &manifest,
         format!(
-            "name: mirror\nsecrets: [ORCH_TEST_SECRET]\nslurm: {{shared_dir: {}, partition: gpu}}\nbenchmarks:\n  - name: talk\n    workload:\n      shell: |\n        echo first; sleep 3; echo ORCH_METRIC x=1 secret_len=${{#ORCH_TEST_SECRET}}; echo second >&2\n",
+            "name: mirror\nsecrets: [ORCH_TEST_SECRET]\nslurm: {{shared_dir: {}, partition: gpu}}\nbenchmarks:\n  - name: talk\n    workload:\n      shell: |\n        echo first; sleep 8; echo ORCH_METRIC x=1 secret_len=${{#ORCH_TEST_SECRET}}; echo second >&2\n",
             shared.display()
         ),
     )
