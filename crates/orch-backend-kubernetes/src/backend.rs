@@ -148,7 +148,84 @@ impl KubernetesBackend {
     }
 }
 
-/// Append an `orch: ...` line to the cell's `agent.log` (the diagnosis reads it there).
+impl KubernetesBackend {
+    /// Run `sh -c SCRIPT` in a short Job ([`spec::probe_job`]) and return
+    /// its log; a pod that cannot start is an error in the cluster's words.
+    pub async fn probe(
+        &self,
+        what: &str,
+        image: &str,
+        script: &str,
+        limit: Duration,
+    ) -> Result<String, KubeError> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let name = spec::dns_name(&format!("orch-probe-{what}"), &format!("{stamp}"), 52);
+        let job = spec::probe_job(&name, image, script, &self.settings);
+        self.create_job(&job).await?;
+        let r = self.probe_wait(&name, limit).await;
+        self.delete_job(&name).await;
+        r
+    }
+
+    async fn probe_wait(&self, name: &str, limit: Duration) -> Result<String, KubeError> {
+        let pods: Api<Pod> = self.api();
+        let started = Instant::now();
+        let mut unschedulable_since: Option<Instant> = None;
+        let fail = |message: String| KubeError::Unavailable {
+            message,
+            hint: "check the PVC, the image and the namespace (`kubectl describe pod -l orch.dev/probe`)"
+                .into(),
+        };
+        loop {
+            if started.elapsed() > limit {
+                return Err(fail(format!(
+                    "the probe Job `{name}` did not finish within {:.0}s",
+                    limit.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(self.poll).await;
+            let Some(pod) = self.find_pod(name).await else {
+                continue;
+            };
+            let pname = pod.metadata.name.clone().unwrap_or_default();
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            match watch::pod_state(&pod) {
+                PodState::Unschedulable { message } => {
+                    let since = *unschedulable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.settings.unschedulable_grace {
+                        return Err(fail(format!("the probe pod cannot be scheduled: {message}")));
+                    }
+                }
+                PodState::Stuck { message, .. } | PodState::EndedEarly { message, .. } => {
+                    return Err(fail(format!("the probe pod did not run: {message}")))
+                }
+                PodState::Started | PodState::Pending { .. }
+                    if matches!(phase.as_str(), "Succeeded" | "Failed") =>
+                {
+                    let log = read_log(&pods, &pname).await.unwrap_or_default();
+                    if phase == "Failed" {
+                        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                        return Err(fail(format!(
+                            "the probe pod failed: {}",
+                            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                        )));
+                    }
+                    return Ok(log);
+                }
+                _ => unschedulable_since = None,
+            }
+        }
+    }
+}
+
+/// Append an `orch: ...` line to the cell's `agent.log`/// Append an `orch: ...` line to the cell's `agent.log` (the diagnosis reads it there).
 fn note(dir: &std::path::Path, line: &str) {
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)

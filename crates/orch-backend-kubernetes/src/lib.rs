@@ -18,6 +18,7 @@
 pub mod backend;
 pub mod spec;
 pub mod watch;
+pub mod weights;
 
 pub use backend::KubernetesBackend;
 pub use spec::{KubeSettings, Toleration};

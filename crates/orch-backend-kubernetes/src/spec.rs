@@ -525,6 +525,83 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
     }
 }
 
+/// A short Job that runs `sh -c SCRIPT` in `image` with the weights PVC
+/// mounted read-only (`orch plan`'s check of the PVC). Its container is
+/// named like a cell's, so its states read the same.
+pub fn probe_job(name: &str, image: &str, script: &str, s: &KubeSettings) -> Job {
+    let mut l = BTreeMap::new();
+    l.insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    l.insert("orch.dev/probe".to_string(), "weights".to_string());
+    let mut pod_labels = l.clone();
+    pod_labels.insert(JOB_LABEL.to_string(), name.to_string());
+    let (mounts, volumes) = match &s.weights_pvc {
+        Some(pvc) => (
+            Some(vec![VolumeMount {
+                name: "weights".into(),
+                mount_path: WEIGHTS_MOUNT.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }]),
+            Some(vec![Volume {
+                name: "weights".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc.clone(),
+                    read_only: Some(true),
+                }),
+                ..Default::default()
+            }]),
+        ),
+        None => (None, None),
+    };
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(l),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(600),
+            ttl_seconds_after_finished: Some(600),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    containers: vec![Container {
+                        name: CELL_CONTAINER.into(),
+                        image: Some(image.to_string()),
+                        command: Some(vec!["sh".into(), "-c".into(), script.to_string()]),
+                        env: Some(vec![EnvVar {
+                            name: "ORCH_WEIGHTS".into(),
+                            value: Some(WEIGHTS_MOUNT.into()),
+                            value_from: None,
+                        }]),
+                        volume_mounts: mounts,
+                        ..Default::default()
+                    }],
+                    volumes,
+                    node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    service_account_name: s.service_account.clone(),
+                    image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
+                        s.image_pull_secrets
+                            .iter()
+                            .map(|n| LocalObjectReference { name: n.clone() })
+                            .collect()
+                    }),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 /// The run's Secret with these values (created by orch, deleted with the run).
 pub fn run_secret(run_id: &str, values: &[(String, String)], s: &KubeSettings) -> Secret {
     Secret {

@@ -215,6 +215,12 @@ pub struct PlanArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// Kubernetes: the kubeconfig context (the weights PVC is checked by a short Job there)
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Kubernetes: the namespace (default: the suite's, else the context's)
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Args)]

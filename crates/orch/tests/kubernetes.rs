@@ -529,3 +529,67 @@ fn an_evicted_pod_is_a_failed_cell_named_evicted_with_its_logs() {
     assert!(stdout.contains("before-eviction"), "{stdout}");
     c.assert_nothing_left();
 }
+
+#[test]
+fn plan_and_run_check_the_weights_pvc_on_the_cluster() {
+    let tmp_pvc = tempfile::tempdir().unwrap();
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
+        b.pvc("hf-weights", tmp_pvc.path())
+    });
+    let suite = c.suite(
+        "weights",
+        "name: weights\nmodels: [{repo: org/tiny, revision: main}]\nkubernetes: {weights_pvc: hf-weights}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let plan = |c: &Cluster| {
+        c.orch()
+            .args(["plan", "-f"])
+            .arg(&suite)
+            .args(["--backend", "kubernetes", "--json"])
+            .output()
+            .unwrap()
+    };
+    // Empty PVC: missing; `orch run` refuses before any cell.
+    let out = plan(&c);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"][0]["complete"], false, "{v:#}");
+    let run = c
+        .orch()
+        .args(["run", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("org/tiny@main"));
+    // What `orch setup` leaves: the ref and the completeness marker.
+    let repo = tmp_pvc.path().join("models--org--tiny");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join(".orch")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef0123456789abcdef01234567").unwrap();
+    std::fs::write(
+        repo.join(".orch/complete-0123456789abcdef0123456789abcdef01234567.json"),
+        "{}",
+    )
+    .unwrap();
+    let out = plan(&c);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"][0]["complete"], true, "{v:#}");
+    assert_eq!(
+        v["models"][0]["commit"],
+        "0123456789abcdef0123456789abcdef01234567"
+    );
+    c.assert_nothing_left();
+}

@@ -4,6 +4,7 @@
 //! and `--dry-run`'s YAML.
 
 use crate::error::user;
+use orch_backend_kubernetes::weights::WeightsQuery;
 use orch_backend_kubernetes::{spec, KubeSettings, KubernetesBackend, Toleration};
 use orch_manifest::{ImageDef, KubernetesDef, Plan};
 use std::collections::BTreeMap;
@@ -72,6 +73,50 @@ pub async fn backend(
             }
         })?;
     Ok(KubernetesBackend::new(client, settings(plan, &ns)))
+}
+
+/// Which of the suite's models are complete on the weights PVC (a probe Job
+/// reads refs and orch's completeness markers there).
+pub async fn check_models(
+    plan: &Plan,
+    context: Option<&str>,
+    namespace: Option<&str>,
+) -> anyhow::Result<Vec<crate::commands::plan::ModelCheck>> {
+    let requests = crate::commands::setup::requests_of(plan);
+    if requests.is_empty() {
+        return Ok(vec![]);
+    }
+    let backend = backend(plan, context, namespace).await?;
+    let queries: Vec<WeightsQuery> = requests
+        .iter()
+        .map(|r| WeightsQuery {
+            folder: orch_hub::cache::repo_folder_name(&r.repo, &r.repo_type),
+            revision: r.revision.clone(),
+        })
+        .collect();
+    let commits = orch_backend_kubernetes::weights::check(&backend, &default_image(), &queries)
+        .await
+        .map_err(|e| -> anyhow::Error {
+            if e.is_user_error() {
+                user(e.to_string())
+            } else {
+                e.into()
+            }
+        })?;
+    Ok(requests
+        .into_iter()
+        .zip(commits)
+        .map(|(r, commit)| crate::commands::plan::ModelCheck {
+            repo: r.repo,
+            revision: r.revision,
+            complete: commit.is_some(),
+            commit,
+            bytes: None,
+            params: None,
+            weights_bytes: None,
+            fit: vec![],
+        })
+        .collect())
 }
 
 /// The image of cells that name none (builtin workloads need nothing of

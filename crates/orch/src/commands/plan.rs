@@ -119,6 +119,16 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
             .unwrap_or_else(orch_hub::default_weights_dir),
     };
     let mut models = check_models(&plan, &weights_dir);
+    if args.backend == "kubernetes" {
+        // The weights are on a PVC of the cluster: a short Job reads them there.
+        models = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(crate::commands::kubernetes::check_models(
+                &plan,
+                args.context.as_deref(),
+                args.namespace.as_deref(),
+            ))
+        })?;
+    }
     if args.backend == "modal" {
         // The weights volume is Modal's: read its refs and markers there.
         models = tokio::task::block_in_place(|| {

@@ -10,11 +10,23 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 /// Refuse (exit 2) when a model the suite needs is not in the weights volume.
-fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bool) -> anyhow::Result<()> {
-    if skip {
+fn preflight(
+    plan: &orch_manifest::Plan,
+    weights_dir: &std::path::Path,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
+    if args.no_preflight {
         return Ok(());
     }
-    let checks = if weights_dir == std::path::Path::new(MODAL_VOLUME) {
+    let checks = if weights_dir == std::path::Path::new(KUBE_PVC) {
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(crate::commands::kubernetes::check_models(
+                plan,
+                args.context.as_deref(),
+                args.namespace.as_deref(),
+            ))
+        })?
+    } else if weights_dir == std::path::Path::new(MODAL_VOLUME) {
         tokio::task::block_in_place(|| {
             tokio::runtime::Handle::current().block_on(crate::commands::modal::check_models(plan))
         })?
@@ -39,6 +51,8 @@ fn preflight(plan: &orch_manifest::Plan, weights_dir: &std::path::Path, skip: bo
 
 /// Stands for the weights volume of the modal backend (checked on Modal).
 const MODAL_VOLUME: &str = "modal:orch-weights";
+/// Stands for the weights PVC of the kubernetes backend (checked by a Job).
+const KUBE_PVC: &str = "kubernetes:weights-pvc";
 
 pub async fn run(
     store: &orch_store::Store,
@@ -53,6 +67,7 @@ pub async fn run(
             .await?
             .unwrap_or_else(|| std::path::PathBuf::from("/nonexistent-orch-weights-volume")),
         "modal" => std::path::PathBuf::from(MODAL_VOLUME),
+        "kubernetes" => std::path::PathBuf::from(KUBE_PVC),
         _ => args
             .weights_dir
             .clone()
@@ -74,7 +89,7 @@ pub async fn run(
             }
             crate::commands::slurm::check_nodes(&run.plan, &args.backend)?;
             secrets = collect_secrets(&run.plan.secrets)?;
-            preflight(&run.plan, &weights_dir, args.no_preflight)?;
+            preflight(&run.plan, &weights_dir, &args)?;
             prepared = make_backend(&args, &run.plan).await?;
             if run.meta.backend != args.backend {
                 return Err(user(format!(
@@ -115,7 +130,7 @@ pub async fn run(
                     crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref());
             }
             crate::commands::slurm::check_nodes(&plan, &args.backend)?;
-            preflight(&plan, &weights_dir, args.no_preflight)?;
+            preflight(&plan, &weights_dir, &args)?;
             // Everything a run needs is checked before its folder exists.
             prepared = make_backend(&args, &plan).await?;
             let cells = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;
