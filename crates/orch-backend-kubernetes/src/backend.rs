@@ -225,17 +225,6 @@ impl KubernetesBackend {
     }
 }
 
-/// Append an `orch: ...` line to the cell's `agent.log`/// Append an `orch: ...` line to the cell's `agent.log` (the diagnosis reads it there).
-fn note(dir: &std::path::Path, line: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("agent.log"))
-    {
-        let _ = writeln!(f, "orch: {line}");
-    }
-}
-
 /// The `orch: kubernetes ...` line of a failure (the diagnosis rules match it).
 fn note_line(f: &Failure) -> String {
     format!("kubernetes {}: {}", f.kind, f.message)
@@ -416,7 +405,7 @@ impl Backend for KubernetesBackend {
                     }
                     None => break,
                 },
-                _ = wait_cancel(&mut cancel), if by_host.is_none() => {
+                _ = orch_backend::wait_cancel(&mut cancel), if by_host.is_none() => {
                     by_host = Some(Status::Cancelled);
                     let _ = writeln!(klog, "orch: cancelled; deleting job {job_name}");
                     self.delete_job(&job_name).await;
@@ -568,7 +557,7 @@ impl Backend for KubernetesBackend {
             if let Some(f) = follower.take() {
                 f.abort();
             }
-            note(&dir, &note_line(&failure));
+            orch_backend::note_agent_log(&dir, &note_line(&failure));
             let _ = writeln!(klog, "orch: {}", note_line(&failure));
             let mut r = home.finish_without_result(&cell_id, status, failure);
             r.timings
@@ -657,7 +646,7 @@ impl Backend for KubernetesBackend {
                             .message
                             .push_str(&format!("; its last output:\n{}", tail.join("\n")));
                     }
-                    note(&dir, &note_line(&failure));
+                    orch_backend::note_agent_log(&dir, &note_line(&failure));
                     home.finish_without_result(&cell_id, status, failure)
                 }
             };
@@ -674,7 +663,7 @@ impl Backend for KubernetesBackend {
             if cluster_ended_it
                 && result.failure.as_ref().map(|f| f.kind.as_str()) != Some(end.1.kind.as_str())
             {
-                note(&dir, &note_line(&end.1));
+                orch_backend::note_agent_log(&dir, &note_line(&end.1));
                 result.status = end.0;
                 result.failure = Some(end.1.clone());
             }
@@ -721,18 +710,6 @@ impl Backend for KubernetesBackend {
         }
         self.secrets_made.lock().await.retain(|r| r != run_id);
         Ok(())
-    }
-}
-
-/// Resolves when `cancel` turns true (or its sender is gone: never).
-async fn wait_cancel(cancel: &mut tokio_watch::Receiver<bool>) {
-    loop {
-        if *cancel.borrow() {
-            return;
-        }
-        if cancel.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
     }
 }
 

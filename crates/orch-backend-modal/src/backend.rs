@@ -200,18 +200,6 @@ fn gpu_choices(task: &orch_protocol::TaskSpec) -> Vec<String> {
     v
 }
 
-/// Append an `orch: ...` line to the cell's `agent.log` (after the agent's
-/// own lines, if any came home): the diagnosis reads it there.
-fn note(dir: &std::path::Path, line: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("agent.log"))
-    {
-        let _ = writeln!(f, "orch: {line}");
-    }
-}
-
 /// The `orch: modal ...` line for a sandbox's end (the diagnosis rules match it).
 fn note_line(f: &Failure) -> String {
     let what = match f.kind.as_str() {
@@ -352,7 +340,7 @@ impl Backend for ModalBackend {
                     .take(20)
                     .map(String::from)
                     .collect();
-                note(
+                orch_backend::note_agent_log(
                     &dir,
                     &format!(
                         "modal image build failed{}: {message}\n{}",
@@ -462,7 +450,7 @@ impl Backend for ModalBackend {
             let _ = writeln!(sandbox_log, "orch: sandbox {id} asks for GPU `{gpu}`");
             let wait = tokio::select! {
                 w = ops::sandbox_scheduled(&self.modal, &id, self.opts.schedule_timeout) => w,
-                _ = wait_cancel(&mut cancel) => {
+                _ = orch_backend::wait_cancel(&mut cancel) => {
                     let _ = ops::sandbox_terminate(&self.modal, &id).await;
                     let mut r = home.finish_without_result(&cell_id, Status::Cancelled, Failure {
                         kind: "cancelled".into(), message: "cancelled while waiting for a GPU".into(), exit_code: None, signal: None,
@@ -491,7 +479,7 @@ impl Backend for ModalBackend {
             }
         }
         let Some((sandbox_id, gpu, scheduling_s)) = running else {
-            note(
+            orch_backend::note_agent_log(
                 &dir,
                 &format!("no GPU could be had on modal: {}", tried.join(", ")),
             );
@@ -569,7 +557,7 @@ impl Backend for ModalBackend {
                     },
                     None => break,
                 },
-                _ = wait_cancel(&mut cancel), if by_host.is_none() => {
+                _ = orch_backend::wait_cancel(&mut cancel), if by_host.is_none() => {
                     by_host = Some(Status::Cancelled);
                     let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
                 }
@@ -622,7 +610,7 @@ impl Backend for ModalBackend {
                         .message
                         .push_str(&format!(" (the log stream failed: {e})"));
                 }
-                note(&dir, &note_line(&failure));
+                orch_backend::note_agent_log(&dir, &note_line(&failure));
                 home.finish_without_result(&cell_id, status, failure)
             }
         };
@@ -636,7 +624,7 @@ impl Backend for ModalBackend {
             && result.status != Status::Cancelled
         {
             let (status, failure) = ended_without_result(&end, None);
-            note(&dir, &note_line(&failure));
+            orch_backend::note_agent_log(&dir, &note_line(&failure));
             result.status = status;
             result.failure = Some(failure);
         }
@@ -672,18 +660,6 @@ impl Backend for ModalBackend {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
-    }
-}
-
-/// Resolves when `cancel` turns true (or its sender is gone).
-async fn wait_cancel(cancel: &mut watch::Receiver<bool>) {
-    loop {
-        if *cancel.borrow() {
-            return;
-        }
-        if cancel.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
     }
 }
 

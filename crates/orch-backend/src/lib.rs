@@ -163,6 +163,32 @@ impl EventRelay {
     }
 }
 
+/// Resolves when `cancel` turns true (never, once its sender is gone).
+pub async fn wait_cancel(cancel: &mut watch::Receiver<bool>) {
+    loop {
+        if *cancel.borrow() {
+            return;
+        }
+        if cancel.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Append an `orch: LINE` line to a cell's `agent.log` (after the agent's own
+/// lines, if any came home): what a backend saw of a cell's end, where the
+/// diagnosis reads it.
+pub fn note_agent_log(cell_dir: &std::path::Path, line: &str) {
+    use std::io::Write as _;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(cell_dir.join("agent.log"))
+    {
+        let _ = writeln!(f, "orch: {line}");
+    }
+}
+
 /// Check a backend name: `Ok` for those built, a clear error for the others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
     match name {

@@ -121,6 +121,31 @@ impl Cluster {
         p
     }
 
+    /// `orch run` of a suite in the background (`--json` on a pipe).
+    fn spawn(&self, suite: &Path) -> std::process::Child {
+        self.orch()
+            .args(["run", "-f"])
+            .arg(suite)
+            .args(["--backend", "kubernetes", "--json", "--store"])
+            .arg(self.store())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The first pod whose container runs (waits up to 30 s).
+    fn wait_running(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(p) = self.fake.running_pods().first() {
+                return p.clone();
+            }
+            assert!(Instant::now() < deadline, "the pod never ran");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Nothing of orch's is left on the cluster.
     fn assert_nothing_left(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -357,21 +382,8 @@ fn ctrl_c_deletes_the_job_and_records_the_cell_cancelled() {
         "long",
         "name: long\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'echo started; sleep 120'}\n",
     );
-    let child = c
-        .orch()
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--json", "--store"])
-        .arg(c.store())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.fake.running_pods().is_empty() {
-        assert!(Instant::now() < deadline, "the pod never ran");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let child = c.spawn(&suite);
+    c.wait_running();
     std::thread::sleep(Duration::from_millis(500));
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);
@@ -405,11 +417,7 @@ fn orch_down_deletes_what_a_killed_run_left() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.fake.running_pods().is_empty() {
-        assert!(Instant::now() < deadline, "the pod never ran");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    c.wait_running();
     child.kill().unwrap();
     child.wait().unwrap();
     // The Job outlives `kill -9` of orch on a real cluster too ...
@@ -496,24 +504,8 @@ fn an_evicted_pod_is_a_failed_cell_named_evicted_with_its_logs() {
         "evict",
         "name: evict\nbenchmarks:\n  - name: victim\n    workload: {shell: 'echo before-eviction; sleep 120'}\n",
     );
-    let child = c
-        .orch()
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--json", "--store"])
-        .arg(c.store())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pod = loop {
-        if let Some(p) = c.fake.running_pods().first() {
-            break p.clone();
-        }
-        assert!(Instant::now() < deadline, "the pod never ran");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let child = c.spawn(&suite);
+    let pod = c.wait_running();
     std::thread::sleep(Duration::from_millis(1500));
     c.fake
         .evict("bench", &pod, "The node was low on resource: memory.");
