@@ -29,6 +29,10 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch as tokio_watch, Mutex};
 
+/// Longest wait for one API call inside a cell's watch loop (cancel and
+/// deadlines are looked at between calls).
+const API_TIMEOUT: Duration = Duration::from_secs(15);
+
 pub struct KubernetesBackend {
     client: kube::Client,
     settings: KubeSettings,
@@ -91,18 +95,24 @@ impl KubernetesBackend {
         Ok(())
     }
 
-    /// Create the Job; one left by an earlier invocation of the run is
-    /// deleted first.
-    async fn create_job(&self, job: &Job) -> Result<(), KubeError> {
+    /// Create the Job and return its uid. One of the same name left by an
+    /// earlier invocation of the run is deleted first, with its pods
+    /// (foreground), so that its pod is never taken for the new one's.
+    async fn create_job(&self, job: &Job) -> Result<String, KubeError> {
         let jobs: Api<Job> = self.api();
         let name = job.metadata.name.clone().unwrap_or_default();
         let started = Instant::now();
         loop {
             match jobs.create(&PostParams::default(), job).await {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 && started.elapsed() < Duration::from_secs(60) => {
-                    let _ = jobs.delete(&name, &DeleteParams::background()).await;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok(j) => return Ok(j.metadata.uid.unwrap_or_default()),
+                Err(kube::Error::Api(s)) if s.code == 409 && started.elapsed() < Duration::from_secs(120) => {
+                    let _ = jobs.delete(&name, &DeleteParams::foreground()).await;
+                    while started.elapsed() < Duration::from_secs(120) {
+                        if let Ok(None) = jobs.get_opt(&name).await {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
                 }
                 Err(e) => return Err(KubeError::api(format!("create job {name}"))(e)),
             }
@@ -111,20 +121,71 @@ impl KubernetesBackend {
 
     async fn delete_job(&self, name: &str) {
         let jobs: Api<Job> = self.api();
-        let _ = jobs.delete(name, &DeleteParams::background()).await;
+        let _ = tokio::time::timeout(API_TIMEOUT, jobs.delete(name, &DeleteParams::background())).await;
     }
 
-    async fn find_pod(&self, job: &str) -> Option<Pod> {
+    /// The Job's pod: made by this Job (its uid; `""`: any), not being deleted.
+    async fn find_pod(&self, job: &str, uid: &str) -> Option<Pod> {
         let pods: Api<Pod> = self.api();
         let lp = ListParams::default().labels(&format!("{JOB_LABEL}={job}"));
-        pods.list(&lp).await.ok()?.items.into_iter().next()
+        let list = tokio::time::timeout(API_TIMEOUT, pods.list(&lp))
+            .await
+            .ok()?
+            .ok()?;
+        list.items.into_iter().find(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && (uid.is_empty()
+                    || p.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|r| r.uid == uid)))
+        })
+    }
+
+    /// Could any node ever run this pod? `None`: the nodes cannot be listed
+    /// (a role without `list nodes`).
+    async fn fits_some_node(&self, pod: &Pod) -> Option<bool> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let list = tokio::time::timeout(API_TIMEOUT, nodes.list(&ListParams::default()))
+            .await
+            .ok()?
+            .ok()?;
+        Some(watch::fits_some_node(pod, &list.items))
+    }
+
+    /// `FailedCreate` events of a Job (quota, Pod Security, a webhook).
+    async fn job_refusals(&self, job: &str) -> Vec<String> {
+        let events: Api<K8sEvent> = self.api();
+        let lp = ListParams::default().fields(&format!("involvedObject.kind=Job,involvedObject.name={job}"));
+        let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
+            return vec![];
+        };
+        list.items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+            .filter_map(|e| e.message)
+            .collect()
+    }
+
+    /// The Job's `Failed` condition reason (`DeadlineExceeded`, ...).
+    async fn job_failed_reason(&self, job: &str) -> Option<String> {
+        let jobs: Api<Job> = self.api();
+        let j = tokio::time::timeout(API_TIMEOUT, jobs.get_opt(job))
+            .await
+            .ok()?
+            .ok()??;
+        j.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+            .and_then(|c| c.reason)
     }
 
     /// Warning events of a pod, and whether an autoscaler is adding a node for it.
     async fn pod_events(&self, pod: &str) -> (Vec<String>, bool) {
         let events: Api<K8sEvent> = self.api();
         let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-        let Ok(list) = events.list(&lp).await else {
+        let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
             return (vec![], false);
         };
         let mut scaling = false;
@@ -164,13 +225,13 @@ impl KubernetesBackend {
             .unwrap_or_default();
         let name = spec::dns_name(&format!("orch-probe-{what}"), &format!("{stamp}"), 52);
         let job = spec::probe_job(&name, image, script, &self.settings);
-        self.create_job(&job).await?;
-        let r = self.probe_wait(&name, limit).await;
+        let uid = self.create_job(&job).await?;
+        let r = self.probe_wait(&name, &uid, limit).await;
         self.delete_job(&name).await;
         r
     }
 
-    async fn probe_wait(&self, name: &str, limit: Duration) -> Result<String, KubeError> {
+    async fn probe_wait(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
         let pods: Api<Pod> = self.api();
         let started = Instant::now();
         let mut unschedulable_since: Option<Instant> = None;
@@ -187,7 +248,7 @@ impl KubernetesBackend {
                 )));
             }
             tokio::time::sleep(self.poll).await;
-            let Some(pod) = self.find_pod(name).await else {
+            let Some(pod) = self.find_pod(name, uid).await else {
                 continue;
             };
             let pname = pod.metadata.name.clone().unwrap_or_default();
@@ -361,14 +422,20 @@ impl Backend for KubernetesBackend {
             ));
         };
         self.ensure_secret(&run_id, &launch.secrets).await?;
-        let names: Vec<String> = launch.secrets.iter().map(|(k, _)| k.clone()).collect();
+        // With an existing Secret, every name the suite lists is a key of
+        // it (the host need not hold the values); else the values at hand.
+        let names: Vec<String> = if self.settings.secret_name.is_some() {
+            self.settings.secret_keys.clone()
+        } else {
+            launch.secrets.iter().map(|(k, _)| k.clone()).collect()
+        };
         let job = spec::cell_job(&launch.task, &image, &names, &self.settings);
         let job_name = job.metadata.name.clone().unwrap_or_default();
         let mut klog = std::fs::File::create(dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
         })?;
-        self.create_job(&job).await?;
+        let job_uid = self.create_job(&job).await?;
         let _ = writeln!(
             klog,
             "orch: job {job_name} created in namespace {} (image {image}, gpu {})",
@@ -388,7 +455,9 @@ impl Backend for KubernetesBackend {
         let mut line_tx = Some(line_tx);
         let mut last_state = String::new();
         let mut unschedulable_since: Option<Instant> = None;
-        let mut pull_trouble_since: Option<Instant> = None;
+        let mut trouble_since: Option<Instant> = None;
+        let mut last_progress = Instant::now();
+        let mut fits_cache: Option<Option<bool>> = None;
         let mut by_host: Option<Status> = None;
         let mut stop_by: Option<tokio::time::Instant> = None;
         let mut early: Option<(Status, Failure)> = None;
@@ -440,8 +509,31 @@ impl Backend for KubernetesBackend {
                     break;
                 }
                 _ = ticker.tick(), if follower.is_none() => {
-                    let Some(pod) = self.find_pod(&job_name).await else {
-                        if launched.elapsed() > self.settings.max_pending {
+                    let Some(pod) = self.find_pod(&job_name, &job_uid).await else {
+                        // No pod: the Job controller may be refused one
+                        // (quota, Pod Security, a webhook): its events say.
+                        if launched.elapsed() > Duration::from_secs(5) {
+                            let refused = self.job_refusals(&job_name).await;
+                            if let Some(last) = refused.last() {
+                                let shown = format!("job refused a pod: {last}");
+                                if shown != last_state {
+                                    let _ = writeln!(klog, "orch: {shown}");
+                                    last_state = shown;
+                                    last_progress = Instant::now();
+                                }
+                                // Quota may free up; other refusals are final.
+                                if !last.contains("exceeded quota") || last_progress.elapsed() > self.settings.max_pending {
+                                    early = Some((Status::Failed, Failure {
+                                        kind: "pod_rejected".into(),
+                                        message: format!("the cluster refused to create the cell's pod: {last}"),
+                                        exit_code: None,
+                                        signal: None,
+                                    }));
+                                    break;
+                                }
+                            }
+                        }
+                        if last_progress.elapsed() > self.settings.max_pending {
                             early = Some((Status::Failed, Failure {
                                 kind: "pending_too_long".into(),
                                 message: format!("the Job made no pod within {:.0}s", self.settings.max_pending.as_secs_f64()),
@@ -458,12 +550,15 @@ impl Backend for KubernetesBackend {
                     }
                     pod_name = Some(pname.clone());
                     node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).or(node);
+                    let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
                     let state = watch::pod_state(&pod);
-                    let shown = format!("{state:?}");
+                    let shown = format!("{state:?}{}", nominated.as_ref().map(|n| format!(" (nominated node {n})")).unwrap_or_default());
                     if shown != last_state {
                         let _ = writeln!(klog, "orch: {shown}");
                         last_state = shown;
+                        last_progress = Instant::now();
                     }
+                    let stalled = last_progress.elapsed() > self.settings.max_pending;
                     match state {
                         PodState::Started => {
                             let Some(tx) = line_tx.take() else { continue };
@@ -472,17 +567,38 @@ impl Backend for KubernetesBackend {
                         PodState::Unschedulable { message } => {
                             let since = *unschedulable_since.get_or_insert_with(Instant::now);
                             let (evs, scaling) = self.pod_events(&pname).await;
-                            let limit = if scaling { self.settings.max_pending } else { self.settings.unschedulable_grace };
-                            if since.elapsed() >= limit || launched.elapsed() >= self.settings.max_pending {
+                            // Final when no node could ever take it and no
+                            // autoscaler is adding one; a busy cluster is a
+                            // queue (up to `max_pending`); unknown (nodes not
+                            // listable) gets a minute.
+                            let waiting = scaling || nominated.is_some();
+                            let fits = if waiting { Some(true) } else {
+                                if fits_cache.is_none() {
+                                    fits_cache = Some(self.fits_some_node(&pod).await);
+                                }
+                                fits_cache.flatten()
+                            };
+                            let limit = match fits {
+                                Some(false) => self.settings.unschedulable_grace,
+                                None => self.settings.unschedulable_grace.max(Duration::from_secs(60)),
+                                Some(true) => self.settings.max_pending,
+                            };
+                            if since.elapsed() >= limit || stalled {
                                 for e in &evs {
                                     let _ = writeln!(klog, "event: {e}");
                                 }
+                                let why = match fits {
+                                    Some(false) => "no node of the cluster can ever run it",
+                                    None => "it stayed unschedulable",
+                                    Some(true) => "it waited for a node its whole `max_pending`",
+                                };
                                 early = Some((Status::Failed, Failure {
                                     kind: "unschedulable".into(),
                                     message: format!(
-                                        "no node can run the pod ({} `{}`): {message}",
+                                        "no node can run the pod ({} `{}`; {why}, {:.0}s): {message}",
                                         if launch.task.gpu == "none" { "CPU cell" } else { "GPU" },
-                                        launch.task.gpu
+                                        launch.task.gpu,
+                                        since.elapsed().as_secs_f64()
                                     ),
                                     exit_code: None,
                                     signal: None,
@@ -499,26 +615,40 @@ impl Backend for KubernetesBackend {
                             break;
                         }
                         PodState::EndedEarly { status, kind, message } => {
-                            early = Some((status, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
+                            early = Some((Status::Failed, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
+                            if status != Status::Failed {
+                                if let Some((s, _)) = early.as_mut() {
+                                    *s = status;
+                                }
+                            }
                             break;
                         }
                         PodState::Pending { reason, message } => {
                             unschedulable_since = None;
-                            if matches!(reason.as_str(), "ErrImagePull" | "ImagePullBackOff") {
-                                let since = *pull_trouble_since.get_or_insert_with(Instant::now);
-                                if since.elapsed() > Duration::from_secs(90) {
-                                    early = Some((Status::Failed, Failure {
-                                        kind: "image_pull_failed".into(),
-                                        message: format!("an image could not be pulled for 90s ({reason}): {message}"),
-                                        exit_code: None,
-                                        signal: None,
-                                    }));
-                                    break;
+                            // Errors the kubelet retries: failed when they last.
+                            let (limit, kind) = match reason.as_str() {
+                                "ErrImagePull" | "ImagePullBackOff" | "RegistryUnavailable" | "ImageInspectError" => {
+                                    (Some(Duration::from_secs(90)), "image_pull_failed")
                                 }
-                            } else {
-                                pull_trouble_since = None;
+                                "CreateContainerError" | "RunContainerError" => (Some(Duration::from_secs(30)), "container_config_error"),
+                                _ => (None, "pending_too_long"),
+                            };
+                            match limit {
+                                Some(limit) => {
+                                    let since = *trouble_since.get_or_insert_with(Instant::now);
+                                    if since.elapsed() > limit {
+                                        early = Some((Status::Failed, Failure {
+                                            kind: kind.into(),
+                                            message: format!("{reason} for {:.0}s: {message}", limit.as_secs_f64()),
+                                            exit_code: None,
+                                            signal: None,
+                                        }));
+                                        break;
+                                    }
+                                }
+                                None => trouble_since = None,
                             }
-                            if launched.elapsed() > self.settings.max_pending {
+                            if stalled {
                                 let (evs, _) = self.pod_events(&pname).await;
                                 for e in &evs {
                                     let _ = writeln!(klog, "event: {e}");
@@ -539,6 +669,12 @@ impl Backend for KubernetesBackend {
                         }
                     }
                 }
+            }
+        }
+        // Lines the follower sent that the loop did not take (a stop by deadline).
+        while let Ok(line) = line_rx.try_recv() {
+            if let Ok(Some(r)) = home.line(&line) {
+                result = Some(r);
             }
         }
 
@@ -565,17 +701,33 @@ impl Backend for KubernetesBackend {
             r
         } else {
             let stream = match follower.take() {
-                Some(f) => match tokio::time::timeout(Duration::from_secs(5), f).await {
+                Some(mut f) => match tokio::time::timeout(Duration::from_secs(5), &mut f).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("the log follower did not end".into()),
+                    Err(_) => {
+                        f.abort();
+                        Err("the log follower did not end".into())
+                    }
                 },
                 None => Ok(()),
             };
             let pod = match &pod_name {
-                Some(p) => pods.get_opt(p).await.ok().flatten(),
+                Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(p))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .flatten(),
                 None => None,
             };
+            // The termination message may hold the log's last lines (frames,
+            // even the result) when the agent could not write its summary.
+            if let Some(msg) = pod.as_ref().and_then(watch::termination_message) {
+                for line in msg.lines() {
+                    if let Ok(Some(r)) = home.line(line) {
+                        result = Some(r);
+                    }
+                }
+            }
             // Frames missing (a stream cut mid-way): the whole log once more.
             if result.is_none() || home.gaps() {
                 if let Some(p) = &pod_name {
@@ -591,7 +743,24 @@ impl Backend for KubernetesBackend {
             if let Err(e) = &stream {
                 let _ = writeln!(klog, "orch: {e}");
             }
-            let end = watch::pod_end(pod.as_ref());
+            let mut end = watch::pod_end(pod.as_ref());
+            // The Job's own deadline deletes its pod: the Job says so.
+            if result.is_none() || !matches!(end.1.kind.as_str(), "oom" | "evicted") {
+                if let Some(reason) = self.job_failed_reason(&job_name).await {
+                    if reason == "DeadlineExceeded" && by_host.is_none() {
+                        end = (
+                            Status::Timeout,
+                            Failure {
+                                kind: "timeout".into(),
+                                message: "the Job's activeDeadlineSeconds passed and its pod was stopped"
+                                    .into(),
+                                exit_code: None,
+                                signal: None,
+                            },
+                        );
+                    }
+                }
+            }
             let summary = pod
                 .as_ref()
                 .and_then(watch::termination_message)
@@ -640,7 +809,12 @@ impl Backend for KubernetesBackend {
                         failure.message.push_str(&format!(" ({e})"));
                     }
                     if let Some(msg) = pod.as_ref().and_then(watch::termination_message) {
-                        let tail: Vec<&str> = msg.lines().rev().take(5).collect();
+                        let tail: Vec<&str> = msg
+                            .lines()
+                            .filter(|l| orch_protocol::ship::Frame::parse(l).is_none())
+                            .rev()
+                            .take(5)
+                            .collect();
                         let tail: Vec<&str> = tail.into_iter().rev().collect();
                         failure
                             .message
@@ -674,6 +848,21 @@ impl Backend for KubernetesBackend {
             {
                 node = Some(n);
             }
+            // Every file whole? (A stream that lost frames for good, e.g. to
+            // the kubelet's log rotation, leaves a file short of its digest.)
+            match home.verify() {
+                Ok(true) => {}
+                Ok(false) | Err(_) => {
+                    let why = match home.verify() {
+                        Err(e) => e,
+                        _ => "the agent's file digests never came home".to_string(),
+                    };
+                    let _ = writeln!(klog, "orch: the cell's files are incomplete: {why}");
+                    result
+                        .info
+                        .insert("kubernetes_files_incomplete".into(), why.into());
+                }
+            }
             self.delete_job(&job_name).await;
             result
         };
@@ -695,11 +884,20 @@ impl Backend for KubernetesBackend {
         let jobs: Api<Job> = self.api();
         let pods: Api<Pod> = self.api();
         let secrets: Api<Secret> = self.api();
-        jobs.delete_collection(&DeleteParams::background(), &lp)
+        // Every kind is tried (the Secret first: it holds values), the
+        // first error is returned after.
+        let s = secrets
+            .delete_collection(&DeleteParams::default(), &lp)
             .await
-            .map_err(KubeError::api("delete the run's jobs"))?;
-        let _ = pods.delete_collection(&DeleteParams::default(), &lp).await;
-        let _ = secrets.delete_collection(&DeleteParams::default(), &lp).await;
+            .map(|_| ());
+        let j = jobs
+            .delete_collection(&DeleteParams::background(), &lp)
+            .await
+            .map(|_| ());
+        let p = pods
+            .delete_collection(&DeleteParams::default(), &lp)
+            .await
+            .map(|_| ());
         // Wait until the pods are gone (their grace period), at most a minute.
         for _ in 0..120 {
             match pods.list(&lp).await {
@@ -709,6 +907,9 @@ impl Backend for KubernetesBackend {
             }
         }
         self.secrets_made.lock().await.retain(|r| r != run_id);
+        s.map_err(KubeError::api("delete the run's secret"))?;
+        j.map_err(KubeError::api("delete the run's jobs"))?;
+        p.map_err(KubeError::api("delete the run's pods"))?;
         Ok(())
     }
 }

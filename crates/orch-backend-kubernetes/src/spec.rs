@@ -65,6 +65,8 @@ pub struct KubeSettings {
     /// An existing Secret holding the suite's secrets under their names;
     /// `None`: orch creates one per run from the host's environment.
     pub secret_name: Option<String>,
+    /// With `secret_name`: the keys every cell gets (the suite's `secrets:`).
+    pub secret_keys: Vec<String>,
     /// The image whose `/orch-agent` is the static agent (`orch build --push` publishes it).
     pub agent_image: String,
     /// A pod that makes no progress (pending, pulling, creating) this long fails the cell.
@@ -92,6 +94,7 @@ impl KubeSettings {
             gpu_types: BTreeMap::new(),
             weights_pvc: None,
             secret_name: None,
+            secret_keys: vec![],
             agent_image: agent_image.into(),
             max_pending: Duration::from_secs(15 * 60),
             unschedulable_grace: Duration::from_secs(5),
@@ -305,10 +308,57 @@ pub fn quantity_bytes(b: u64) -> Quantity {
 }
 
 /// Seconds the Job may be active: the cell's timeout, its stop grace, the
-/// time it may wait for a node and an allowance for pulling and starting.
+/// time it may wait for a node and an allowance for pulling and starting,
+/// two minutes past orch's own deadline for the cell (so that orch, which
+/// keeps the logs, always stops it first; the Job's is the net).
 pub fn active_deadline_s(task: &TaskSpec, s: &KubeSettings) -> i64 {
-    (task.measure.timeout_s + task.measure.kill_grace_s.max(1.0) + s.max_pending.as_secs_f64() + 60.0).ceil()
+    (task.measure.timeout_s + task.measure.kill_grace_s.max(1.0) + s.max_pending.as_secs_f64() + 180.0).ceil()
         as i64
+}
+
+/// The toleration of the `nvidia.com/gpu` taint GPU nodes carry (any effect).
+fn gpu_toleration() -> Option<K8sToleration> {
+    Some(K8sToleration {
+        key: Some("nvidia.com/gpu".into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    })
+}
+
+/// The suite's tolerations.
+fn user_tolerations(s: &KubeSettings) -> Vec<K8sToleration> {
+    s.tolerations
+        .iter()
+        .map(|t| K8sToleration {
+            key: t.key.clone(),
+            operator: t
+                .operator
+                .clone()
+                .or_else(|| Some(if t.value.is_some() { "Equal" } else { "Exists" }.into())),
+            value: t.value.clone(),
+            effect: t.effect.clone(),
+            toleration_seconds: None,
+        })
+        .collect()
+}
+
+/// The agent installer's security context: what a `restricted` Pod
+/// Security namespace admits (the copy needs nothing more).
+fn installer_security() -> k8s_openapi::api::core::v1::SecurityContext {
+    k8s_openapi::api::core::v1::SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
 }
 
 /// The cell's Job. `image`: the cell's container image; `secret_names`:
@@ -416,25 +466,9 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
 
     let mut tolerations: Vec<K8sToleration> = Vec::new();
     if gpu.is_some() {
-        tolerations.push(K8sToleration {
-            key: Some("nvidia.com/gpu".into()),
-            operator: Some("Exists".into()),
-            effect: Some("NoSchedule".into()),
-            ..Default::default()
-        });
+        tolerations.extend(gpu_toleration());
     }
-    for t in &s.tolerations {
-        tolerations.push(K8sToleration {
-            key: t.key.clone(),
-            operator: t
-                .operator
-                .clone()
-                .or_else(|| Some(if t.value.is_some() { "Equal" } else { "Exists" }.into())),
-            value: t.value.clone(),
-            effect: t.effect.clone(),
-            toleration_seconds: None,
-        });
-    }
+    tolerations.extend(user_tolerations(s));
 
     let b64 = orch_backend::home::task_b64(&task);
     let cell = Container {
@@ -466,6 +500,15 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
         name: AGENT_CONTAINER.into(),
         image: Some(s.agent_image.clone()),
         command: Some(vec![AGENT_IN_IMAGE.into(), "install".into(), AGENT_PATH.into()]),
+        security_context: Some(installer_security()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".into())),
+                ("memory".to_string(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
+            ..Default::default()
+        }),
         volume_mounts: Some(vec![VolumeMount {
             name: "orch-bin".into(),
             mount_path: AGENT_DIR.into(),
@@ -585,6 +628,7 @@ pub fn probe_job(name: &str, image: &str, script: &str, s: &KubeSettings) -> Job
                     }],
                     volumes,
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    tolerations: Some(gpu_toleration().into_iter().chain(user_tolerations(s)).collect()),
                     service_account_name: s.service_account.clone(),
                     image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
                         s.image_pull_secrets

@@ -45,8 +45,8 @@ fn pull_error_is_permanent(message: &str) -> bool {
         "denied",
         "repository does not exist",
         "invalid reference",
-        "401",
-        "403",
+        "401 unauthorized",
+        "403 forbidden",
     ]
     .iter()
     .any(|p| m.contains(p))
@@ -153,7 +153,7 @@ pub fn pod_state(pod: &Pod) -> PodState {
                     reason,
                 }
             }
-            "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
+            "CreateContainerConfigError" => {
                 return PodState::Stuck {
                     kind: "container_config_error",
                     message: format!("the container `{name}` cannot be created ({reason}): {message}"),
@@ -297,12 +297,123 @@ pub fn cell_terminated(pod: &Pod) -> bool {
             .is_some_and(|p| matches!(p, "Failed" | "Succeeded"))
 }
 
+/// Could any of these nodes ever run the pod, if nothing else ran there?
+/// Its node selector, required node affinity, tolerations of `NoSchedule`
+/// and `NoExecute` taints, and `nvidia.com/gpu` against each node's
+/// allocatable. `false` makes an unschedulable pod final: waiting cannot help
+/// (unless an autoscaler adds a node, which its events say).
+pub fn fits_some_node(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node]) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return true;
+    };
+    let gpus: i64 = spec
+        .containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("nvidia.com/gpu"))
+        .filter_map(|q| q.0.parse::<i64>().ok())
+        .sum();
+    nodes.iter().any(|n| {
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let selector_ok = spec
+            .node_selector
+            .as_ref()
+            .is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        let terms = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+            .map(|s| s.node_selector_terms.clone())
+            .unwrap_or_default();
+        let affinity_ok = terms.is_empty()
+            || terms.iter().any(|t| {
+                t.match_expressions
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|e| {
+                        let have = labels.get(&e.key);
+                        let values = e.values.as_deref().unwrap_or_default();
+                        match e.operator.as_str() {
+                            "In" => have.is_some_and(|h| values.contains(h)),
+                            "NotIn" => have.is_none_or(|h| !values.contains(h)),
+                            "Exists" => have.is_some(),
+                            "DoesNotExist" => have.is_none(),
+                            _ => true,
+                        }
+                    })
+            });
+        let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+        let taints_ok = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_none_or(|taints| {
+                taints
+                    .iter()
+                    .filter(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+                    .all(|t| {
+                        tolerations.iter().any(|tol| {
+                            let key_ok = tol.key.as_deref().is_none_or(|k| k.is_empty() || k == t.key);
+                            let effect_ok = tol
+                                .effect
+                                .as_deref()
+                                .is_none_or(|e| e.is_empty() || e == t.effect);
+                            let value_ok = tol.operator.as_deref() == Some("Exists")
+                                || tol.value.as_deref().unwrap_or_default()
+                                    == t.value.as_deref().unwrap_or_default();
+                            key_ok && effect_ok && value_ok
+                        })
+                    })
+            });
+        let allocatable: i64 = n
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("nvidia.com/gpu"))
+            .and_then(|q| q.0.parse().ok())
+            .unwrap_or(0);
+        selector_ok && affinity_ok && taints_ok && (gpus == 0 || allocatable >= gpus)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_pod_fits_a_node_by_labels_taints_and_gpu_allocatable() {
+        let node = |gpus: &str, taint: bool| -> k8s_openapi::api::core::v1::Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                "spec": {"taints": if taint { serde_json::json!([{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]) } else { serde_json::json!([]) }},
+                "status": {"allocatable": {"nvidia.com/gpu": gpus}}
+            }))
+            .unwrap()
+        };
+        let pod = |gpus: u32| -> Pod {
+            serde_json::from_value(serde_json::json!({"spec": {
+                "containers": [{"name": "cell", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+            }}))
+            .unwrap()
+        };
+        assert!(fits_some_node(&pod(8), &[node("8", false)]));
+        assert!(
+            !fits_some_node(&pod(8), &[node("4", false)]),
+            "never 8 GPUs on one node"
+        );
+        assert!(
+            !fits_some_node(&pod(1), &[node("8", true)]),
+            "an untolerated taint"
+        );
+        assert!(!fits_some_node(&pod(1), &[]));
     }
 
     #[test]

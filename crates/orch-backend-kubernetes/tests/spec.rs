@@ -45,8 +45,8 @@ fn an_h100x8_cell_asks_for_what_it_needs_and_nothing_secret() {
     let js = &v["spec"];
     assert_eq!(js["backoffLimit"], 0);
     assert_eq!(js["ttlSecondsAfterFinished"], 3600);
-    // timeout 600 + grace 20 + max_pending 900 + 60
-    assert_eq!(js["activeDeadlineSeconds"], 1580);
+    // timeout 600 + grace 20 + max_pending 900 + 180
+    assert_eq!(js["activeDeadlineSeconds"], 1700);
     let pod = &js["template"]["spec"];
     assert_eq!(pod["restartPolicy"], "Never");
     let labels = &v["metadata"]["labels"];

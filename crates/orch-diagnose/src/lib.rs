@@ -64,6 +64,7 @@ pub const KINDS: &[&str] = &[
     "evicted",
     "node_lost",
     "pending_too_long",
+    "pod_rejected",
     UNKNOWN,
 ];
 
@@ -90,6 +91,7 @@ pub const BACKEND_KINDS: &[&str] = &[
     "evicted",
     "node_lost",
     "pending_too_long",
+    "pod_rejected",
 ];
 
 /// The kind when no rule matched.

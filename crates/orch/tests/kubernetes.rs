@@ -182,6 +182,11 @@ fn the_quickstart_runs_on_the_fake_cluster_with_logs_in_the_store() {
     for cell in &cells {
         assert_eq!(cell["status"], "succeeded", "{cell:#}");
         assert!(cell["info"]["kubernetes_pod"].is_string(), "{cell:#}");
+        // Every file came home whole (checked against the agent's digests).
+        assert!(
+            cell["info"].get("kubernetes_files_incomplete").is_none(),
+            "{cell:#}"
+        );
         assert!(cell["timings"]["provision"].as_f64().unwrap() > 0.0);
     }
     // The command cell's output came home through the pod log.
@@ -223,6 +228,10 @@ fn a_dropped_log_stream_reconnects_without_losing_or_duplicating_lines() {
         .collect::<String>()
         + "done\n";
     assert_eq!(stdout, want);
+    assert!(
+        cells(&v)[0]["info"].get("kubernetes_files_incomplete").is_none(),
+        "{v:#}"
+    );
     let log_calls = c.fake.requests().iter().filter(|r| r.contains("/log?")).count();
     assert!(
         log_calls > 2,
@@ -583,5 +592,26 @@ fn plan_and_run_check_the_weights_pvc_on_the_cluster() {
         v["models"][0]["commit"],
         "0123456789abcdef0123456789abcdef01234567"
     );
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_busy_cluster_is_a_queue_not_a_failure() {
+    // One node with 8 GPUs, two H100:8 cells at once: the second waits for
+    // the first's GPUs (unschedulable for a while, never for good).
+    let c = cluster(vec![FakeNode::h100("gpu-1", 8)], |b| b);
+    let suite = c.suite(
+        "queue",
+        "name: queue\nconcurrency: 2\ngpus: [\"H100:8\"]\nbenchmarks:\n  - name: hold\n    workload: {shell: 'sleep 3; echo held'}\n    matrix:\n      i: [1, 2]\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for cell in cells(&v) {
+        assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    }
     c.assert_nothing_left();
 }

@@ -41,6 +41,7 @@ pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
     s.gpu_types = def.gpu_types.clone();
     s.weights_pvc = def.weights_pvc.clone();
     s.secret_name = def.secret.clone();
+    s.secret_keys = plan.secrets.clone();
     s.cpu = def.cpu.clone();
     if let Some(p) = def.max_pending {
         s.max_pending = Duration::from_secs_f64(p.0.max(1.0));
