@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("usage: orch-agent run (--task FILE | --task-b64 BASE64) --out DIR [--ship] [--summary-file FILE]\n       orch-agent install DEST\n       orch-agent version")]
+    #[error("usage: orch-agent run (--task FILE | --task-b64 BASE64) --out DIR [--ship] [--summary-file FILE]\n       orch-agent install DEST [SRC]\n       orch-agent version")]
     Usage,
     #[error("cannot install the agent at `{path}`: {source}")]
     Install { path: PathBuf, source: std::io::Error },
@@ -227,15 +227,19 @@ pub fn main_with_args(args: &[String]) -> i32 {
     }
 }
 
-/// Copy this executable to `dest` (mode 755), through a temporary name so
-/// that a half-copied agent never runs.
-fn install(dest: &Path) -> Result<(), AgentError> {
+/// Copy this executable (or `src`, another file of the agent image such as
+/// the static `orch`) to `dest` (mode 755), through a temporary name so that
+/// a half-copied program never runs. An image `FROM scratch` has no `cp`.
+fn install(dest: &Path, src: Option<PathBuf>) -> Result<(), AgentError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |source| AgentError::Install {
         path: dest.to_path_buf(),
         source,
     };
-    let me = std::env::current_exe().map_err(err)?;
+    let me = match src {
+        Some(s) => s,
+        None => std::env::current_exe().map_err(err)?,
+    };
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
@@ -243,7 +247,7 @@ fn install(dest: &Path) -> Result<(), AgentError> {
     std::fs::copy(&me, &tmp).map_err(err)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
     std::fs::rename(&tmp, dest).map_err(err)?;
-    println!("orch-agent installed at {}", dest.display());
+    println!("installed {} at {}", me.display(), dest.display());
     Ok(())
 }
 
@@ -263,7 +267,7 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
             let Some(dest) = it.next().map(PathBuf::from) else {
                 return Err(AgentError::Usage);
             };
-            return install(&dest).map(|()| 0);
+            return install(&dest, it.next().map(PathBuf::from)).map(|()| 0);
         }
         Some("version") | Some("--version") | Some("-V") => {
             println!("orch-agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION})");

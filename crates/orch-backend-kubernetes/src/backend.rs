@@ -231,6 +231,119 @@ impl KubernetesBackend {
         r
     }
 
+    /// `orch setup --backend kubernetes`: the setup Job (with its Secret of
+    /// the token and the suite, deleted after), its log streamed to
+    /// `on_line` as it runs; returns the `orch setup` exit code.
+    pub async fn run_setup(
+        &self,
+        image: &str,
+        args: &[String],
+        secret_values: &[(String, String)],
+        env: &[(String, String)],
+        mut on_line: impl FnMut(&str),
+    ) -> Result<i32, KubeError> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let name = spec::dns_name("orch-setup", &format!("{stamp}"), 52);
+        let secrets: Api<Secret> = self.api();
+        let has_token = secret_values.iter().any(|(k, _)| k == "HF_TOKEN");
+        let has_suite = secret_values.iter().any(|(k, _)| k == "suite.yaml");
+        if !secret_values.is_empty() {
+            secrets
+                .create(
+                    &PostParams::default(),
+                    &spec::plain_secret(&name, secret_values, &self.settings),
+                )
+                .await
+                .map_err(KubeError::api(format!("create secret {name}")))?;
+        }
+        let job = spec::setup_job(
+            &name,
+            image,
+            args,
+            (!secret_values.is_empty()).then_some((name.as_str(), has_token, has_suite)),
+            env,
+            &self.settings,
+        );
+        let r = async {
+            let uid = self.create_job(&job).await?;
+            // Wait for the container to start, then follow its log.
+            self.probe_wait_started(&name, &uid, Duration::from_secs(24 * 3600))
+                .await?;
+            let pods: Api<Pod> = self.api();
+            let Some(pod) = self.find_pod(&name, &uid).await else {
+                return Err(KubeError::Unavailable {
+                    message: format!("the setup pod of Job `{name}` disappeared"),
+                    hint: "run `orch setup --backend kubernetes` again (it resumes)".into(),
+                });
+            };
+            let pname = pod.metadata.name.clone().unwrap_or_default();
+            let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+            let follower = tokio::spawn(follow_log(pods.clone(), pname.clone(), tx));
+            while let Some(line) = rx.recv().await {
+                on_line(&line);
+            }
+            let _ = follower.await;
+            let pod = pods
+                .get_opt(&pname)
+                .await
+                .map_err(KubeError::api(format!("get pod {pname}")))?;
+            let code = pod
+                .as_ref()
+                .and_then(|p| p.status.as_ref())
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.name == CELL_CONTAINER))
+                .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+                .map(|t| t.exit_code)
+                .unwrap_or(1);
+            Ok(code)
+        }
+        .await;
+        self.delete_job(&name).await;
+        if !secret_values.is_empty() {
+            let _ = secrets.delete(&name, &DeleteParams::default()).await;
+        }
+        r
+    }
+
+    /// Wait until a short Job's container has started (or fail in the cluster's words).
+    async fn probe_wait_started(&self, name: &str, uid: &str, limit: Duration) -> Result<(), KubeError> {
+        let started = Instant::now();
+        let mut unschedulable_since: Option<Instant> = None;
+        let fail = |message: String| KubeError::Unavailable {
+            message,
+            hint: "check the PVC, the images and the namespace (`kubectl describe pod -l orch.dev/setup`)"
+                .into(),
+        };
+        loop {
+            if started.elapsed() > limit {
+                return Err(fail(format!(
+                    "the Job `{name}` did not start within {:.0}s",
+                    limit.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(self.poll).await;
+            let Some(pod) = self.find_pod(name, uid).await else {
+                continue;
+            };
+            match watch::pod_state(&pod) {
+                PodState::Started => return Ok(()),
+                PodState::Unschedulable { message } => {
+                    let since = *unschedulable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.settings.unschedulable_grace.max(Duration::from_secs(60)) {
+                        return Err(fail(format!("the pod cannot be scheduled: {message}")));
+                    }
+                }
+                PodState::Stuck { message, .. } | PodState::EndedEarly { message, .. } => {
+                    return Err(fail(format!("the pod did not run: {message}")))
+                }
+                PodState::Pending { .. } => unschedulable_since = None,
+            }
+        }
+    }
+
     async fn probe_wait(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
         let pods: Api<Pod> = self.api();
         let started = Instant::now();

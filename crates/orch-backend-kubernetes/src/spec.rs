@@ -646,6 +646,187 @@ pub fn probe_job(name: &str, image: &str, script: &str, s: &KubeSettings) -> Job
     }
 }
 
+/// Where the static `orch` is in the agent image (for `orch setup` Jobs).
+pub const ORCH_CLI_IN_IMAGE: &str = "/orch-cli";
+/// Where the setup Job's suite file is mounted.
+pub const SETUP_SUITE_DIR: &str = "/orch/suite";
+
+/// `orch setup --backend kubernetes`: a Job that runs the static `orch`
+/// (installed from the agent image by its init container) in `image` (one
+/// with a CA bundle) with the weights PVC mounted read-write at `/weights`.
+/// `secret`: a Secret holding `HF_TOKEN` and/or `suite.yaml` (by reference
+/// only); `env`: plain variables (`HF_ENDPOINT`).
+pub fn setup_job(
+    name: &str,
+    image: &str,
+    args: &[String],
+    secret: Option<(&str, bool, bool)>,
+    env: &[(String, String)],
+    s: &KubeSettings,
+) -> Job {
+    let mut l = BTreeMap::new();
+    l.insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    l.insert("orch.dev/setup".to_string(), "weights".to_string());
+    let mut pod_labels = l.clone();
+    pod_labels.insert(JOB_LABEL.to_string(), name.to_string());
+    let mut mounts = vec![VolumeMount {
+        name: "orch-bin".into(),
+        mount_path: AGENT_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "orch-bin".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }];
+    if let Some(pvc) = &s.weights_pvc {
+        mounts.push(VolumeMount {
+            name: "weights".into(),
+            mount_path: WEIGHTS_MOUNT.into(),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "weights".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: pvc.clone(),
+                read_only: Some(false),
+            }),
+            ..Default::default()
+        });
+    }
+    let mut env_vars: Vec<EnvVar> = env
+        .iter()
+        .map(|(k, v)| EnvVar {
+            name: k.clone(),
+            value: Some(v.clone()),
+            value_from: None,
+        })
+        .collect();
+    if let Some((secret_name, has_token, has_suite)) = secret {
+        if has_token {
+            env_vars.push(EnvVar {
+                name: "HF_TOKEN".into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret_name.into(),
+                        key: "HF_TOKEN".into(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+            });
+        }
+        if has_suite {
+            mounts.push(VolumeMount {
+                name: "suite".into(),
+                mount_path: SETUP_SUITE_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: "suite".into(),
+                secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
+                    secret_name: Some(secret_name.into()),
+                    items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                        key: "suite.yaml".into(),
+                        path: "suite.yaml".into(),
+                        mode: None,
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    let installer = Container {
+        name: AGENT_CONTAINER.into(),
+        image: Some(s.agent_image.clone()),
+        command: Some(vec![
+            AGENT_IN_IMAGE.into(),
+            "install".into(),
+            format!("{AGENT_DIR}/orch"),
+            ORCH_CLI_IN_IMAGE.into(),
+        ]),
+        security_context: Some(installer_security()),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "orch-bin".into(),
+            mount_path: AGENT_DIR.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let mut command = vec![format!("{AGENT_DIR}/orch")];
+    command.extend(args.iter().cloned());
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(l),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            ttl_seconds_after_finished: Some(s.ttl_after_finished_s),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    init_containers: Some(vec![installer]),
+                    containers: vec![Container {
+                        name: CELL_CONTAINER.into(),
+                        image: Some(image.to_string()),
+                        command: Some(command),
+                        env: (!env_vars.is_empty()).then_some(env_vars),
+                        volume_mounts: Some(mounts),
+                        ..Default::default()
+                    }],
+                    volumes: Some(volumes),
+                    node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    tolerations: Some(gpu_toleration().into_iter().chain(user_tolerations(s)).collect()),
+                    service_account_name: s.service_account.clone(),
+                    image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
+                        s.image_pull_secrets
+                            .iter()
+                            .map(|n| LocalObjectReference { name: n.clone() })
+                            .collect()
+                    }),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A Secret of named values (the setup Job's token and suite), labelled as orch's.
+pub fn plain_secret(name: &str, values: &[(String, String)], s: &KubeSettings) -> Secret {
+    let mut l = BTreeMap::new();
+    l.insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(l),
+            ..Default::default()
+        },
+        data: Some(
+            values
+                .iter()
+                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
 /// The run's Secret with these values (created by orch, deleted with the run).
 pub fn run_secret(run_id: &str, values: &[(String, String)], s: &KubeSettings) -> Secret {
     Secret {

@@ -196,6 +196,12 @@ pub struct SetupArgs {
     /// Download from a batch job on a compute node instead of here (`--backend slurm`, for login nodes that may not download)
     #[arg(long)]
     pub as_job: bool,
+    /// Kubernetes: the kubeconfig context (default: the suite's, else the current one)
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Kubernetes: the namespace (default: the suite's, else the context's)
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -33,6 +33,8 @@ fn agent_image_root(tmp: &Path) -> PathBuf {
         agent.display()
     );
     std::fs::copy(&agent, root.join("orch-agent")).unwrap();
+    // The static `orch` the setup Job runs (here: this build's `orch`).
+    std::fs::copy(env!("CARGO_BIN_EXE_orch"), root.join("orch-cli")).unwrap();
     root
 }
 
@@ -63,6 +65,7 @@ fn cluster(
     let mut b = FakeKube::builder()
         .image(AGENT_IMAGE, agent_image_root(tmp.path()))
         .image("debian:bookworm-slim", &empty)
+        .image("python:3.11-slim", &empty)
         .image(&quickstart_image(), &empty);
     for n in nodes {
         b = b.node(n);
@@ -614,4 +617,62 @@ fn a_busy_cluster_is_a_queue_not_a_failure() {
         assert_eq!(cell["status"], "succeeded", "{cell:#}");
     }
     c.assert_nothing_left();
+}
+
+#[test]
+fn setup_fills_the_weights_pvc_from_a_job_in_the_cluster() {
+    use orch_testkit::fixtures::{write_test_model, ModelOptions};
+    let pvc = tempfile::tempdir().unwrap();
+    let hub_root = tempfile::tempdir().unwrap();
+    write_test_model(hub_root.path(), "acme/tiny", &ModelOptions::tiny()).unwrap();
+    let hub = orch_testkit::hub::HubServer::start(hub_root.path());
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.pvc("hf-weights", pvc.path()));
+    let suite = c.suite(
+        "setup",
+        "name: setup\nmodels: [{repo: acme/tiny}]\nkubernetes: {weights_pvc: hf-weights}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let out = c
+        .orch()
+        .env("HF_ENDPOINT", hub.endpoint())
+        .env("HF_TOKEN", TOKEN)
+        .args(["setup", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains(TOKEN));
+    // The weights are on the PVC, complete, and `orch plan` finds them there.
+    let repo = pvc.path().join("models--acme--tiny");
+    let commit = std::fs::read_to_string(repo.join("refs/main")).unwrap();
+    assert!(repo
+        .join(format!(".orch/complete-{}.json", commit.trim()))
+        .is_file());
+    let plan = c
+        .orch()
+        .args(["plan", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    // The token went in a Secret by reference, and the Secret is gone.
+    let reqs = c.fake.requests();
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("POST /api/v1/namespaces/bench/secrets")),
+        "{reqs:?}"
+    );
+    c.assert_nothing_left();
+    assert!(c.fake.objects("secrets").is_empty());
 }

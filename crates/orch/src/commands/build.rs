@@ -73,7 +73,20 @@ async fn build_agent(docker: &bollard::Docker, push: Option<&str>) -> anyhow::Re
     let context = tempfile_dir()?;
     std::fs::copy(&agent, context.join("orch-agent"))
         .map_err(|e| anyhow::anyhow!("cannot copy the static agent `{}`: {e}", agent.display()))?;
-    std::fs::write(context.join("Dockerfile"), AGENT_DOCKERFILE)?;
+    // The static `orch` too, when there is one (`orch setup --backend
+    // kubernetes` runs it in the cluster).
+    let mut dockerfile = AGENT_DOCKERFILE.to_string();
+    match crate::commands::modal::find_static_orch() {
+        Ok(orch) => {
+            std::fs::copy(&orch, context.join("orch-cli"))
+                .map_err(|e| anyhow::anyhow!("cannot copy the static orch `{}`: {e}", orch.display()))?;
+            dockerfile = dockerfile.replace("COPY orch-agent /orch-agent\n", "COPY orch-agent /orch-agent\nCOPY orch-cli /orch-cli\n");
+        }
+        Err(_) => eprintln!(
+            "note: no static `orch` found (`bash scripts/prepare-modal.sh` makes it): the image holds the agent only, so `orch setup --backend kubernetes` cannot use it"
+        ),
+    }
+    std::fs::write(context.join("Dockerfile"), dockerfile)?;
     let spec = ImageSpec {
         name: "orch-agent".into(),
         context: context.clone(),

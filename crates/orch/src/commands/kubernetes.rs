@@ -191,3 +191,96 @@ pub fn dry_run(plan: &Plan, namespace: Option<&str>, context: Option<&str>) -> a
     out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
     Ok(out)
 }
+
+/// `orch setup --backend kubernetes`: the download runs in the cluster, in a
+/// Job with the weights PVC mounted read-write (`orch setup` itself, the
+/// static `orch` from the agent image, with its resume and verification), so
+/// weights never pass through this machine. The token and the suite travel
+/// in a Secret made for the Job and deleted after it.
+pub async fn setup(args: &crate::cli::SetupArgs) -> anyhow::Result<i32> {
+    let plan = match &args.file {
+        Some(f) => Some(orch_manifest::load(f, &orch_manifest::ExpandOptions::default())?),
+        None => None,
+    };
+    let def = plan
+        .as_ref()
+        .and_then(|p| p.kubernetes.clone())
+        .unwrap_or_default();
+    let context = args.context.as_deref().or(def.context.as_deref());
+    let namespace = args.namespace.as_deref().or(def.namespace.as_deref());
+    let (client, ns) = orch_backend_kubernetes::connect(context, namespace)
+        .await
+        .map_err(|e| user(e.to_string()))?;
+    let mut s = match &plan {
+        Some(p) => settings(p, &ns),
+        None => KubeSettings::new(&ns, &agent_image(&def)),
+    };
+    if s.weights_pvc.is_none() {
+        s.weights_pvc = std::env::var("ORCH_WEIGHTS_PVC").ok().filter(|v| !v.is_empty());
+    }
+    let Some(pvc) = s.weights_pvc.clone() else {
+        return Err(user(
+            "`orch setup --backend kubernetes` fills the weights PVC, and none is named\nhint: `kubernetes: {weights_pvc: NAME}` in the suite (`-f SUITE`), or `ORCH_WEIGHTS_PVC=NAME`",
+        ));
+    };
+    if s.agent_image.is_empty() {
+        return Err(user(
+            "`orch setup --backend kubernetes` runs the static `orch` of the agent image, and none is named\nhint: `orch build --agent --push REGISTRY` (with `bash scripts/prepare-modal.sh` run first, for the static `orch`), then `ORCH_AGENT_IMAGE=...`",
+        ));
+    }
+    let mut cmd: Vec<String> = vec!["setup".into()];
+    let mut secret_values: Vec<(String, String)> = Vec::new();
+    if let Some(f) = &args.file {
+        let text = std::fs::read_to_string(f)?;
+        secret_values.push(("suite.yaml".into(), text));
+        cmd.extend(["-f".into(), format!("{}/suite.yaml", spec::SETUP_SUITE_DIR)]);
+    }
+    for m in &args.models {
+        cmd.extend(["--model".into(), m.clone()]);
+    }
+    cmd.extend([
+        "--weights-dir".into(),
+        orch_backend_kubernetes::WEIGHTS_MOUNT.into(),
+        "--connections".into(),
+        args.connections.to_string(),
+    ]);
+    if args.json {
+        cmd.push("--json".into());
+    }
+    if let Some(t) = orch_hub::token::resolve_token() {
+        secret_values.push(("HF_TOKEN".into(), t.expose().to_string()));
+    }
+    let mut env = Vec::new();
+    if let Ok(e) = std::env::var("HF_ENDPOINT") {
+        env.push(("HF_ENDPOINT".to_string(), e));
+    }
+    let image = std::env::var("ORCH_KUBERNETES_SETUP_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| orch_backend_modal::setup::DEFAULT_SETUP_IMAGE.into());
+    eprintln!("weights volume: PVC `{pvc}` in namespace `{ns}` (setup runs in a Job, image {image})");
+    let backend = KubernetesBackend::new(client, s);
+    let json = args.json;
+    let code = backend
+        .run_setup(&image, &cmd, &secret_values, &env, |line| {
+            if json {
+                println!("{line}");
+            } else {
+                eprintln!("{line}");
+            }
+        })
+        .await
+        .map_err(|e| -> anyhow::Error {
+            if e.is_user_error() {
+                user(e.to_string())
+            } else {
+                e.into()
+            }
+        })?;
+    // `orch setup` exits 2 for user errors (a gated repo...): keep its code.
+    Ok(match code {
+        0 => 0,
+        2 => 2,
+        _ => 1,
+    })
+}

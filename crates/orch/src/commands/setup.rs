@@ -26,6 +26,9 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
     if args.backend == "modal" {
         return crate::commands::modal::setup(&args).await;
     }
+    if args.backend == "kubernetes" {
+        return crate::commands::kubernetes::setup(&args).await;
+    }
     let mut requests = Vec::new();
     let mut slurm_def = None;
     if let Some(file) = &args.file {
