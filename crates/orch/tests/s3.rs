@@ -139,14 +139,14 @@ fn quickstart_on_s3_is_read_back_by_every_command() {
     let shown = json(&show);
     assert_eq!(shown["cells"], rec["cells"]);
 
-    let logs = read(&["logs", &id, "command.none", "--stream", "stdout"]);
+    let logs = read(&["logs", &id, "command.cpu", "--stream", "stdout"]);
     assert_eq!(logs.status.code(), Some(0), "{}", text(&logs));
     assert!(
-        String::from_utf8_lossy(&logs.stdout).contains("hello from command.none"),
+        String::from_utf8_lossy(&logs.stdout).contains("hello from command.cpu"),
         "{}",
         text(&logs)
     );
-    let tail = read(&["logs", &id, "command.none", "--stream", "stdout", "--tail", "1"]);
+    let tail = read(&["logs", &id, "command.cpu", "--stream", "stdout", "--tail", "1"]);
     assert_eq!(
         String::from_utf8_lossy(&tail.stdout).lines().count(),
         1,
@@ -432,7 +432,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         show(back.to_str().unwrap())["cells"],
         show(local.to_str().unwrap())["cells"]
     );
-    for c in ["s.none.i-1", "s.none.i-2"] {
+    for c in ["s.cpu.i-1", "s.cpu.i-2"] {
         let a = std::fs::read(local.join(&id).join("cells").join(c).join("stdout.log")).unwrap();
         let b = std::fs::read(back.join(&id).join("cells").join(c).join("stdout.log")).unwrap();
         assert_eq!(a, b);
@@ -469,7 +469,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         .args([
             "logs",
             "latest",
-            "t.none",
+            "t.cpu",
             "--stream",
             "stdout",
             "-f",
