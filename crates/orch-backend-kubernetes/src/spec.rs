@@ -97,7 +97,7 @@ impl KubeSettings {
             secret_keys: vec![],
             agent_image: agent_image.into(),
             max_pending: Duration::from_secs(15 * 60),
-            unschedulable_grace: Duration::from_secs(5),
+            unschedulable_grace: Duration::from_secs(10),
             ttl_after_finished_s: 3600,
             cpu: None,
         }

@@ -416,7 +416,7 @@ pub struct KubernetesDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<Seconds>,
     /// An unschedulable pod fails the cell after this long, unless an
-    /// autoscaler is adding a node (default 5s).
+    /// autoscaler is adding a node (default 10s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable_grace: Option<Seconds>,
     /// CPU request and limit of a cell (`8`, `500m`).
