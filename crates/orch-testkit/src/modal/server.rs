@@ -1050,9 +1050,14 @@ impl FakeModalBuilder {
         let (root, guard) = match self.root {
             Some(r) => (r, None),
             None => {
+                // Tests start servers at the same instant on several
+                // threads: a counter keeps their folders apart (one server's
+                // cleanup must never remove another's blobs).
+                static NEXT: AtomicU64 = AtomicU64::new(0);
                 let r = std::env::temp_dir().join(format!(
-                    "fake-modal-{}-{}",
+                    "fake-modal-{}-{}-{}",
                     std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed),
                     now_s().to_bits()
                 ));
                 (r.clone(), Some(r))
