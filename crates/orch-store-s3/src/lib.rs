@@ -570,10 +570,23 @@ impl StoreBackend for S3Store {
         }
         let last = self.claims(run.id(), cell)?.into_iter().max();
         if let Some(n) = last {
-            let recorded = self
-                .objects
-                .get(&format!("{runkey}records/{cell}/{n}.json"), 0)?
-                .is_some();
+            let record = self.objects.get(&format!("{runkey}records/{cell}/{n}.json"), 0)?;
+            // A finished record whose `done` marker is not up yet: the other
+            // process is between its two writes (record, then done).
+            if let Some(bytes) = &record {
+                let finished = serde_json::from_slice::<serde_json::Value>(bytes)
+                    .ok()
+                    .and_then(|v| v["status"].as_str().map(|s| s != "cancelled"))
+                    .unwrap_or(false);
+                if finished {
+                    return Err(StoreError::RecordedElsewhere {
+                        run: run.id().to_string(),
+                        cell: cell.to_string(),
+                        by: writer_of(bytes),
+                    });
+                }
+            }
+            let recorded = record.is_some();
             if !recorded {
                 if let Some(claim) = self.get_json::<Claim>(&format!("{runkey}claims/{cell}/{n}"))? {
                     let limit = run
