@@ -211,7 +211,8 @@ impl KubernetesBackend {
 
 impl KubernetesBackend {
     /// Run `sh -c SCRIPT` in a short Job ([`spec::probe_job`]) and return
-    /// its log; a pod that cannot start is an error in the cluster's words.
+    /// its log; a pod that cannot start, or a script that fails, is an error
+    /// in the cluster's words.
     pub async fn probe(
         &self,
         what: &str,
@@ -219,16 +220,20 @@ impl KubernetesBackend {
         script: &str,
         limit: Duration,
     ) -> Result<String, KubeError> {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let name = spec::dns_name(&format!("orch-probe-{what}"), &format!("{stamp}"), 52);
+        let name = short_job_name(&format!("orch-probe-{what}"));
         let job = spec::probe_job(&name, image, script, &self.settings);
-        let uid = self.create_job(&job).await?;
-        let r = self.probe_wait(&name, &uid, limit).await;
-        self.delete_job(&name).await;
-        r
+        let (code, log) = self.run_short_job(&job, limit, |_| {}).await?;
+        if code != 0 {
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            return Err(KubeError::Unavailable {
+                message: format!(
+                    "the probe Job `{name}` exited with {code}: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ),
+                hint: "check the PVC and the probe image (`ORCH_KUBERNETES_IMAGE`; it needs `sh`)".into(),
+            });
+        }
+        Ok(log)
     }
 
     /// `orch setup --backend kubernetes`: the setup Job (with its Secret of
@@ -240,13 +245,9 @@ impl KubernetesBackend {
         args: &[String],
         secret_values: &[(String, String)],
         env: &[(String, String)],
-        mut on_line: impl FnMut(&str),
+        on_line: impl FnMut(&str),
     ) -> Result<i32, KubeError> {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let name = spec::dns_name("orch-setup", &format!("{stamp}"), 52);
+        let name = short_job_name("orch-setup");
         let secrets: Api<Secret> = self.api();
         let has_token = secret_values.iter().any(|(k, _)| k == "HF_TOKEN");
         let has_suite = secret_values.iter().any(|(k, _)| k == "suite.yaml");
@@ -267,30 +268,43 @@ impl KubernetesBackend {
             env,
             &self.settings,
         );
+        let r = self
+            .run_short_job(&job, Duration::from_secs(24 * 3600), on_line)
+            .await;
+        if !secret_values.is_empty() {
+            let _ = secrets.delete(&name, &DeleteParams::default()).await;
+        }
+        r.map(|(code, _)| code)
+    }
+
+    /// Create a Job of one short-lived pod, wait for its container to start
+    /// (or fail in the cluster's words), follow its log to `on_line` until it
+    /// ends, delete the Job; its exit code and whole log.
+    async fn run_short_job(
+        &self,
+        job: &Job,
+        limit: Duration,
+        mut on_line: impl FnMut(&str),
+    ) -> Result<(i32, String), KubeError> {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let uid = self.create_job(job).await?;
         let r = async {
-            let uid = self.create_job(&job).await?;
-            // Wait for the container to start, then follow its log.
-            self.probe_wait_started(&name, &uid, Duration::from_secs(24 * 3600))
-                .await?;
+            let pod = self.wait_started(&name, &uid, limit).await?;
             let pods: Api<Pod> = self.api();
-            let Some(pod) = self.find_pod(&name, &uid).await else {
-                return Err(KubeError::Unavailable {
-                    message: format!("the setup pod of Job `{name}` disappeared"),
-                    hint: "run `orch setup --backend kubernetes` again (it resumes)".into(),
-                });
-            };
-            let pname = pod.metadata.name.clone().unwrap_or_default();
             let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-            let follower = tokio::spawn(follow_log(pods.clone(), pname.clone(), tx));
+            let follower = tokio::spawn(follow_log(pods.clone(), pod.clone(), tx));
+            let mut log = String::new();
             while let Some(line) = rx.recv().await {
                 on_line(&line);
+                log.push_str(&line);
+                log.push('\n');
             }
             let _ = follower.await;
-            let pod = pods
-                .get_opt(&pname)
+            let code = tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod))
                 .await
-                .map_err(KubeError::api(format!("get pod {pname}")))?;
-            let code = pod
+                .ok()
+                .and_then(|r| r.ok())
+                .flatten()
                 .as_ref()
                 .and_then(|p| p.status.as_ref())
                 .and_then(|s| s.container_statuses.as_ref())
@@ -298,24 +312,22 @@ impl KubernetesBackend {
                 .and_then(|c| c.state.as_ref()?.terminated.as_ref())
                 .map(|t| t.exit_code)
                 .unwrap_or(1);
-            Ok(code)
+            Ok((code, log))
         }
         .await;
         self.delete_job(&name).await;
-        if !secret_values.is_empty() {
-            let _ = secrets.delete(&name, &DeleteParams::default()).await;
-        }
         r
     }
 
-    /// Wait until a short Job's container has started (or fail in the cluster's words).
-    async fn probe_wait_started(&self, name: &str, uid: &str, limit: Duration) -> Result<(), KubeError> {
+    /// Wait until a short Job's container has started; its pod's name.
+    async fn wait_started(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
         let started = Instant::now();
         let mut unschedulable_since: Option<Instant> = None;
         let fail = |message: String| KubeError::Unavailable {
             message,
-            hint: "check the PVC, the images and the namespace (`kubectl describe pod -l orch.dev/setup`)"
-                .into(),
+            hint: format!(
+                "check the PVC, the images and the namespace (`kubectl describe pod -l {JOB_LABEL}={name}`)"
+            ),
         };
         loop {
             if started.elapsed() > limit {
@@ -329,74 +341,31 @@ impl KubernetesBackend {
                 continue;
             };
             match watch::pod_state(&pod) {
-                PodState::Started => return Ok(()),
+                PodState::Started => return Ok(pod.metadata.name.clone().unwrap_or_default()),
                 PodState::Unschedulable { message } => {
                     let since = *unschedulable_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= self.settings.unschedulable_grace.max(Duration::from_secs(60)) {
-                        return Err(fail(format!("the pod cannot be scheduled: {message}")));
+                        return Err(fail(format!(
+                            "the pod of Job `{name}` cannot be scheduled: {message}"
+                        )));
                     }
                 }
                 PodState::Stuck { message, .. } | PodState::EndedEarly { message, .. } => {
-                    return Err(fail(format!("the pod did not run: {message}")))
+                    return Err(fail(format!("the pod of Job `{name}` did not run: {message}")))
                 }
                 PodState::Pending { .. } => unschedulable_since = None,
             }
         }
     }
+}
 
-    async fn probe_wait(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
-        let pods: Api<Pod> = self.api();
-        let started = Instant::now();
-        let mut unschedulable_since: Option<Instant> = None;
-        let fail = |message: String| KubeError::Unavailable {
-            message,
-            hint: "check the PVC, the image and the namespace (`kubectl describe pod -l orch.dev/probe`)"
-                .into(),
-        };
-        loop {
-            if started.elapsed() > limit {
-                return Err(fail(format!(
-                    "the probe Job `{name}` did not finish within {:.0}s",
-                    limit.as_secs_f64()
-                )));
-            }
-            tokio::time::sleep(self.poll).await;
-            let Some(pod) = self.find_pod(name, uid).await else {
-                continue;
-            };
-            let pname = pod.metadata.name.clone().unwrap_or_default();
-            let phase = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            match watch::pod_state(&pod) {
-                PodState::Unschedulable { message } => {
-                    let since = *unschedulable_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.settings.unschedulable_grace {
-                        return Err(fail(format!("the probe pod cannot be scheduled: {message}")));
-                    }
-                }
-                PodState::Stuck { message, .. } | PodState::EndedEarly { message, .. } => {
-                    return Err(fail(format!("the probe pod did not run: {message}")))
-                }
-                PodState::Started | PodState::Pending { .. }
-                    if matches!(phase.as_str(), "Succeeded" | "Failed") =>
-                {
-                    let log = read_log(&pods, &pname).await.unwrap_or_default();
-                    if phase == "Failed" {
-                        let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                        return Err(fail(format!(
-                            "the probe pod failed: {}",
-                            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-                        )));
-                    }
-                    return Ok(log);
-                }
-                _ => unschedulable_since = None,
-            }
-        }
-    }
+/// A fresh name for a short Job (`PREFIX-...`), unique per call.
+fn short_job_name(prefix: &str) -> String {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    spec::dns_name(prefix, &stamp.to_string(), 52)
 }
 
 /// The `orch: kubernetes ...` line of a failure (the diagnosis rules match it).

@@ -77,6 +77,10 @@ impl KubeError {
                 ),
                 hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods and Secrets in the namespace".into(),
             },
+            kube::Error::Api(s) if s.code == 422 => KubeError::Unavailable {
+                message: format!("the cluster refused `{call}` as invalid: {}", s.message),
+                hint: "check the suite's `kubernetes:` values (`cpu`, `shm_size`, tolerations, names) against the message; `orch run --dry-run` prints what orch sends".into(),
+            },
             _ => KubeError::Api { call, source },
         }
         }

@@ -97,17 +97,21 @@ impl Cluster {
         self.tmp.path().join("store")
     }
 
-    fn run(&self, manifest: &Path, extra: &[&str]) -> (Output, Value) {
-        let out = self
-            .orch()
-            .args(["run", "-f"])
-            .arg(manifest)
+    /// `orch run -f SUITE --backend kubernetes --store STORE EXTRA...`.
+    fn run_cmd(&self, suite: &Path, extra: &[&str]) -> Command {
+        let mut c = self.orch();
+        c.args(["run", "-f"])
+            .arg(suite)
             .args(["--backend", "kubernetes", "--store"])
             .arg(self.store())
-            .arg("--json")
-            .args(extra)
-            .output()
-            .unwrap();
+            .args(extra);
+        c
+    }
+
+    fn run(&self, manifest: &Path, extra: &[&str]) -> (Output, Value) {
+        let mut extra = extra.to_vec();
+        extra.push("--json");
+        let out = self.run_cmd(manifest, &extra).output().unwrap();
         let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
@@ -126,11 +130,7 @@ impl Cluster {
 
     /// `orch run` of a suite in the background (`--json` on a pipe).
     fn spawn(&self, suite: &Path) -> std::process::Child {
-        self.orch()
-            .args(["run", "-f"])
-            .arg(suite)
-            .args(["--backend", "kubernetes", "--json", "--store"])
-            .arg(self.store())
+        self.run_cmd(suite, &["--json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -308,12 +308,8 @@ fn image_and_secret_errors_are_named() {
     );
     let (_, v) = {
         let out = c
-            .orch()
+            .run_cmd(&suite, &["--json"])
             .env("HF_TOKEN", TOKEN)
-            .args(["run", "-f"])
-            .arg(&suite)
-            .args(["--backend", "kubernetes", "--json", "--store"])
-            .arg(c.store())
             .output()
             .unwrap();
         (out.status, serde_json::from_slice::<Value>(&out.stdout).unwrap())
@@ -334,15 +330,7 @@ fn secrets_reach_the_pod_by_reference_only_and_are_masked_at_home() {
         "canary",
         "name: canary\nsecrets: [HF_TOKEN]\nbenchmarks:\n  - name: leak\n    workload: {shell: 'echo \"token=$HF_TOKEN\"; echo \"$HF_TOKEN\" | base64; echo \"err $HF_TOKEN\" >&2'}\n",
     );
-    let out = c
-        .orch()
-        .env("HF_TOKEN", TOKEN)
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--store"])
-        .arg(c.store())
-        .output()
-        .unwrap();
+    let out = c.run_cmd(&suite, &[]).env("HF_TOKEN", TOKEN).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let all = format!(
         "{}{}",
@@ -420,11 +408,7 @@ fn orch_down_deletes_what_a_killed_run_left() {
         "name: left\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'sleep 120'}\n",
     );
     let mut child = c
-        .orch()
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--store"])
-        .arg(c.store())
+        .run_cmd(&suite, &[])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -453,12 +437,8 @@ fn dry_run_prints_the_manifests_and_applies_nothing() {
         "name: dry\ngpus: [\"H100:8\"]\nimage: registry.local/team/serve:v1\nsecrets: [HF_TOKEN]\nkubernetes: {weights_pvc: hf-weights, namespace: bench}\nbenchmarks:\n  - name: serve\n    workload: {shell: 'echo hi'}\n",
     );
     let out = c
-        .orch()
+        .run_cmd(&suite, &["--dry-run"])
         .env("HF_TOKEN", TOKEN)
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--dry-run", "--store"])
-        .arg(c.store())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -489,13 +469,7 @@ fn kubernetes_cells_are_costed_at_the_users_price() {
         "name: paid\ngpus: [\"H100:2\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'sleep 1; echo hi'}\n",
     );
     let out = c
-        .orch()
-        .args(["--prices"])
-        .arg(&prices)
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--json", "--store"])
-        .arg(c.store())
+        .run_cmd(&suite, &["--prices", prices.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -562,14 +536,7 @@ fn plan_and_run_check_the_weights_pvc_on_the_cluster() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["models"][0]["complete"], false, "{v:#}");
-    let run = c
-        .orch()
-        .args(["run", "-f"])
-        .arg(&suite)
-        .args(["--backend", "kubernetes", "--store"])
-        .arg(c.store())
-        .output()
-        .unwrap();
+    let run = c.run_cmd(&suite, &[]).output().unwrap();
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("org/tiny@main"));
     // What `orch setup` leaves: the ref and the completeness marker.
