@@ -83,8 +83,11 @@ PRESETS = {"nano": (64, 2, 4, 256), "tiny": (128, 4, 4, 512), "mini": (256, 4, 8
            "xl": (1600, 48, 25, 6400), "2.7B": (2560, 32, 32, 10240)}
 
 
-def torch_transformer(cfg, warmup, reps):
-    """The agent's builtin transformer, op for op, in eager PyTorch (bf16 weights)."""
+def torch_model(cfg, weights=None):
+    """The agent's builtin transformer, op for op, in eager PyTorch (bf16 weights).
+
+    `weights`: tensors by the agent's parameter names (from ORCH_TRANSFORMER_DUMP);
+    else fresh seeded ones. Returns (named params, forward(attention) -> logits)."""
     d, layers, heads, ff = PRESETS[cfg["preset"]]
     t, b, vocab = cfg["context"], cfg["batch"], cfg["vocab"]
     dt = torch.bfloat16
@@ -99,50 +102,157 @@ def torch_transformer(cfg, warmup, reps):
     def zeros(n):
         return torch.zeros(n, device="cuda", dtype=dt, requires_grad=True)
 
-    wte, wpe = normal(vocab, d), normal(t, d)
-    blocks = [dict(ln1_g=ones(d), ln1_b=zeros(d), w_qkv=normal(d, 3 * d), b_qkv=zeros(3 * d),
-                   w_o=normal(d, d), b_o=zeros(d), ln2_g=ones(d), ln2_b=zeros(d),
-                   w1=normal(d, ff), b1=zeros(ff), w2=normal(ff, d), b2=zeros(d)) for _ in range(layers)]
-    lnf_g, lnf_b, head = ones(d), zeros(d), normal(d, vocab)
+    if weights is None:
+        p = {"wte": normal(vocab, d), "wpe": normal(t, d), "lnf_g": ones(d), "lnf_b": zeros(d), "head": normal(d, vocab)}
+        for i in range(layers):
+            for k, v in dict(ln1_g=ones(d), ln1_b=zeros(d), w_qkv=normal(d, 3 * d), b_qkv=zeros(3 * d),
+                             w_o=normal(d, d), b_o=zeros(d), ln2_g=ones(d), ln2_b=zeros(d),
+                             w1=normal(d, ff), b1=zeros(ff), w2=normal(ff, d), b2=zeros(d)).items():
+                p[f"h{i}.{k}"] = v
+    else:
+        p = {k: v.to("cuda", dt).requires_grad_() for k, v in weights.items()}
     mask = torch.triu(torch.full((t, t), -1e9, device="cuda"), diagonal=1).to(dt)
-    tokens = torch.randint(0, vocab, (b * t,), device="cuda")
-    targets = torch.randint(0, vocab, (b * t,), device="cuda")
     hd = d // heads
 
-    def forward():
-        x = (wte[tokens].view(b, t, d) + wpe).view(b * t, d)
-        for blk in blocks:
-            h = F.layer_norm(x, (d,), blk["ln1_g"], blk["ln1_b"], 1e-5)
-            qkv = (h @ blk["w_qkv"] + blk["b_qkv"]).view(b, t, 3, heads, hd)
-            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-            scores = (q * (1.0 / hd**0.5)) @ k.transpose(-1, -2) + mask
-            a = torch.softmax(scores, dim=-1) @ v
-            x = x + (a.transpose(1, 2).reshape(b * t, d) @ blk["w_o"] + blk["b_o"])
-            h = F.layer_norm(x, (d,), blk["ln2_g"], blk["ln2_b"], 1e-5)
-            x = x + (F.gelu(h @ blk["w1"] + blk["b1"], approximate="tanh") @ blk["w2"] + blk["b2"])
-        return F.layer_norm(x, (d,), lnf_g, lnf_b, 1e-5) @ head
+    def forward(tokens, attention="explicit"):
+        x = (p["wte"][tokens].view(b, t, d) + p["wpe"]).view(b * t, d)
+        for i in range(layers):
+            w = lambda k: p[f"h{i}.{k}"]
+            h = F.layer_norm(x, (d,), w("ln1_g"), w("ln1_b"), 1e-5)
+            qkv = (h @ w("w_qkv") + w("b_qkv")).view(b, t, 3, heads, hd)
+            q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))
+            if attention == "sdpa":
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                scores = (q * (1.0 / hd**0.5)) @ k.transpose(-1, -2) + mask
+                a = torch.softmax(scores, dim=-1) @ v
+            x = x + (a.transpose(1, 2).reshape(b * t, d) @ w("w_o") + w("b_o"))
+            h = F.layer_norm(x, (d,), w("ln2_g"), w("ln2_b"), 1e-5)
+            x = x + (F.gelu(h @ w("w1") + w("b1"), approximate="tanh") @ w("w2") + w("b2"))
+        return F.layer_norm(x, (d,), p["lnf_g"], p["lnf_b"], 1e-5) @ p["head"]
 
-    params = [wte, wpe, lnf_g, lnf_b, head] + [p for blk in blocks for p in blk.values()]
+    return p, forward
+
+
+def torch_transformer(cfg, warmup, reps, attention="explicit", train=True):
+    """Step times and peak allocated memory of the same step in PyTorch."""
+    b, t, vocab = cfg["batch"], cfg["context"], cfg["vocab"]
+    torch.cuda.empty_cache()
+    params, forward = torch_model(cfg)
+    tokens = torch.randint(0, vocab, (b * t,), device="cuda")
+    targets = torch.randint(0, vocab, (b * t,), device="cuda")
 
     def step():
-        loss = F.cross_entropy(forward().float(), targets)
+        if not train:
+            with torch.no_grad():
+                forward(tokens, attention)
+            return
+        loss = F.cross_entropy(forward(tokens, attention).float(), targets)
         loss.backward()
-        for p in params:
+        for p in params.values():
             p.grad = None
 
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
-    del params, blocks
+    peak = torch.cuda.max_memory_allocated()
+    del params, forward
     torch.cuda.empty_cache()
     return {"step_time_median_ms": median(times), "step_time_mean_ms": statistics.fmean(times),
-            "tokens_per_s": b * t / (statistics.fmean(times) / 1000), "step_times_ms": times}
+            "tokens_per_s": b * t / (statistics.fmean(times) / 1000), "peak_allocated_bytes": peak,
+            "step_times_ms": times}
+
+
+def transformer_task(cfg, warmup, reps, pass_="train"):
+    return {"version": 1, "run_id": "bench", "cell_id": f"transformer.{cfg['preset']}", "gpu": "H100",
+            "workload": {"kind": "builtin", "name": "transformer", "preset": cfg["preset"], "context": cfg["context"],
+                         "batch": cfg["batch"], "vocab": cfg["vocab"], "pass": pass_, "dtype": "bf16"},
+            "measure": {"warmup": warmup, "repetitions": reps, "timeout_s": 600.0, "kill_grace_s": 5.0}}
+
+
+def kernel_checks(agent):
+    """`orch-agent check-kernels`: every fused op and a whole step against the unfused composition."""
+    proc = subprocess.run([agent, "check-kernels", "cuda"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checks = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    worst = {}
+    for c in checks:
+        key = c["dtype"]
+        worst[key] = max(worst.get(key, 0.0), c["check"]["rel_err"])
+    return {"exit_code": proc.returncode, "count": len(checks), "failed": [c for c in checks if not c["check"]["ok"]],
+            "worst_rel_err": worst, "stderr": proc.stderr[-2000:]}
+
+
+def pytorch_agreement(agent, cfg):
+    """One step of the agent's model and of PyTorch's on the same weights and tokens: loss, gradient norm,
+    and each parameter's gradient (relative error = |a - b|_2 / |b|_2)."""
+    from safetensors.torch import load_file
+    d = tempfile.mkdtemp(prefix="orch-dump-")
+    path = os.path.join(d, "step.safetensors")
+    r = run_agent(agent, transformer_task(cfg, 0, 1), {"ORCH_TRANSFORMER_DUMP": path, "ORCH_TELEMETRY_HZ": "0"})
+    dump = load_file(path, device="cuda")
+    weights = {k[len("param."):]: v for k, v in dump.items() if k.startswith("param.")}
+    params, forward = torch_model(cfg, weights)
+    tokens, targets = dump["tokens"].long(), dump["targets"].long()
+    loss = F.cross_entropy(forward(tokens).float(), targets)
+    loss.backward()
+    rel = {}
+    sq = 0.0
+    for k, p in params.items():
+        g, a = p.grad.float(), dump["grad." + k].float()
+        sq += float((g * g).sum())
+        rel[k] = float((a - g).norm() / g.norm().clamp_min(1e-12))
+    torch_norm = math.sqrt(sq)
+    shutil.rmtree(d, ignore_errors=True)
+    worst = sorted(rel.items(), key=lambda kv: -kv[1])[:5]
+    return {"agent_loss": r["info"].get("loss"), "torch_loss": float(loss),
+            "agent_grad_norm": r["info"].get("grad_norm"), "torch_grad_norm": torch_norm,
+            "loss_rel_diff": abs(r["info"]["loss"] - float(loss)) / abs(float(loss)),
+            "grad_norm_rel_diff": abs(r["info"]["grad_norm"] - torch_norm) / torch_norm,
+            "grad_rel_err_median": median(list(rel.values())), "grad_rel_err_worst": dict(worst),
+            "note": "both bf16; the agent's backward is written out, PyTorch's is autograd"}
+
+
+def transformer_sweep(agent, presets, warmup, reps):
+    """The fused agent against PyTorch eager (explicit softmax) and SDPA per preset: step time, peak memory,
+    and the agent's memory estimate (its `oom` preflight) against what it used."""
+    out = {}
+    for preset in presets:
+        cfg = {"preset": preset, "context": 1024, "batch": 8, "vocab": 50304}
+        row = {"config": cfg}
+        try:
+            r = run_agent(agent, transformer_task(cfg, warmup, reps), {"ORCH_TELEMETRY_HZ": "0"})
+            row["orch"] = {"status": r["status"], "step_time_median_ms": r["metrics"].get("step_time_median_ms"),
+                           "peak_pool_bytes": r["info"].get("gpu_pool_peak_bytes"),
+                           "estimated_bytes": r["info"].get("estimated_bytes"), "kernels": r["info"].get("kernels"),
+                           "fused_compile_ms": r["info"].get("fused_compile_ms"),
+                           "failure": (r.get("failure") or {}).get("message") if isinstance(r.get("failure"), dict) else r.get("failure")}
+        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+            row["orch"] = {"error": str(e)}
+        for name, attn in (("pytorch_eager", "explicit"), ("pytorch_sdpa", "sdpa")):
+            try:
+                row[name] = {k: v for k, v in torch_transformer(cfg, warmup, reps, attn).items() if k != "step_times_ms"}
+            except torch.OutOfMemoryError as e:
+                row[name] = {"error": "out of memory"}
+                torch.cuda.empty_cache()
+        o, e = row["orch"], row.get("pytorch_eager", {})
+        if o.get("step_time_median_ms") and e.get("step_time_median_ms"):
+            row["ratio_vs_eager"] = e["step_time_median_ms"] / o["step_time_median_ms"]
+        if o.get("step_time_median_ms") and row.get("pytorch_sdpa", {}).get("step_time_median_ms"):
+            row["ratio_vs_sdpa"] = row["pytorch_sdpa"]["step_time_median_ms"] / o["step_time_median_ms"]
+        if o.get("peak_pool_bytes") and e.get("peak_allocated_bytes"):
+            row["memory_ratio_vs_eager"] = o["peak_pool_bytes"] / e["peak_allocated_bytes"]
+        if o.get("peak_pool_bytes") and o.get("estimated_bytes"):
+            row["estimate_error"] = o["estimated_bytes"] / o["peak_pool_bytes"] - 1
+        print(f"  {preset}: {json.dumps({k: v for k, v in row.items() if k.startswith(('ratio', 'memory', 'estimate'))})}", file=sys.stderr)
+        out[preset] = row
+    return out
 
 
 def run_agent(agent, task, env_extra):
@@ -158,6 +268,21 @@ def run_agent(agent, task, env_extra):
     return r
 
 
+def transformer_report(a):
+    """Kernel checks, agreement with PyTorch on the same weights, and the preset sweep."""
+    small = {"preset": "small", "context": 1024, "batch": 8, "vocab": 50304}
+    print("kernel checks...", file=sys.stderr)
+    checks = kernel_checks(a.agent)
+    print(f"  {checks['count']} checks, {len(checks['failed'])} failed, worst {checks['worst_rel_err']}", file=sys.stderr)
+    print("agreement with PyTorch...", file=sys.stderr)
+    agreement = pytorch_agreement(a.agent, small)
+    print(f"  {json.dumps({k: v for k, v in agreement.items() if 'diff' in k or 'median' in k})}", file=sys.stderr)
+    print("preset sweep...", file=sys.stderr)
+    sweep = transformer_sweep(a.agent, [p for p in a.presets.split(",") if p], 5, 20)
+    sweep |= transformer_sweep(a.agent, [p for p in a.memory_presets.split(",") if p], 1, 3)
+    return {"kernel_checks": checks, "pytorch_agreement": agreement, "sweep": sweep}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--orch", required=True)
@@ -165,10 +290,22 @@ def main():
     ap.add_argument("--manifest", default="manifests/gpu-h100.yaml")
     ap.add_argument("--out", default="results")
     ap.add_argument("--gpu", default=None, help="GPU spec for the suite (default: from the device name)")
+    ap.add_argument("--transformer-only", action="store_true",
+                    help="only the builtin transformer: kernel checks, PyTorch agreement, preset sweep")
+    ap.add_argument("--presets", default="small,medium,large", help="presets timed against PyTorch")
+    ap.add_argument("--memory-presets", default="xl,2.7B", help="presets run briefly for memory and the oom estimate")
     a = ap.parse_args()
 
     name = torch.cuda.get_device_name()
     model = next((m for m in ("H200", "H100", "A100", "L40S", "L4", "A10G", "T4") if re.search(rf"\b{m}\b", name)), "gpu")
+    slug = model.lower()
+    transformer = transformer_report(a)
+    if a.transformer_only:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, f"gpu-{slug}-transformer.json"), "w") as f:
+            json.dump({"gpu": name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                       "command": "bash scripts/bench-gpu.sh --transformer-only"} | transformer, f, indent=2)
+        return
     spec = a.gpu or model
     store = tempfile.mkdtemp(prefix="orch-store-")
     env = dict(os.environ, ORCH_AGENT=a.agent)
@@ -235,13 +372,13 @@ def main():
         },
         "pytorch": {"calibrate": torch_cal, "transformer": {k: v for k, v in torch_tr.items() if k != "step_times_ms"}},
         "ratios": ratios,
+        "transformer": transformer,
         "telemetry_overhead": overhead,
         "telemetry_during_calibration": {k: cal["metrics"].get(k) for k in (
             "gpu_util_mean_pct", "gpu_power_mean_w", "gpu_energy_j", "gpu_sm_clock_mean_mhz", "gpu_peak_memory_bytes", "gpu_temp_max_c")},
         "orch_run": {"exit_code": proc.returncode, "wall_s": orch_wall, "counts": record.get("counts")},
     }
     os.makedirs(a.out, exist_ok=True)
-    slug = model.lower()
     with open(os.path.join(a.out, f"gpu-{slug}.json"), "w") as f:
         json.dump(out, f, indent=2)
     train = {cid: {k: c.get(k) for k in ("status", "gpu", "params", "metrics", "timings", "flags", "hardware", "cost", "diagnosis", "duration_s")}

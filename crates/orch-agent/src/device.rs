@@ -91,12 +91,14 @@ pub fn open_device(kind: DeviceKind) -> candle_core::Result<Device> {
 }
 
 #[cfg(feature = "cuda")]
-fn keep_freed_memory(ordinal: usize) -> candle_core::Result<()> {
+fn default_pool(
+    ordinal: usize,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool> {
     use candle_core::cuda_backend::cudarc::driver::sys;
     let fail = |what: &str, r: sys::CUresult| candle_core::Error::Msg(format!("{what} failed: {r:?}"));
     let ordinal =
         i32::try_from(ordinal).map_err(|_| candle_core::Error::Msg("device ordinal too large".into()))?;
-    // SAFETY: plain driver calls on a device that `Device::new_cuda` has just
+    // SAFETY: plain driver calls on a device that `Device::new_cuda` has
     // initialised; every pointer is to a local that outlives the call.
     unsafe {
         let mut dev: sys::CUdevice = 0;
@@ -109,15 +111,55 @@ fn keep_freed_memory(ordinal: usize) -> candle_core::Result<()> {
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(fail("cuDeviceGetDefaultMemPool", r));
         }
-        let mut threshold: u64 = u64::MAX;
-        let r = sys::cuMemPoolSetAttribute(
+        Ok(pool)
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn keep_freed_memory(ordinal: usize) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let pool = default_pool(ordinal)?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is the device's default pool; the value outlives the call.
+    let r = unsafe {
+        sys::cuMemPoolSetAttribute(
             pool,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast(),
-        );
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(fail("cuMemPoolSetAttribute", r));
-        }
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(candle_core::Error::Msg(format!(
+            "cuMemPoolSetAttribute failed: {r:?}"
+        )));
     }
     Ok(())
+}
+
+/// The most bytes the device's memory pool has had allocated (every tensor
+/// candle holds) since the last reset; with `reset`, starts a new count. The
+/// counterpart of PyTorch's `torch.cuda.max_memory_allocated`. `None` on the
+/// CPU or where the driver does not say.
+pub fn pool_peak_bytes(kind: DeviceKind, reset: bool) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let DeviceKind::Cuda(n) = kind {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let pool = default_pool(n).ok()?;
+        let mut value: u64 = 0;
+        // SAFETY: `pool` is the device's default pool; `value` outlives the calls.
+        unsafe {
+            let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+            let r = sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast());
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return None;
+            }
+            if reset {
+                let mut zero: u64 = 0;
+                sys::cuMemPoolSetAttribute(pool, attr, (&mut zero as *mut u64).cast());
+            }
+        }
+        return Some(value);
+    }
+    let _ = (kind, reset);
+    None
 }

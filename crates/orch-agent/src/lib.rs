@@ -12,6 +12,7 @@ pub mod command;
 pub mod compare;
 pub mod ctx;
 pub mod device;
+pub mod fused;
 pub mod gpu;
 pub mod loadgen;
 pub mod reaper;

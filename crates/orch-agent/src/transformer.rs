@@ -17,12 +17,12 @@
 
 use crate::ctx::Ctx;
 use crate::device::{default_device, dtype_name, open_device, parse_device, parse_dtype, DeviceKind};
-use crate::{stats, sysmem};
-use candle_core::backprop::GradStore;
+use crate::{fused, stats, sysmem};
 use candle_core::{DType, Device, Tensor, Var, D};
 use orch_protocol::{CellResult, Pass, Phase, Status, TaskSpec, TransformerConfig};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Size presets: (name, [d_model, layers, heads, d_ff]).
@@ -59,6 +59,49 @@ struct Resolved {
     dtype: DType,
     device: DeviceKind,
     seed: u64,
+    kernels: Kernels,
+}
+
+/// How a step is computed. `Fused` (the default for f32 and bf16): the fused
+/// ops of [`crate::fused`], forward and a written-out backward. `Autograd`: the
+/// same fused ops as candle custom ops under `Tensor::backward`. `Unfused`:
+/// candle's own element-wise ops under `Tensor::backward` (the composition the
+/// fused ops are checked against; also used for f16). Chosen with
+/// `ORCH_TRANSFORMER_KERNELS` for A/B measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    Fused,
+    Autograd,
+    Unfused,
+}
+
+impl Kernels {
+    fn name(self) -> &'static str {
+        match self {
+            Kernels::Fused => "fused",
+            Kernels::Autograd => "fused-autograd",
+            Kernels::Unfused => "unfused",
+        }
+    }
+
+    fn choose(dtype: DType) -> Result<Kernels, String> {
+        let wanted = std::env::var("ORCH_TRANSFORMER_KERNELS").unwrap_or_default();
+        let k = match wanted.trim() {
+            "" | "fused" => Kernels::Fused,
+            "autograd" | "fused-autograd" => Kernels::Autograd,
+            "unfused" => Kernels::Unfused,
+            other => {
+                return Err(format!(
+                    "`ORCH_TRANSFORMER_KERNELS` is `{other}`: expected `fused`, `autograd` or `unfused`"
+                ))
+            }
+        };
+        Ok(if crate::fused::supports(dtype) {
+            k
+        } else {
+            Kernels::Unfused
+        })
+    }
 }
 
 fn known_presets() -> String {
@@ -143,6 +186,7 @@ fn resolve(cfg: &TransformerConfig, task: &TaskSpec) -> Result<Resolved, String>
         batch,
         vocab,
         pass: cfg.pass.unwrap_or(Pass::Train),
+        kernels: Kernels::choose(dtype)?,
         dtype,
         device,
         seed: cfg.seed.unwrap_or(0),
@@ -226,6 +270,7 @@ impl Resolved {
         put("device", json!(self.device.name()));
         put("preset", json!(self.preset));
         put("seed", json!(self.seed));
+        put("kernels", json!(self.kernels.name()));
         info
     }
 }
@@ -332,7 +377,8 @@ impl Model {
         let init = Init {
             device,
             dtype: r.dtype,
-            track: r.train(),
+            // The fused path writes its backward out: no graph to record.
+            track: r.train() && r.kernels != Kernels::Fused,
         };
         let (d, ff) = (r.d_model, r.d_ff);
         let wte = init.normal(r.vocab, d)?;
@@ -451,6 +497,298 @@ impl Model {
     }
 }
 
+/// What the fused forward keeps of one block for the backward.
+struct Saved {
+    x_in: Tensor,
+    h1: Tensor,
+    qkv: Tensor,
+    attn: Tensor,
+    x_mid: Tensor,
+    h2: Tensor,
+    u: Tensor,
+    m: Tensor,
+}
+
+/// The fused forward's last activations: the final block's output (the final
+/// layer norm's input) and that norm's output.
+struct Last {
+    x: Tensor,
+    hf: Tensor,
+}
+
+impl Model {
+    /// Logits from the fused ops; with `keep`, each block's activations are
+    /// pushed there for [`Model::backward_fused`].
+    fn forward_fused(
+        &self,
+        tokens: &Tensor,
+        b: usize,
+        t: usize,
+        mut keep: Option<&mut Vec<Saved>>,
+    ) -> candle_core::Result<(Tensor, Last)> {
+        let mut x = fused::embed(&self.wte, &self.wpe, tokens)?;
+        for blk in &self.blocks {
+            let h1 = fused::layer_norm(&x, &blk.ln1_g, &blk.ln1_b)?;
+            let qkv = fused::bias_add(&h1.matmul(&blk.w_qkv)?, &blk.b_qkv)?;
+            let attn = fused::attention(&qkv, b, t, self.heads)?;
+            let x_mid = (&x + fused::bias_add(&attn.matmul(&blk.w_o)?, &blk.b_o)?)?;
+            let h2 = fused::layer_norm(&x_mid, &blk.ln2_g, &blk.ln2_b)?;
+            let u = h2.matmul(&blk.w1)?;
+            let m = fused::bias_gelu(&u, &blk.b1)?;
+            let x_out = (&x_mid + fused::bias_add(&m.matmul(&blk.w2)?, &blk.b2)?)?;
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.push(Saved {
+                    x_in: x,
+                    h1,
+                    qkv,
+                    attn,
+                    x_mid,
+                    h2,
+                    u,
+                    m,
+                });
+            }
+            x = x_out;
+        }
+        let hf = fused::layer_norm(&x, &self.lnf_g, &self.lnf_b)?;
+        let logits = hf.matmul(&self.head)?;
+        Ok((logits, Last { x, hf }))
+    }
+
+    /// The loss and every gradient of the fused forward, written out op by op
+    /// (each op's backward from [`crate::fused`]); activations are released as
+    /// soon as the backward is past them.
+    fn backward_fused(
+        &self,
+        logits: Tensor,
+        last: Last,
+        mut acts: Vec<Saved>,
+        inputs: &Inputs,
+        b: usize,
+        t: usize,
+    ) -> candle_core::Result<Trained> {
+        let n = b * t;
+        let targets = inputs.targets.flatten_all()?;
+        let rows = fused::cross_entropy(&logits, &targets)?;
+        let loss = rows.mean_all()?;
+        let g = Tensor::full(1.0f32 / n as f32, n, logits.device())?;
+        let dlogits = fused::cross_entropy_bwd(&logits, &targets, &rows, &g)?;
+        drop(logits);
+        let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(12 * self.blocks.len() + 5);
+        grads.push(("head".into(), last.hf.t()?.matmul(&dlogits)?));
+        let dhf = dlogits.matmul(&self.head.t()?)?;
+        drop(dlogits);
+        let (mut dx, dg, db) = fused::layer_norm_bwd(&last.x, &self.lnf_g, &dhf)?;
+        grads.push(("lnf_b".into(), db));
+        grads.push(("lnf_g".into(), dg));
+        for (i, blk) in self.blocks.iter().enumerate().rev() {
+            // The loop walks the blocks backwards, popping each one's activations.
+            let Some(s) = acts.pop() else {
+                candle_core::bail!("fused backward: block {i} has no saved activations")
+            };
+            // x_out = x_mid + (m · w2 + b2)
+            grads.push((format!("h{i}.b2"), fused::col_sum(&dx)?));
+            grads.push((format!("h{i}.w2"), s.m.t()?.matmul(&dx)?));
+            let dm = dx.matmul(&blk.w2.t()?)?;
+            // m = gelu(u + b1), u = h2 · w1
+            let du = fused::bias_gelu_bwd(&s.u, &blk.b1, &dm)?;
+            drop(dm);
+            grads.push((format!("h{i}.b1"), fused::col_sum(&du)?));
+            grads.push((format!("h{i}.w1"), s.h2.t()?.matmul(&du)?));
+            let dh2 = du.matmul(&blk.w1.t()?)?;
+            drop(du);
+            let (dxm, dg2, db2) = fused::layer_norm_bwd(&s.x_mid, &blk.ln2_g, &dh2)?;
+            grads.push((format!("h{i}.ln2_b"), db2));
+            grads.push((format!("h{i}.ln2_g"), dg2));
+            dx = (dx + dxm)?;
+            // x_mid = x_in + (attn · w_o + b_o)
+            grads.push((format!("h{i}.b_o"), fused::col_sum(&dx)?));
+            grads.push((format!("h{i}.w_o"), s.attn.t()?.matmul(&dx)?));
+            let dattn = dx.matmul(&blk.w_o.t()?)?;
+            let dqkv = fused::attention_bwd(&s.qkv, &dattn, b, t, self.heads)?;
+            drop(dattn);
+            grads.push((format!("h{i}.b_qkv"), fused::col_sum(&dqkv)?));
+            grads.push((format!("h{i}.w_qkv"), s.h1.t()?.matmul(&dqkv)?));
+            let dh1 = dqkv.matmul(&blk.w_qkv.t()?)?;
+            drop(dqkv);
+            let (dxi, dg1, db1) = fused::layer_norm_bwd(&s.x_in, &blk.ln1_g, &dh1)?;
+            grads.push((format!("h{i}.ln1_b"), db1));
+            grads.push((format!("h{i}.ln1_g"), dg1));
+            dx = (dx + dxi)?;
+        }
+        let (dwte, dwpe) = fused::embed_bwd(&dx, &inputs.tokens, self.wte.dim(0)?, t)?;
+        grads.push(("wpe".into(), dwpe));
+        grads.push(("wte".into(), dwte));
+        Ok(Trained { loss, grads })
+    }
+
+    /// Logits from the fused ops as candle custom ops, so that
+    /// `Tensor::backward` differentiates through them.
+    fn forward_autograd(&self, tokens: &Tensor, b: usize, t: usize) -> candle_core::Result<Tensor> {
+        let attention = || fused::Attention {
+            batch: b,
+            context: t,
+            heads: self.heads,
+        };
+        let add = || fused::BiasAct { gelu: false };
+        let mut x = self.wte.apply_op3(&self.wpe, tokens, fused::Embed)?;
+        for blk in &self.blocks {
+            let h = x.apply_op3(&blk.ln1_g, &blk.ln1_b, fused::LayerNorm)?;
+            let qkv = h.matmul(&blk.w_qkv)?.apply_op2(&blk.b_qkv, add())?;
+            let a = qkv.apply_op1(attention())?;
+            x = (x + a.matmul(&blk.w_o)?.apply_op2(&blk.b_o, add())?)?;
+            let h = x.apply_op3(&blk.ln2_g, &blk.ln2_b, fused::LayerNorm)?;
+            let m = h
+                .matmul(&blk.w1)?
+                .apply_op2(&blk.b1, fused::BiasAct { gelu: true })?;
+            x = (x + m.matmul(&blk.w2)?.apply_op2(&blk.b2, add())?)?;
+        }
+        x.apply_op3(&self.lnf_g, &self.lnf_b, fused::LayerNorm)?
+            .matmul(&self.head)
+    }
+}
+
+impl Model {
+    /// The same model with every parameter passed through `f`.
+    fn map(&self, f: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>) -> candle_core::Result<Model> {
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                Ok(Block {
+                    ln1_g: f(&b.ln1_g)?,
+                    ln1_b: f(&b.ln1_b)?,
+                    w_qkv: f(&b.w_qkv)?,
+                    b_qkv: f(&b.b_qkv)?,
+                    w_o: f(&b.w_o)?,
+                    b_o: f(&b.b_o)?,
+                    ln2_g: f(&b.ln2_g)?,
+                    ln2_b: f(&b.ln2_b)?,
+                    w1: f(&b.w1)?,
+                    b1: f(&b.b1)?,
+                    w2: f(&b.w2)?,
+                    b2: f(&b.b2)?,
+                })
+            })
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Model {
+            wte: f(&self.wte)?,
+            wpe: f(&self.wpe)?,
+            blocks,
+            lnf_g: f(&self.lnf_g)?,
+            lnf_b: f(&self.lnf_b)?,
+            head: f(&self.head)?,
+            mask: f(&self.mask)?,
+            d_model: self.d_model,
+            heads: self.heads,
+        })
+    }
+}
+
+/// A whole training step of a small model on `device` in `dtype`, fused
+/// (written-out backward) and fused under candle's autograd, against the
+/// unfused composition under candle's autograd on the CPU in f32 with the same
+/// weights: the loss and every parameter's gradient.
+pub fn check_model(device: &Device, dtype: DType) -> candle_core::Result<Vec<fused::check::Check>> {
+    let r = Resolved {
+        preset: None,
+        d_model: 32,
+        layers: 2,
+        heads: 2,
+        d_ff: 128,
+        context: 16,
+        batch: 3,
+        vocab: 56,
+        pass: Pass::Train,
+        dtype,
+        device: DeviceKind::Cpu,
+        seed: 7,
+        kernels: Kernels::Fused,
+    };
+    // Seeded CPU weights (rounded to `dtype`), moved to the device.
+    let seed = std::cell::Cell::new(100u64);
+    let base = Model::build(
+        &Resolved {
+            dtype: DType::F32,
+            kernels: Kernels::Unfused,
+            ..r.clone()
+        },
+        &Device::Cpu,
+    )?;
+    let base = base.map(&|t| {
+        seed.set(seed.get() + 1);
+        let shape = t.shape().clone();
+        let fresh =
+            if shape.dims().len() == 2 && shape.dims()[0] != shape.dims()[1] || shape.dims().len() == 1 {
+                fused::check::randn(seed.get(), shape, 0.1)?.affine(1.0, 0.0)?
+            } else {
+                t.clone()
+            };
+        fresh.to_dtype(dtype)?.to_dtype(DType::F32)
+    })?;
+    let tol = fused::check::tolerance(device, dtype);
+    let reference = base.map(&|t| Ok(Var::from_tensor(t)?.as_tensor().clone()))?;
+    let inputs_cpu = make_inputs(&r, &Device::Cpu)?;
+    let want = step(
+        &reference,
+        &inputs_cpu,
+        &Resolved {
+            dtype: DType::F32,
+            kernels: Kernels::Unfused,
+            ..r.clone()
+        },
+    )?
+    .ok_or_else(|| candle_core::Error::Msg("no reference gradients".into()))?;
+    let mut out = Vec::new();
+    for kernels in [Kernels::Fused, Kernels::Autograd] {
+        let model = base.map(&|t| {
+            let t = t.to_dtype(dtype)?.to_device(device)?;
+            if kernels == Kernels::Autograd {
+                Ok(Var::from_tensor(&t)?.as_tensor().clone())
+            } else {
+                Ok(t)
+            }
+        })?;
+        let inputs = Inputs {
+            tokens: inputs_cpu.tokens.to_device(device)?,
+            targets: inputs_cpu.targets.to_device(device)?,
+        };
+        let got = step(&model, &inputs, &Resolved { kernels, ..r.clone() })?
+            .ok_or_else(|| candle_core::Error::Msg("no gradients".into()))?;
+        let k = kernels.name();
+        out.push(fused::check::compare(
+            &format!("step[{k}].loss"),
+            &got.loss,
+            &want.loss,
+            tol,
+        )?);
+        for (name, g) in &got.grads {
+            let Some((_, w)) = want.grads.iter().find(|(n, _)| n == name) else {
+                candle_core::bail!("the reference has no gradient for `{name}`")
+            };
+            out.push(fused::check::compare(&format!("step[{k}].{name}"), g, w, tol)?);
+        }
+        if got.grads.len() != want.grads.len() {
+            candle_core::bail!(
+                "{k} step gave {} gradients, the reference {}",
+                got.grads.len(),
+                want.grads.len()
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The loss and the global gradient norm (f32) of a step.
+fn loss_and_norm(t: &Trained) -> candle_core::Result<(f64, f64)> {
+    let loss = t.loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+    let mut sq = 0f64;
+    for (_, g) in &t.grads {
+        sq += g.to_dtype(DType::F32)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+    }
+    Ok((loss, sq.sqrt()))
+}
+
 /// Random tokens and targets, from a small seeded generator (splitmix64).
 struct Inputs {
     tokens: Tensor,
@@ -478,15 +816,50 @@ fn make_inputs(r: &Resolved, device: &Device) -> candle_core::Result<Inputs> {
     })
 }
 
-/// One step: forward, plus loss and backward when training. Returns the
-/// gradients (training only).
-fn step(model: &Model, inputs: &Inputs, r: &Resolved) -> candle_core::Result<Option<GradStore>> {
-    let logits = model.forward(&inputs.tokens, r.batch, r.context)?;
-    if !r.train() {
-        return Ok(None);
+/// A training step's loss (f32 scalar) and every parameter's gradient, named as
+/// [`Model::params`].
+struct Trained {
+    loss: Tensor,
+    grads: Vec<(String, Tensor)>,
+}
+
+/// One step: forward, plus loss and backward when training.
+fn step(model: &Model, inputs: &Inputs, r: &Resolved) -> candle_core::Result<Option<Trained>> {
+    let (b, t) = (r.batch, r.context);
+    match r.kernels {
+        Kernels::Fused => {
+            let mut acts = r.train().then(Vec::new);
+            let (logits, last) = model.forward_fused(&inputs.tokens, b, t, acts.as_mut())?;
+            match acts {
+                None => Ok(None),
+                Some(acts) => model.backward_fused(logits, last, acts, inputs, b, t).map(Some),
+            }
+        }
+        Kernels::Autograd | Kernels::Unfused => {
+            let logits = if r.kernels == Kernels::Autograd {
+                model.forward_autograd(&inputs.tokens, b, t)?
+            } else {
+                model.forward(&inputs.tokens, b, t)?
+            };
+            if !r.train() {
+                return Ok(None);
+            }
+            let loss = if r.kernels == Kernels::Autograd {
+                logits
+                    .apply_op2(&inputs.targets.flatten_all()?, fused::CrossEntropy)?
+                    .mean_all()?
+            } else {
+                cross_entropy(&logits, &inputs.targets)?
+            };
+            let store = loss.backward()?;
+            let grads = model
+                .params()
+                .into_iter()
+                .filter_map(|(name, p)| store.get(p).map(|g| (name, g.clone())))
+                .collect();
+            Ok(Some(Trained { loss, grads }))
+        }
     }
-    let loss = cross_entropy(&logits, &inputs.targets)?;
-    Ok(Some(loss.backward()?))
 }
 
 /// A candle error and the stage it happened in.
@@ -540,6 +913,8 @@ fn bench(
     }
 
     let reps = task.measure.repetitions;
+    device.synchronize().map_err(at("warm-up"))?;
+    crate::device::pool_peak_bytes(r.device, true);
     ctx.enter(Phase::Measure);
     let mut step_ms = Vec::with_capacity(reps as usize);
     for i in 0..reps {
@@ -555,6 +930,38 @@ fn bench(
         device.synchronize().map_err(at("measure"))?;
         step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         ctx.progress(Phase::Measure, u64::from(i) + 1, u64::from(reps));
+    }
+
+    if let Some(peak) = crate::device::pool_peak_bytes(r.device, false) {
+        info.insert("gpu_pool_peak_bytes".to_string(), json!(peak));
+    }
+    // One more step, outside the timing: its loss and gradient norm go into
+    // the record (and, with `ORCH_TRANSFORMER_DUMP=FILE`, the weights, inputs
+    // and gradients into a safetensors file, for comparison with PyTorch).
+    if r.train() {
+        if let Some(t) = step(&model, &inputs, r).map_err(at("measure"))? {
+            let (loss, norm) = loss_and_norm(&t).map_err(at("measure"))?;
+            info.insert("loss".to_string(), json!(loss));
+            info.insert("grad_norm".to_string(), json!(norm));
+            if let Some(path) = std::env::var_os("ORCH_TRANSFORMER_DUMP") {
+                let mut all: HashMap<String, Tensor> = HashMap::new();
+                for (name, p) in model.params() {
+                    all.insert(format!("param.{name}"), p.clone());
+                }
+                for (name, g) in t.grads {
+                    all.insert(format!("grad.{name}"), g);
+                }
+                all.insert("tokens".to_string(), inputs.tokens.clone());
+                all.insert(
+                    "targets".to_string(),
+                    inputs.targets.flatten_all().map_err(at("measure"))?,
+                );
+                candle_core::safetensors::save(&all, &path).map_err(at("measure"))?;
+            }
+        }
+    }
+    if let Some(ms) = fused::compile_ms() {
+        info.insert("fused_compile_ms".to_string(), json!(ms));
     }
 
     ctx.enter(Phase::Teardown);
@@ -864,6 +1271,81 @@ mod tests {
         assert_eq!(model.param_count(), 232);
     }
 
+    /// Every fused op's forward and backward against the unfused candle
+    /// composition under autograd (CPU, f32 and bf16), and a whole step of the
+    /// fused model (written-out backward, and under autograd) against the
+    /// unfused model: loss and every gradient. Tolerances in `fused::check`.
+    #[test]
+    fn fused_ops_and_step_match_the_unfused_composition() {
+        for dtype in [DType::F32, DType::BF16] {
+            let mut checks = fused::check::run_all(&Device::Cpu, dtype).unwrap();
+            checks.extend(check_model(&Device::Cpu, dtype).unwrap());
+            assert!(checks.len() > 60, "{}", checks.len());
+            let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
+            assert!(bad.is_empty(), "{dtype:?}: {bad:#?}");
+        }
+    }
+
+    /// The checks can fail: a wrong gradient is caught.
+    #[test]
+    fn a_wrong_gradient_fails_the_check() {
+        let want = Tensor::new(&[1f32, -2.0, 3.0], &Device::Cpu).unwrap();
+        let got = Tensor::new(&[1f32, -2.0, 3.1], &Device::Cpu).unwrap();
+        let c = fused::check::compare("x", &got, &want, 1e-4).unwrap();
+        assert!(!c.ok && (c.rel_err - 0.1 / 3.0).abs() < 1e-5, "{c:?}");
+        let nan = Tensor::new(&[1f32, f32::NAN, 3.0], &Device::Cpu).unwrap();
+        assert!(!fused::check::compare("x", &nan, &want, 1e-4).unwrap().ok);
+    }
+
+    /// Finite differences of the fused model's loss agree with its written-out
+    /// backward (f32, central differences, a few entries of several parameters).
+    #[test]
+    fn fused_backward_matches_finite_differences() {
+        let cfg = tiny(Pass::Train);
+        let r = Resolved {
+            kernels: Kernels::Fused,
+            ..resolve(&cfg, &task(&cfg)).unwrap()
+        };
+        let model = Model::build(&r, &Device::Cpu).unwrap();
+        let inputs = make_inputs(&r, &Device::Cpu).unwrap();
+        let trained = step(&model, &inputs, &r).unwrap().unwrap();
+        let loss_of = |m: &Model| {
+            let t = step(m, &inputs, &r).unwrap().unwrap();
+            t.loss.to_scalar::<f32>().unwrap() as f64
+        };
+        let eps = 1e-2f64;
+        for (name, idx) in [
+            ("h0.w_qkv", 5usize),
+            ("h1.ln2_g", 3),
+            ("h0.b1", 7),
+            ("wte", 40),
+            ("head", 11),
+            ("lnf_b", 2),
+        ] {
+            let (_, g) = trained.grads.iter().find(|(n, _)| n == name).unwrap();
+            let analytic = g.flatten_all().unwrap().to_vec1::<f32>().unwrap()[idx] as f64;
+            let bump = |delta: f64| {
+                model
+                    .map(&|t| {
+                        let is_target = model.params().iter().any(|(n, p)| n == name && p.id() == t.id());
+                        if !is_target {
+                            return Ok(t.clone());
+                        }
+                        let mut v = t.flatten_all()?.to_vec1::<f32>()?;
+                        v[idx] += delta as f32;
+                        Tensor::from_vec(v, t.shape(), t.device())
+                    })
+                    .unwrap()
+            };
+            let numeric = (loss_of(&bump(eps)) - loss_of(&bump(-eps))) / (2.0 * eps);
+            let err = (numeric - analytic).abs() / analytic.abs().max(1e-3);
+            assert!(
+                err < 2e-2,
+                "{name}[{idx}]: numeric {numeric}, analytic {analytic}"
+            );
+        }
+    }
+
     #[test]
     fn backward_reaches_every_parameter() {
         let cfg = tiny(Pass::Train);
@@ -877,18 +1359,27 @@ mod tests {
         // Near ln(50) with small random weights.
         assert!((loss - 50f32.ln()).abs() < 0.5, "loss {loss}");
 
-        let grads = step(&model, &inputs, &r)
-            .unwrap()
-            .expect("train step gives grads");
-        for (name, t) in model.params() {
-            let g = grads.get(t).unwrap_or_else(|| panic!("no gradient for {name}"));
-            assert_eq!(g.dims(), t.dims(), "{name}");
-            let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(norm.is_finite(), "{name}");
+        for kernels in [Kernels::Fused, Kernels::Autograd, Kernels::Unfused] {
+            let r = Resolved { kernels, ..r.clone() };
+            let model = Model::build(&r, &Device::Cpu).unwrap();
+            let trained = step(&model, &inputs, &r)
+                .unwrap()
+                .expect("train step gives grads");
+            assert_eq!(trained.grads.len(), model.params().len(), "{kernels:?}");
+            for (name, t) in model.params() {
+                let (_, g) = trained
+                    .grads
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .unwrap_or_else(|| panic!("{kernels:?}: no gradient for {name}"));
+                assert_eq!(g.dims(), t.dims(), "{kernels:?} {name}");
+                let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(norm.is_finite(), "{kernels:?} {name}");
+                if name == "h0.w_qkv" {
+                    assert!(norm > 0.0, "{kernels:?}");
+                }
+            }
         }
-        let g = grads.get(&model.blocks[0].w_qkv).unwrap();
-        let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(norm > 0.0);
 
         // Forward-only weights record no graph.
         let r = Resolved {
