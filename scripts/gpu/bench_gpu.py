@@ -219,15 +219,15 @@ def pytorch_agreement(agent, cfg):
             "note": "both bf16; the agent's backward is written out, PyTorch's is autograd"}
 
 
-def transformer_sweep(agent, presets, warmup, reps):
+def transformer_sweep(agent, presets, warmup, reps, pass_="train"):
     """The fused agent against PyTorch eager (explicit softmax) and SDPA per preset: step time, peak memory,
     and the agent's memory estimate (its `oom` preflight) against what it used."""
     out = {}
     for preset in presets:
         cfg = {"preset": preset, "context": 1024, "batch": 8, "vocab": 50304}
-        row = {"config": cfg}
+        row = {"config": cfg | {"pass": pass_}}
         try:
-            r = run_agent(agent, transformer_task(cfg, warmup, reps), {"ORCH_TELEMETRY_HZ": "0"})
+            r = run_agent(agent, transformer_task(cfg, warmup, reps, pass_), {"ORCH_TELEMETRY_HZ": "0"})
             row["orch"] = {"status": r["status"], "step_time_median_ms": r["metrics"].get("step_time_median_ms"),
                            "peak_pool_bytes": r["info"].get("gpu_pool_peak_bytes"),
                            "estimated_bytes": r["info"].get("estimated_bytes"), "kernels": r["info"].get("kernels"),
@@ -237,7 +237,8 @@ def transformer_sweep(agent, presets, warmup, reps):
             row["orch"] = {"error": str(e)}
         for name, attn in (("pytorch_eager", "explicit"), ("pytorch_sdpa", "sdpa")):
             try:
-                row[name] = {k: v for k, v in torch_transformer(cfg, warmup, reps, attn).items() if k != "step_times_ms"}
+                tr = torch_transformer(cfg, warmup, reps, attn, train=pass_ == "train")
+                row[name] = {k: v for k, v in tr.items() if k != "step_times_ms"}
             except torch.OutOfMemoryError as e:
                 row[name] = {"error": "out of memory"}
                 torch.cuda.empty_cache()
@@ -251,7 +252,7 @@ def transformer_sweep(agent, presets, warmup, reps):
         if o.get("peak_pool_bytes") and o.get("estimated_bytes"):
             row["estimate_error"] = o["estimated_bytes"] / o["peak_pool_bytes"] - 1
         print(f"  {preset}: {json.dumps({k: v for k, v in row.items() if k.startswith(('ratio', 'memory', 'estimate'))})}", file=sys.stderr)
-        out[preset] = row
+        out[preset if pass_ == "train" else f"{preset}.{pass_}"] = row
     return out
 
 
@@ -280,6 +281,7 @@ def transformer_report(a):
     print("preset sweep...", file=sys.stderr)
     sweep = transformer_sweep(a.agent, [p for p in a.presets.split(",") if p], 5, 20)
     sweep |= transformer_sweep(a.agent, [p for p in a.memory_presets.split(",") if p], 1, 3)
+    sweep |= transformer_sweep(a.agent, ["small"], 5, 20, pass_="forward")
     return {"kernel_checks": checks, "pytorch_agreement": agreement, "sweep": sweep}
 
 

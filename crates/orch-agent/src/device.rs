@@ -163,3 +163,14 @@ pub fn pool_peak_bytes(kind: DeviceKind, reset: bool) -> Option<u64> {
     let _ = (kind, reset);
     None
 }
+
+/// Free bytes on a CUDA device (what a cell can still allocate), from the driver.
+pub fn free_bytes(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        let (free, _total) = d.cuda_stream().context().mem_get_info().ok()?;
+        return Some(free as u64);
+    }
+    let _ = device;
+    None
+}

@@ -223,12 +223,59 @@ impl Resolved {
         v * d + t * d + l * per_layer + 2 * d + d * v
     }
 
-    /// Rough bytes a step needs at its peak. Parameters (times 4 when
+    /// Rough bytes a step needs at its peak, by the kernels it runs with.
+    fn estimate_bytes(&self) -> u64 {
+        let total = match self.kernels {
+            Kernels::Fused => self.estimate_fused(),
+            Kernels::Autograd | Kernels::Unfused => self.estimate_unfused(),
+        };
+        if total >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            total as u64
+        }
+    }
+
+    /// The fused path at its peak, fitted to the memory pool's high-water mark
+    /// on an H100 for presets small to 2.7B (results/gpu-h100.json,
+    /// `transformer.sweep`), plus 5%. Training peaks as the backward starts:
+    /// the weights, every block's kept activations (8·d + 2·d_ff values a
+    /// token), and the larger transient of the logits with their gradient and
+    /// the head's gradient, or one block's attention buffers (three
+    /// score-sized tensors) with its MLP gradients; gradients then grow while
+    /// activations are released faster. Forward only: the weights and the
+    /// larger of the logits or one block's temporaries.
+    fn estimate_fused(&self) -> f64 {
+        let s = self.dtype.size_in_bytes() as f64;
+        let (b, t, d, ff, h, v, l) = (
+            self.batch as f64,
+            self.context as f64,
+            self.d_model as f64,
+            self.d_ff as f64,
+            self.heads as f64,
+            self.vocab as f64,
+            self.layers as f64,
+        );
+        let n = b * t;
+        let params = self.param_count() as f64 * s;
+        let scores = b * h * t * t * s;
+        let block = n * (8.0 * d + 2.0 * ff) * s;
+        let peak = if self.train() {
+            let logits = 2.0 * n * v * s + d * v * s + 8.0 * n;
+            let attention = 3.0 * scores + 4.0 * n * ff.max(3.0 * d) * s;
+            params + l * block + logits.max(attention)
+        } else {
+            params + (n * v * s + 2.0 * n * d * s).max(block + 2.0 * scores)
+        };
+        peak * 1.05
+    }
+
+    /// The unfused composition (and the fused ops under autograd) at its peak: Parameters (times 4 when
     /// training: weights, gradients, slack), activations kept for backward
     /// (one layer's worth when only running forward), attention scores with
     /// their softmax temporaries, and the logits (with the f32 loss copies
     /// when training).
-    fn estimate_bytes(&self) -> u64 {
+    fn estimate_unfused(&self) -> f64 {
         let s = self.dtype.size_in_bytes() as f64;
         let train = self.train();
         let (b, t, d, ff, h, v) = (
@@ -245,12 +292,7 @@ impl Resolved {
         let scores = b * h * t * t * kept_layers * s * 3.0;
         let logit_size = if train { s.max(4.0) } else { s };
         let logits = b * t * v * logit_size * 3.0;
-        let total = weights + activations + scores + logits;
-        if total >= u64::MAX as f64 {
-            u64::MAX
-        } else {
-            total as u64
-        }
+        weights + activations + scores + logits
     }
 
     fn info(&self) -> BTreeMap<String, Value> {
@@ -873,8 +915,15 @@ fn at(stage: &'static str) -> impl Fn(candle_core::Error) -> BenchError {
 }
 
 enum Outcome {
-    Done { step_ms: Vec<f64>, params: usize },
-    Cancelled { phase: Phase },
+    Done {
+        step_ms: Vec<f64>,
+        params: usize,
+    },
+    Cancelled {
+        phase: Phase,
+    },
+    /// The estimate exceeds the GPU's free memory: nothing was built.
+    Oom(String),
 }
 
 fn bench(
@@ -884,6 +933,21 @@ fn bench(
     info: &mut BTreeMap<String, Value>,
 ) -> Result<Outcome, BenchError> {
     let device = open_device(r.device).map_err(at("device setup"))?;
+    // On a GPU without a `memory_limit`, the preflight is against the free
+    // device memory, once the device is open.
+    if task.memory_limit_bytes.is_none() {
+        if let Some(free) = crate::device::free_bytes(&device) {
+            info.insert("available_bytes".to_string(), json!(free));
+            let estimate = r.estimate_bytes();
+            if estimate > free {
+                return Ok(Outcome::Oom(format!(
+                    "model needs about {} (estimate), {} free on the GPU",
+                    gib(estimate),
+                    gib(free)
+                )));
+            }
+        }
+    }
     let seeded = device.set_seed(r.seed).is_ok();
     info.insert("weights_seeded".to_string(), json!(seeded));
     let model = Model::build(r, &device).map_err(at("model build"))?;
@@ -1036,6 +1100,7 @@ pub fn run(cfg: &TransformerConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResul
                 info,
             )
         }
+        Ok(Outcome::Oom(msg)) => with_info(CellResult::failed(cell, Status::Oom, "oom", msg), info),
         Err(BenchError { stage, error }) => {
             let text = error.to_string();
             let first = text.lines().next().unwrap_or("").trim();

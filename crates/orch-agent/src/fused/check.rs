@@ -30,7 +30,10 @@ pub fn tolerance(device: &Device, dtype: DType) -> f64 {
 
 pub(crate) fn compare(op: &str, got: &Tensor, want: &Tensor, tol: f64) -> Result<Check> {
     let vec = |t: &Tensor| -> Result<Vec<f32>> {
-        t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+        t.to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
     };
     let (got, want) = (vec(got)?, vec(want)?);
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-6);
@@ -150,12 +153,25 @@ fn ref_cross_entropy(x: &Tensor, targets: &Tensor) -> Result<Tensor> {
         .neg()
 }
 
-/// Every op, forward and backward, on `device` in `dtype`.
+/// Every op, forward and backward, on `device` in `dtype`: once with sizes
+/// that take the kernels' 16-byte vector path, once with odd sizes that take
+/// the element-by-element one.
 pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
+    let mut out = run_sizes(device, dtype, (2, 24, 2, 8), 40, "")?;
+    out.extend(run_sizes(device, dtype, (3, 13, 3, 5), 37, "odd.")?);
+    Ok(out)
+}
+
+fn run_sizes(
+    device: &Device,
+    dtype: DType,
+    (b, t, h, e): (usize, usize, usize, usize),
+    vocab: usize,
+    tag: &str,
+) -> Result<Vec<Check>> {
     let tol = tolerance(device, dtype);
     let mut out = Vec::new();
-    let (b, t, h, e) = (2usize, 24usize, 2usize, 8usize);
-    let (d, f, rows, vocab) = (h * e, 4 * h * e, b * t, 40usize);
+    let (d, f, rows) = (h * e, 4 * h * e, b * t);
 
     // Layer norm.
     let x = held(&randn(1, (rows, d), 1.0)?.affine(1.0, 0.3)?, dtype)?;
@@ -171,11 +187,16 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
         on(&bb, device, dtype)?,
         on(&up, device, dtype)?,
     );
-    out.push(compare("layer_norm", &layer_norm(&xd, &gd, &bd)?, &y, tol)?);
+    out.push(compare(
+        &format!("{tag}layer_norm"),
+        &layer_norm(&xd, &gd, &bd)?,
+        &y,
+        tol,
+    )?);
     let (dx, dg, db) = layer_norm_bwd(&xd, &gd, &ud)?;
-    out.push(compare("layer_norm.dx", &dx, &gr[0], tol)?);
-    out.push(compare("layer_norm.dgain", &dg, &gr[1], tol)?);
-    out.push(compare("layer_norm.dbias", &db, &gr[2], tol)?);
+    out.push(compare(&format!("{tag}layer_norm.dx"), &dx, &gr[0], tol)?);
+    out.push(compare(&format!("{tag}layer_norm.dgain"), &dg, &gr[1], tol)?);
+    out.push(compare(&format!("{tag}layer_norm.dbias"), &db, &gr[2], tol)?);
 
     // Bias + GELU, bias add.
     let hh = held(&randn(5, (rows, f), 1.0)?, dtype)?;
@@ -189,13 +210,33 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
     let (y, gr) = reference(&[hh.clone(), bf.clone()], &upf, |v| {
         ref_gelu(&v[0].broadcast_add(&v[1])?)
     })?;
-    out.push(compare("bias_gelu", &bias_gelu(&hd, &bfd)?, &y, tol)?);
+    out.push(compare(
+        &format!("{tag}bias_gelu"),
+        &bias_gelu(&hd, &bfd)?,
+        &y,
+        tol,
+    )?);
     let dh = bias_gelu_bwd(&hd, &bfd, &upd)?;
-    out.push(compare("bias_gelu.dh", &dh, &gr[0], tol)?);
-    out.push(compare("bias_gelu.dbias", &col_sum(&dh)?, &gr[1], tol)?);
+    out.push(compare(&format!("{tag}bias_gelu.dh"), &dh, &gr[0], tol)?);
+    out.push(compare(
+        &format!("{tag}bias_gelu.dbias"),
+        &col_sum(&dh)?,
+        &gr[1],
+        tol,
+    )?);
     let (y, gr) = reference(&[hh.clone(), bf.clone()], &upf, |v| v[0].broadcast_add(&v[1]))?;
-    out.push(compare("bias_add", &bias_add(&hd, &bfd)?, &y, tol)?);
-    out.push(compare("bias_add.dbias", &col_sum(&upd)?, &gr[1], tol)?);
+    out.push(compare(
+        &format!("{tag}bias_add"),
+        &bias_add(&hd, &bfd)?,
+        &y,
+        tol,
+    )?);
+    out.push(compare(
+        &format!("{tag}bias_add.dbias"),
+        &col_sum(&upd)?,
+        &gr[1],
+        tol,
+    )?);
 
     // Scale + causal mask + softmax over [b, h, t, t].
     let s = held(&randn(8, (b, h, t, t), 2.0)?, dtype)?;
@@ -206,7 +247,7 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
     })?;
     let (sd, upsd) = (on(&s, device, dtype)?, on(&ups, device, dtype)?);
     let p = softmax(&sd, scale, true)?;
-    out.push(compare("causal_softmax", &p, &y, tol)?);
+    out.push(compare(&format!("{tag}causal_softmax"), &p, &y, tol)?);
     out.push(compare(
         "causal_softmax.dx",
         &softmax_bwd(&p, &upsd, scale, true)?,
@@ -221,7 +262,12 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
         ref_attention(&v[0], b, t, h)
     })?;
     let (qd, uad) = (on(&qkv, device, dtype)?, on(&upa, device, dtype)?);
-    out.push(compare("attention", &attention(&qd, b, t, h)?, &y, tol)?);
+    out.push(compare(
+        &format!("{tag}attention"),
+        &attention(&qd, b, t, h)?,
+        &y,
+        tol,
+    )?);
     out.push(compare(
         "attention.dqkv",
         &attention_bwd(&qd, &uad, b, t, h)?,
@@ -239,9 +285,9 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
     })?;
     let (ld, td) = (on(&logits, device, dtype)?, targets.to_device(device)?);
     let loss = cross_entropy(&ld, &td)?;
-    out.push(compare("cross_entropy", &loss, &y, tol)?);
+    out.push(compare(&format!("{tag}cross_entropy"), &loss, &y, tol)?);
     let dl = cross_entropy_bwd(&ld, &td, &loss, &upl.to_device(device)?)?;
-    out.push(compare("cross_entropy.dlogits", &dl, &gr[0], tol)?);
+    out.push(compare(&format!("{tag}cross_entropy.dlogits"), &dl, &gr[0], tol)?);
 
     // Token + position embedding.
     let wte = held(&randn(14, (vocab, d), 1.0)?, dtype)?;
@@ -258,10 +304,10 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
         on(&wpe, device, dtype)?,
         on(&upe, device, dtype)?,
     );
-    out.push(compare("embed", &embed(&ed, &pd, &td)?, &y, tol)?);
+    out.push(compare(&format!("{tag}embed"), &embed(&ed, &pd, &td)?, &y, tol)?);
     let (dwte, dwpe) = embed_bwd(&ued, &td, vocab, t)?;
-    out.push(compare("embed.dwte", &dwte, &gr[0], tol)?);
-    out.push(compare("embed.dwpe", &dwpe, &gr[1], tol)?);
+    out.push(compare(&format!("{tag}embed.dwte"), &dwte, &gr[0], tol)?);
+    out.push(compare(&format!("{tag}embed.dwpe"), &dwpe, &gr[1], tol)?);
 
     // The custom ops under candle's autograd give the same gradients.
     let xv = Var::from_tensor(&xd)?;
@@ -272,7 +318,7 @@ pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
         .get(xv.as_tensor())
         .cloned()
         .ok_or_else(|| candle_core::Error::Msg("no gradient".into()))?;
-    out.push(compare("layer_norm.autograd", &got, &dx, tol)?);
+    out.push(compare(&format!("{tag}layer_norm.autograd"), &got, &dx, tol)?);
     let qv = Var::from_tensor(&qd)?;
     let y = qv.as_tensor().apply_op1(Attention {
         batch: b,
