@@ -276,6 +276,7 @@ pub fn layer_norm(
 /// Rows a block of the column-sum kernel covers.
 const COL_CHUNK: usize = 256;
 
+#[allow(clippy::too_many_arguments)]
 fn col_sums_launch(
     dev: &CudaDevice,
     dt: DType,
