@@ -159,6 +159,24 @@ fn ref_cross_entropy(x: &Tensor, targets: &Tensor) -> Result<Tensor> {
 pub fn run_all(device: &Device, dtype: DType) -> Result<Vec<Check>> {
     let mut out = run_sizes(device, dtype, (2, 24, 2, 8), 40, "")?;
     out.extend(run_sizes(device, dtype, (3, 13, 3, 5), 37, "odd.")?);
+    // Long rows (no mask): the CUDA softmax keeps a row of up to 1024 (f32) or
+    // 2048 (bf16) elements in registers and loops over longer ones.
+    let tol = tolerance(device, dtype);
+    for n in [1600usize, 2400] {
+        let s = held(&randn(20 + n as u64, (2, 3, n), 2.0)?, dtype)?;
+        let up = held(&randn(21 + n as u64, (2, 3, n), 1.0)?, dtype)?;
+        let zeros = Tensor::zeros(n, DType::F32, &Device::Cpu)?;
+        let (y, gr) = reference(std::slice::from_ref(&s), &up, |v| ref_softmax(&v[0], 0.5, &zeros))?;
+        let (sd, ud) = (on(&s, device, dtype)?, on(&up, device, dtype)?);
+        let p = softmax(&sd, 0.5, false)?;
+        out.push(compare(&format!("softmax.n{n}"), &p, &y, tol)?);
+        out.push(compare(
+            &format!("softmax.n{n}.dx"),
+            &softmax_bwd(&p, &ud, 0.5, false)?,
+            &gr[0],
+            tol,
+        )?);
+    }
     Ok(out)
 }
 

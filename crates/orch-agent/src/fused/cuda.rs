@@ -102,6 +102,19 @@ fn name(base: &str, dt: DType, vector: Option<bool>) -> Result<String> {
     })
 }
 
+/// The softmax kernel for rows of `n`: the register-resident one where a row
+/// fits in 4 or 8 vectors a lane, else the looping one.
+fn softmax_kernel(base: &str, dt: DType, n: usize, vector: bool) -> Result<String> {
+    let per_lane = 32 * width(dt);
+    if vector && n <= 4 * per_lane {
+        return Ok(format!("{base}_{}_r4", suffix(dt)?));
+    }
+    if vector && n <= 8 * per_lane {
+        return Ok(format!("{base}_{}_r8", suffix(dt)?));
+    }
+    name(base, dt, Some(vector))
+}
+
 fn grid(n: usize, block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(block as usize).max(1) as u32, 1, 1),
@@ -155,7 +168,10 @@ pub fn softmax(
     let dt = x.dtype();
     let (rows, n) = dims2(lx);
     let t = lx.dims().iter().rev().nth(1).copied().unwrap_or(1);
-    let f = func(&dev, &name("softmax_fwd", dt, Some(vec_ok(dt, &[n], &[lx])))?)?;
+    let f = func(
+        &dev,
+        &softmax_kernel("softmax_fwd", dt, n, vec_ok(dt, &[n], &[lx]))?,
+    )?;
     by_dtype!(dt, T, {
         let xv = view::<T>(x, lx)?;
         let (rows_i, n_i, t_i, c) = (rows as i64, n as i32, t as i32, i32::from(causal));
@@ -205,7 +221,7 @@ pub fn softmax_bwd(
     let t = lp.dims().iter().rev().nth(1).copied().unwrap_or(1);
     let f = func(
         &dev,
-        &name("softmax_bwd", dt, Some(vec_ok(dt, &[n], &[lp, ldp])))?,
+        &softmax_kernel("softmax_bwd", dt, n, vec_ok(dt, &[n], &[lp, ldp]))?,
     )?;
     by_dtype!(dt, T, {
         let pv = view::<T>(p, lp)?;

@@ -146,6 +146,95 @@ __device__ void softmax_bwd(const T* p, const T* dp, T* ds, long rows, int n, in
   }
 }
 
+// The same two kernels with the row held in registers (R vectors a lane), for rows
+// of at most 32 * V * R elements: one read of the row instead of two (three in the
+// backward). Lane l holds vectors l, l + 32, ... so that every load is coalesced.
+template <typename T, int V, int R>
+__device__ void softmax_fwd_reg(const T* x, T* y, long rows, int n, int t, float scale, int causal) {
+  long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  int lane = threadIdx.x & 31;
+  int valid = causal ? min(n, (int)(row % t) + 1) : n;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  float v[R][V];
+  float m = NEG_INF;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int j = (r * 32 + lane) * V;
+    if (j < valid) {
+      load<T, V>(xr, j, v[r]);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        v[r][k] = j + k < valid ? v[r][k] * scale : NEG_INF;
+        m = fmaxf(m, v[r][k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; k++) v[r][k] = NEG_INF;
+    }
+  }
+  m = warp_max(m);
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      float e = v[r][k] == NEG_INF ? 0.f : __expf(v[r][k] - m);
+      v[r][k] = e;
+      s += e;
+    }
+  float inv = 1.f / warp_sum(s);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int j = (r * 32 + lane) * V;
+    if (j < n) {
+#pragma unroll
+      for (int k = 0; k < V; k++) v[r][k] *= inv;
+      store<T, V>(yr, j, v[r]);
+    }
+  }
+}
+
+template <typename T, int V, int R>
+__device__ void softmax_bwd_reg(const T* p, const T* dp, T* ds, long rows, int n, int t, float scale, int causal) {
+  long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  int lane = threadIdx.x & 31;
+  int valid = causal ? min(n, (int)(row % t) + 1) : n;
+  const T* pr = p + row * n;
+  const T* dr = dp + row * n;
+  T* sr = ds + row * n;
+  float a[R][V], b[R][V];
+  float dot = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int j = (r * 32 + lane) * V;
+    if (j < valid) {
+      load<T, V>(pr, j, a[r]);
+      load<T, V>(dr, j, b[r]);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        if (j + k >= valid) a[r][k] = 0.f;
+        dot += a[r][k] * b[r][k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; k++) { a[r][k] = 0.f; b[r][k] = 0.f; }
+    }
+  }
+  dot = warp_sum(dot);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int j = (r * 32 + lane) * V;
+    if (j < n) {
+#pragma unroll
+      for (int k = 0; k < V; k++) a[r][k] = scale * a[r][k] * (b[r][k] - dot);
+      store<T, V>(sr, j, a[r]);
+    }
+  }
+}
+
 // ---- layer norm over rows of length d (one warp per row) ----
 template <typename T, int V>
 __device__ __forceinline__ void row_stats(const T* xr, int d, float eps, float* mean, float* rstd) {
@@ -400,6 +489,15 @@ ENTRY(bf16, bf16, 1, _s)
   extern "C" __global__ void from_f32_##TN(const float* x, T* y, long n) { from_f32<T>(x, y, n); } \
   extern "C" __global__ void embed_bwd_wte_##TN(const T* dy, const u32* tok, float* acc, long rows, int d) { embed_bwd_wte<T>(dy, tok, acc, rows, d); } \
   extern "C" __global__ void embed_bwd_wpe_##TN(const T* dy, T* dwpe, int batch, int t, int d) { embed_bwd_wpe<T>(dy, dwpe, batch, t, d); }
+
+#define ENTRY_REG(T, TN, VW, R) \
+  extern "C" __global__ void softmax_fwd_##TN##_r##R(const T* x, T* y, long rows, int n, int t, float scale, int causal) { softmax_fwd_reg<T, VW, R>(x, y, rows, n, t, scale, causal); } \
+  extern "C" __global__ void softmax_bwd_##TN##_r##R(const T* p, const T* dp, T* ds, long rows, int n, int t, float scale, int causal) { softmax_bwd_reg<T, VW, R>(p, dp, ds, rows, n, t, scale, causal); }
+
+ENTRY_REG(float, f32, 4, 4)
+ENTRY_REG(float, f32, 4, 8)
+ENTRY_REG(bf16, bf16, 8, 4)
+ENTRY_REG(bf16, bf16, 8, 8)
 
 ENTRY1(float, f32)
 ENTRY1(bf16, bf16)
