@@ -65,6 +65,7 @@ pub const KINDS: &[&str] = &[
     "node_lost",
     "pending_too_long",
     "pod_rejected",
+    "memory_estimate_exceeded",
     UNKNOWN,
 ];
 
@@ -92,6 +93,7 @@ pub const BACKEND_KINDS: &[&str] = &[
     "node_lost",
     "pending_too_long",
     "pod_rejected",
+    "memory_estimate_exceeded",
 ];
 
 /// The kind when no rule matched.

@@ -205,8 +205,20 @@ pub fn diagnose_cell(
     }
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
     let stdout = [read("stdout.log"), read("client.stdout.log")].join("\n");
-    let stderr = [read("stderr.log"), read("client.stderr.log"), read("agent.log")].join("\n");
     let failure = record.failure.as_ref();
+    // A builtin workload's `oom` (its memory preflight, an allocation that
+    // failed) is in no log: its message is the evidence.
+    let message = failure
+        .filter(|f| f.kind == "oom")
+        .map(|f| f.message.clone())
+        .unwrap_or_default();
+    let stderr = [
+        read("stderr.log"),
+        read("client.stderr.log"),
+        read("agent.log"),
+        message,
+    ]
+    .join("\n");
     let exit = orch_diagnose::ExitInfo {
         code: failure.and_then(|f| f.exit_code),
         signal: failure.and_then(|f| f.signal),

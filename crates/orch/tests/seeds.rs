@@ -195,7 +195,8 @@ fn seed_sizes_builtin_side_runs_at_toy_sizes_and_records_oom_rows() {
             "measure: {warmup: 5, repetitions: 10, timeout: 15m}",
             "measure: {warmup: 1, repetitions: 3, timeout: 2m}",
         );
-        let t = rewrite(&t, "context: 512", "context: 32");
+        // The document's context (512) and batch: xl and 2.7B exceed the
+        // 16 GiB limit there (a toy context would let xl fit).
         rewrite(
             &t,
             "preset: [small, medium, large, xl, 2.7B]",
@@ -227,6 +228,8 @@ fn seed_sizes_builtin_side_runs_at_toy_sizes_and_records_oom_rows() {
     assert_eq!(status("builtin.cpu.preset-nano"), "succeeded");
     assert_eq!(status("builtin.cpu.preset-xl"), "oom");
     assert_eq!(status("builtin.cpu.preset-2.7b"), "oom");
+    let xl = cells.iter().find(|c| c["id"] == "builtin.cpu.preset-xl").unwrap();
+    assert_eq!(xl["diagnosis"]["kind"], "memory_estimate_exceeded", "{xl}");
     let nano = cells
         .iter()
         .find(|c| c["id"] == "builtin.cpu.preset-nano")
