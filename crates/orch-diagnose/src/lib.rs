@@ -382,6 +382,20 @@ pub fn diagnose_without(
         }
         let rule = &rules.rules[r];
         let line = &lines[m.line];
+        if !rule.unless.is_empty() {
+            let next = if m.joined {
+                lines.get(m.line + 1).map(|l| l.as_ref()).unwrap_or("")
+            } else {
+                ""
+            };
+            if rule
+                .unless
+                .iter()
+                .any(|u| u.is_match(line) || (m.joined && u.is_match(next)))
+            {
+                continue;
+            }
+        }
         let weak = !rule.match_warnings && *demoted[m.line].get_or_insert_with(|| is_demoted(line));
         hits.push(Hit {
             rule: Some(r),

@@ -2,7 +2,7 @@
 //! quickstart run into a real store, the four report files, the HTML opened
 //! in headless Chromium.
 
-#[path = "../../orch-report/tests/support/browser.rs"]
+#[path = "../../../orch-report/tests/support/browser.rs"]
 mod browser;
 
 use serde_json::Value;

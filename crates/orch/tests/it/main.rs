@@ -1,0 +1,17 @@
+//! orch's integration tests, one binary: each file was its own test binary, and each
+//! linked the whole CLI and orch-testkit's servers again (minutes of CI's build).
+
+mod cli;
+mod cost;
+mod docker;
+mod hardware;
+mod kubernetes;
+mod modal;
+mod registry;
+mod report;
+mod s3;
+mod safety;
+mod seeds;
+mod setup;
+mod ship;
+mod slurm;
