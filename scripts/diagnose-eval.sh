@@ -36,7 +36,7 @@ except OSError:
 out = {
     "command": "scripts/diagnose-eval.sh " + base_rev,
     "commit": head,
-    "corpus": "crates/orch-diagnose/tests/real (tune: gathered first; holdout, holdout2, holdout3: gathered later, each before the rules saw it)",
+    "corpus": "crates/orch-diagnose/tests/real (tune: gathered first; holdout, holdout2, ...: gathered later, each scored before the rules saw it)",
     "logs": now["total"]["logs"],
     "sources": now["sources"],
     "now": summary(now),
