@@ -26,7 +26,10 @@ SYNTH=$PWD/target/release/examples/synth-store
 
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-mkdir -p "$work/s3root/bench"
+# One bucket per phase: s3s-fs answers a prefix listing by walking its whole bucket
+# folder (s3s-fs 0.14.1 `list_objects_recursive`), so a shared bucket would charge
+# each phase for the objects of the others.
+mkdir -p "$work/s3root/bench-ls" "$work/s3root/bench-show" "$work/s3root/bench-cost" "$work/s3root/bench-log"
 "$S3S" --host 127.0.0.1 --port "$port" --access-key benchkey --secret-key benchsecret-0123456789 "$work/s3root" >/dev/null 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
@@ -53,7 +56,7 @@ push_all() { # folder prefix
   local ids
   ids=$(cd "$1" && ls -d */ | tr -d /)
   # shellcheck disable=SC2086
-  "$ORCH" push $ids --to "s3://bench/$2" --store "$1" 2>/dev/null
+  "$ORCH" push $ids --to "s3://bench-$2/x" --store "$1" 2>/dev/null
 }
 
 echo "ls: $RUNS runs" >&2
@@ -61,21 +64,21 @@ echo "ls: $RUNS runs" >&2
 t0=$(date +%s.%N); push_all "$work/ls" ls; t1=$(date +%s.%N)
 push_ls_s=$(echo "$t1 - $t0" | bc -l)
 ls_folder=$(median "$ORCH" ls --store "$work/ls")
-ls_s3=$(median "$ORCH" ls --store s3://bench/ls)
+ls_s3=$(median "$ORCH" ls --store s3://bench-ls/x)
 
 echo "show: one run of $SHOW_CELLS cells" >&2
 "$SYNTH" "$work/show" "$SHOW_CELLS" 1 >/dev/null
 push_all "$work/show" show
 show_id=$(cd "$work/show" && ls -d */ | tr -d / | head -1)
 show_folder=$(median "$ORCH" show "$show_id" --store "$work/show")
-show_s3=$(median "$ORCH" show "$show_id" --store s3://bench/show)
+show_s3=$(median "$ORCH" show "$show_id" --store s3://bench-show/x)
 
 echo "cost: $COST_CELLS cells in 20 runs" >&2
 "$SYNTH" "$work/cost" "$COST_CELLS" 20 >/dev/null
 t0=$(date +%s.%N); push_all "$work/cost" cost; t1=$(date +%s.%N)
 push_cost_s=$(echo "$t1 - $t0" | bc -l)
 cost_folder=$(median "$ORCH" cost --store "$work/cost")
-cost_s3=$(median "$ORCH" cost --store s3://bench/cost)
+cost_s3=$(median "$ORCH" cost --store s3://bench-cost/x)
 
 echo "logs: $LOG_MIB MiB" >&2
 "$SYNTH" "$work/log" 1 1 >/dev/null
@@ -84,7 +87,7 @@ cell_dir=$(ls -d "$work/log/$log_id"/cells/*/ | head -1)
 head -c $((LOG_MIB * 1048576)) /dev/urandom | base64 -w 120 | head -c $((LOG_MIB * 1048576)) > "$cell_dir/stdout.log"
 t0=$(date +%s.%N); cp "$cell_dir/stdout.log" "$work/copy.log"; sync "$work/copy.log"; t1=$(date +%s.%N)
 copy_s=$(echo "$t1 - $t0" | bc -l)
-t0=$(date +%s.%N); "$ORCH" push "$log_id" --to s3://bench/log --store "$work/log" 2>/dev/null; t1=$(date +%s.%N)
+t0=$(date +%s.%N); "$ORCH" push "$log_id" --to s3://bench-log/x --store "$work/log" 2>/dev/null; t1=$(date +%s.%N)
 upload_s=$(echo "$t1 - $t0" | bc -l)
 
 mkdir -p results
@@ -94,8 +97,10 @@ def side(folder, s3):
     return {"folder_s": round(float(folder), 4), "s3_s": round(float(s3), 4), "ratio": round(float(s3) / float(folder), 2)}
 out = {
     "what": "orch ls/show/cost on the same runs in a folder store and in a local s3s-fs server; median of $REPEAT after a warm-up",
-    "server": "s3s-fs 0.14.1 on 127.0.0.1 (SigV4), same machine",
+    "server": "s3s-fs 0.14.1 on 127.0.0.1 (SigV4), same machine, a bucket per phase; its listings walk the whole bucket folder, so S3 figures here are pessimistic",
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    "defaults": {"runs": 1000, "show_cells": 500, "cost_cells": 100000},
+    "note": os.environ.get("BENCH_NOTE", ""),
     "ls": {"runs": $RUNS, **side("$ls_folder", "$ls_s3")},
     "show": {"cells": $SHOW_CELLS, **side("$show_folder", "$show_s3")},
     "cost": {"cells": $COST_CELLS, "runs": 20, **side("$cost_folder", "$cost_s3")},
