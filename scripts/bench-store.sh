@@ -39,13 +39,16 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=benchkey AWS_SE
   ORCH_S3_WORKDIR=$work/s3work
 unset ORCH_STORE
 
-# median wall seconds of REPEAT runs of a command (after one warm-up run)
+# median wall seconds of REPEAT runs of a command (after one warm-up run); exit 1 is
+# an answer (`orch show` exits 1 when a cell of the run did not succeed)
 median() {
-  "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; "$@" >&2 || true; exit 1; }
+  local rc=0
+  "$@" >/dev/null 2>&1 || rc=$?
+  [ "$rc" -le 1 ] || { echo "failed ($rc): $*" >&2; "$@" >&2 || true; exit 1; }
   local times=()
   for _ in $(seq "$REPEAT"); do
     local t0 t1
-    t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N)
+    t0=$(date +%s.%N); "$@" >/dev/null 2>&1 || true; t1=$(date +%s.%N)
     times+=("$(echo "$t1 - $t0" | bc -l)")
   done
   printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {printf "%.4f", a[int((NR+1)/2)]}'
@@ -84,7 +87,9 @@ echo "logs: $LOG_MIB MiB" >&2
 "$SYNTH" "$work/log" 1 1 >/dev/null
 log_id=$(cd "$work/log" && ls -d */ | tr -d / | head -1)
 cell_dir=$(ls -d "$work/log/$log_id"/cells/*/ | head -1)
-head -c $((LOG_MIB * 1048576)) /dev/urandom | base64 -w 120 | head -c $((LOG_MIB * 1048576)) > "$cell_dir/stdout.log"
+# (the last `head` closes the pipe early: base64's SIGPIPE is expected, the size is checked)
+{ head -c $((LOG_MIB * 1048576)) /dev/urandom | base64 -w 120 | head -c $((LOG_MIB * 1048576)) > "$cell_dir/stdout.log"; } || true
+[ "$(stat -c %s "$cell_dir/stdout.log")" -eq $((LOG_MIB * 1048576)) ] || { echo "could not write the $LOG_MIB MiB log" >&2; exit 1; }
 t0=$(date +%s.%N); cp "$cell_dir/stdout.log" "$work/copy.log"; sync "$work/copy.log"; t1=$(date +%s.%N)
 copy_s=$(echo "$t1 - $t0" | bc -l)
 t0=$(date +%s.%N); "$ORCH" push "$log_id" --to s3://bench-log/x --store "$work/log" 2>/dev/null; t1=$(date +%s.%N)

@@ -26,6 +26,15 @@ pub struct S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
+        // moto's shell stops its server when its stdin closes; give it a moment.
+        if self.child.stdin.take().is_some() {
+            for _ in 0..50 {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -109,9 +118,15 @@ impl S3Server {
         let bin = find("moto_server", "ORCH_TEST_MOTO")
             .ok_or("`moto_server` not found (`pip install 'moto[server]'`)")?;
         let port = free_port()?;
-        let mut child = Command::new(bin)
+        // Test binaries keep this server in a static that is never dropped: a shell
+        // holds it and kills it when its stdin (a pipe from this process) closes,
+        // which the kernel does when the test process exits.
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec 3<&0; "$0" "$@" </dev/null & p=$!; read -r _ <&3; kill $p; wait $p"#)
+            .arg(bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -258,3 +273,4 @@ fn relay(mut client: TcpStream, upstream: &str) -> std::io::Result<()> {
     let _ = up.join();
     Ok(())
 }
+
