@@ -273,4 +273,3 @@ fn relay(mut client: TcpStream, upstream: &str) -> std::io::Result<()> {
     let _ = up.join();
     Ok(())
 }
-
