@@ -153,7 +153,11 @@ fn a_canary_secret_never_leaves_the_agent() {
 /// process group) and writes the child's pid.
 fn orphan_script(pidfile: &Path, then: &str) -> String {
     format!(
-        "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}; {then}",
+        // Waits until the child has left the session (under load `setsid` may not have
+        // run yet when the script ends, and the group kill would take it instead).
+        "setsid sleep 300 </dev/null >/dev/null 2>&1 & p=$!; \
+         while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" = \"$(cut -d' ' -f6 /proc/$$/stat)\" ]; do sleep 0.01; done; \
+         echo $p > {}; {then}",
         pidfile.display()
     )
 }
