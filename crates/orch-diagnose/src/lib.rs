@@ -382,17 +382,15 @@ pub fn diagnose_without(
         }
         let rule = &rules.rules[r];
         let line = &lines[m.line];
+        // `unless` sees the text the pattern matched: the line, or it joined with the next.
         if !rule.unless.is_empty() {
-            let next = if m.joined {
-                lines.get(m.line + 1).map(|l| l.as_ref()).unwrap_or("")
+            let text: Cow<'_, str> = if m.joined {
+                let next = lines.get(m.line + 1).map(|l| l.as_ref()).unwrap_or("");
+                Cow::Owned(format!("{line}{next}"))
             } else {
-                ""
+                Cow::Borrowed(line.as_ref())
             };
-            if rule
-                .unless
-                .iter()
-                .any(|u| u.is_match(line) || (m.joined && u.is_match(next)))
-            {
+            if rule.unless.iter().any(|u| u.is_match(&text)) {
                 continue;
             }
         }
@@ -739,5 +737,25 @@ rules:
             .parse()
             .unwrap_or_else(|e: RulesError| panic!("{e}"));
         assert_eq!(diagnose("Boom", &r).kind, "x_y");
+    }
+
+    #[test]
+    fn unless_drops_a_hit_on_a_line_that_only_lists_possible_causes() {
+        let ray = "The actor is dead. There are some potential root causes. (1) The process is \
+                   killed by SIGKILL by OOM killer due to high memory usage.";
+        assert_eq!(diagnose(ray, &Rules::default()).kind, UNKNOWN);
+        assert_eq!(
+            diagnose(
+                "kernel: Out of memory: Killed process 4242 (python)",
+                &Rules::default()
+            )
+            .kind,
+            "host_oom_killed"
+        );
+        let r: Rules = "rules:\n  - {kind: x_y, patterns: [boom], unless: ['maybe']}\n"
+            .parse()
+            .unwrap_or_else(|e: RulesError| panic!("{e}"));
+        assert_eq!(diagnose("boom", &r).kind, "x_y");
+        assert_eq!(diagnose("maybe boom", &r).kind, UNKNOWN);
     }
 }

@@ -14,9 +14,7 @@ fn orch() -> Command {
     c
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 fn run_ok(args: &[&str]) -> Output {
     let out = orch().args(args).output().unwrap();

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 const AGENT_IMAGE: &str = "registry.local/orch/orch-agent:test";
 const TOKEN: &str = "hf_CANARY-k8s-NEVER-SHOWN-7731";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 /// The agent image's file system: the static agent at `/orch-agent` (here,
 /// the workspace's `orch-agent` binary, built beside `orch`).

@@ -1,6 +1,13 @@
 //! orch's integration tests, one binary: each file was its own test binary, and each
 //! linked the whole CLI and orch-testkit's servers again (minutes of CI's build).
 
+use std::path::{Path, PathBuf};
+
+/// The repository root (manifests, scripts, containers).
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 mod cli;
 mod cost;
 mod docker;

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 
 const TOKEN_SECRET: &str = "as-NEVER-PRINT-THIS-0042";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 /// The "static agent" a fake sandbox runs: this orch's built-in agent (the
 /// fake's sandboxes are processes on this host, any binary runs there).

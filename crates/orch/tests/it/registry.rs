@@ -7,13 +7,11 @@
 //! is skipped with the reason printed.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 fn skip_or_fail(why: &str) -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {

@@ -38,9 +38,7 @@ fn ok(out: &Output) -> String {
     text(&out.stdout)
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 fn quickstart(store: &Path) -> String {
     let manifest = repo().join("manifests/quickstart.yaml");

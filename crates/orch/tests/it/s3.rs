@@ -36,9 +36,7 @@ fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 fn s3s(tmp: &Path) -> Option<S3Server> {
     let s = require(S3Server::s3s_fs(&tmp.join("s3root")))?;

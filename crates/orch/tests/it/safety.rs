@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 const TOKEN: &str = "hf_CanaryT0ken/With+Eq=Z9x8";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::repo;
 
 fn orch(home: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
