@@ -13,8 +13,25 @@
 //!                                      <file>.parts/<offset> segments uploaded every 2 s
 //! index.json                           REWRITTEN: a cache (state, counts, ledger lines, the record
 //!                                      keys it covers) for `orch ls` and `orch cost`
+//! records.json                         REWRITTEN: a cache of every record, with the keys it covers,
+//!                                      for `orch show` (one read instead of one per record)
 //! ```
-//! and `<prefix>/.orch/probe/<writer>`, the conditional-write probe.
+//! and under `<prefix>/.orch/`:
+//!
+//! ```text
+//! probe/<writer>                       the conditional-write probe
+//! runs/<run>                           one per run, written when the run is whole: the runs are
+//!                                      listed from here (one flat folder, not the whole store)
+//! changes/<ms>~<writer>~<run>         one per change of a run's state (after its index is rewritten)
+//! catalog/<inverted ms>-<writer>.json  a snapshot of every run's summary as of <ms>, newest first;
+//!                                      written by `orch ls` when it had to read many runs one by one,
+//!                                      the two newest kept
+//! ```
+//!
+//! `orch ls` reads the newest catalog, lists the changes since it (less a
+//! margin for clock skew), and reads one by one only the runs that are new,
+//! changed or still running. `orch show` and `orch cost` trust a cache only
+//! when the record keys it covers are the ones listed now.
 //!
 //! Concurrency: records are created with `If-None-Match: *`; every created
 //! object carries this writer's token, so a conflict on a create whose
@@ -82,9 +99,52 @@ struct Index {
     /// The record keys (relative to the run) this index was made from.
     keys: Vec<String>,
     ledger: Vec<LedgerLine>,
+    /// The run's latest state object when the keys were listed.
+    state_key: Option<String>,
 }
 
-const INDEX_VERSION: u32 = 1;
+const INDEX_VERSION: u32 = 2;
+
+/// Every record of a run as read from `keys`: a cache for `orch show`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RecordsCache {
+    v: u32,
+    keys: Vec<String>,
+    state_key: Option<String>,
+    state: orch_store::RunState,
+    /// The current records, in plan order.
+    records: Vec<Option<CellRecord>>,
+    earlier: Vec<CellRecord>,
+}
+
+/// The store's catalog: every run's summary as of `cut_ms`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Catalog {
+    v: u32,
+    cut_ms: i64,
+    runs: BTreeMap<String, CatalogEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CatalogEntry {
+    summary: RunSummary,
+    /// The run's change keys that the summary already reflects (those
+    /// within the skew margin of the cut: older ones are never listed again).
+    changes: Vec<String>,
+}
+
+const CATALOG_VERSION: u32 = 1;
+
+/// How far behind another machine's clock may be: changes are listed from
+/// this long before a catalog's cut.
+const SKEW_MS: i64 = 10 * 60 * 1000;
+
+/// `orch ls` writes a new catalog when it read at least this many finished
+/// runs one by one.
+const CATALOG_AFTER: usize = 16;
+
+/// Catalog keys sort newest first: `<this minus the cut, 13 digits>-<writer>.json`.
+const CATALOG_EPOCH_MS: i64 = 9_999_999_999_999;
 
 /// Who wrote an object: unique per store handle (host, process, time).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -108,7 +168,12 @@ pub struct S3Store {
     last_index: Mutex<HashMap<String, Instant>>,
     /// Runs this handle writes, to rebuild their index on a change of state.
     runs: Mutex<HashMap<String, Run>>,
+    /// Each run's latest state key as last listed, and when.
+    state_keys: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
+
+/// How long a listed latest state key is taken as current by a reader.
+const STATE_KEY_FRESH: Duration = Duration::from_secs(1);
 
 impl S3Store {
     /// Open `s3://bucket/prefix`: checks that the bucket can be listed with
@@ -122,7 +187,9 @@ impl S3Store {
         } else {
             format!("{prefix}/")
         };
-        objects.check(&key_prefix)?;
+        // A small folder of ours: some servers (s3s-fs) walk everything
+        // under a listed prefix.
+        objects.check(&format!("{key_prefix}.orch/runs/"))?;
         let host = hostname();
         let now = Utc::now();
         let token = format!(
@@ -161,6 +228,7 @@ impl S3Store {
             records: Mutex::new(HashMap::new()),
             last_index: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
+            state_keys: Mutex::new(HashMap::new()),
         })
     }
 
@@ -262,10 +330,11 @@ impl S3Store {
     fn record_keys(&self, id: &str) -> Result<Vec<String>> {
         let base = self.run_key(id);
         let mut keys: Vec<String> = Vec::new();
-        for sub in ["records/", "done/"] {
-            for l in self.objects.list(&format!("{base}{sub}"))? {
-                keys.push(l.key[base.len()..].to_string());
-            }
+        for l in self.objects.list(&format!("{base}records/"))? {
+            keys.push(l.key[base.len()..].to_string());
+        }
+        for l in self.objects.list_dir(&format!("{base}done/"))? {
+            keys.push(l.key[base.len()..].to_string());
         }
         Ok(keys)
     }
@@ -345,22 +414,93 @@ impl S3Store {
     }
 
     fn latest_meta(&self, id: &str, created: RunMeta) -> Result<RunMeta> {
-        let base = format!("{}state/", self.run_key(id));
-        let states = self.objects.list(&base)?;
-        match states.last() {
-            Some(l) => self.must_json(&l.key),
-            None => Ok(created),
+        Ok(self.latest_state(id)?.1.unwrap_or(created))
+    }
+
+    /// The key (relative to the run) and content of the run's latest state
+    /// object, when it has one.
+    fn latest_state(&self, id: &str) -> Result<(Option<String>, Option<RunMeta>)> {
+        let key = self.list_state_key(id)?;
+        match &key {
+            Some(k) => {
+                let meta = self.must_json(&format!("{}{k}", self.run_key(id)))?;
+                Ok((key, Some(meta)))
+            }
+            None => Ok((None, None)),
         }
+    }
+
+    /// List the run's latest state key (and remember it for a moment).
+    fn list_state_key(&self, id: &str) -> Result<Option<String>> {
+        let run = self.run_key(id);
+        let key = self
+            .objects
+            .list_dir(&format!("{run}state/"))?
+            .last()
+            .map(|l| l.key[run.len()..].to_string());
+        if let Ok(mut m) = self.state_keys.lock() {
+            m.insert(id.to_string(), (key.clone(), Instant::now()));
+        }
+        Ok(key)
+    }
+
+    /// Whether a cache made at `state_key` while the run was in `state`
+    /// is current without listing the records. Records are written only
+    /// while a run is running, and every session starts by writing a
+    /// running state: so a cache made after a finished state, when that
+    /// state is still the latest, covers every record. A run this process
+    /// writes is always listed (another session may have finished it).
+    fn sealed(&self, id: &str, state_key: Option<&str>, state: orch_store::RunState) -> Result<bool> {
+        let Some(state_key) = state_key else {
+            return Ok(false);
+        };
+        if state == orch_store::RunState::Running || self.runs.lock().map_or(true, |m| m.contains_key(id)) {
+            return Ok(false);
+        }
+        let remembered = self.state_keys.lock().ok().and_then(|m| {
+            m.get(id)
+                .filter(|(_, at)| at.elapsed() < STATE_KEY_FRESH)
+                .map(|(k, _)| k.clone())
+        });
+        let latest = match remembered {
+            Some(k) => k,
+            None => self.list_state_key(id)?,
+        };
+        Ok(latest.as_deref() == Some(state_key))
     }
 
     /// Rebuild and write a run's index from its records (a cache).
     fn write_index(&self, run: &Run) -> Result<Index> {
+        // The state before the records: the caches cover every record
+        // written up to that state.
+        let state = self.latest_state(run.id())?;
         let keys = self.record_keys(run.id())?;
         let (records, earlier) = self.split_records(run, &keys)?;
-        let mut meta = run.meta.clone();
-        if let Ok(m) = self.latest_meta(run.id(), run.meta.clone()) {
-            meta = m;
-        }
+        self.write_caches(run, state, keys, records, earlier)
+    }
+
+    /// Write a run's caches (index and records) from records read at `keys`.
+    fn write_caches(
+        &self,
+        run: &Run,
+        (state_key, state_meta): (Option<String>, Option<RunMeta>),
+        keys: Vec<String>,
+        records: Vec<Option<CellRecord>>,
+        earlier: Vec<CellRecord>,
+    ) -> Result<Index> {
+        let meta = state_meta.unwrap_or_else(|| run.meta.clone());
+        let cache = RecordsCache {
+            v: INDEX_VERSION,
+            keys: keys.clone(),
+            state_key: state_key.clone(),
+            state: meta.state,
+            records: records.clone(),
+            earlier: earlier.clone(),
+        };
+        self.objects.put(
+            &format!("{}records.json", self.run_key(run.id())),
+            serde_json::to_vec(&cache).unwrap_or_default(),
+        )?;
         let rec = run.record_from(records.clone(), &earlier);
         let mut ledger: Vec<LedgerLine> = records.iter().flatten().map(|r| run.ledger_line(r)).collect();
         ledger.extend(earlier.iter().map(|r| run.ledger_line(r)));
@@ -370,6 +510,7 @@ impl S3Store {
             summary: RunSummary::of(&rec),
             keys,
             ledger,
+            state_key,
         };
         let bytes = serde_json::to_vec(&index).unwrap_or_default();
         self.objects
@@ -378,6 +519,124 @@ impl S3Store {
             l.insert(run.id().to_string(), Instant::now());
         }
         Ok(index)
+    }
+
+    fn read_records_cache(&self, id: &str) -> Option<RecordsCache> {
+        let b = self
+            .objects
+            .get(&format!("{}records.json", self.run_key(id)), 0)
+            .ok()??;
+        serde_json::from_slice::<RecordsCache>(&b)
+            .ok()
+            .filter(|c| c.v == INDEX_VERSION)
+    }
+
+    /// Current and earlier records: from the records cache when it covers
+    /// exactly the record keys listed now, else read (and the caches rewritten).
+    #[allow(clippy::type_complexity)]
+    fn records_of(&self, run: &Run) -> Result<(Vec<Option<CellRecord>>, Vec<CellRecord>)> {
+        let cache = self
+            .read_records_cache(run.id())
+            .filter(|c| c.records.len() == run.plan.cells.len());
+        if let Some(c) = &cache {
+            if self.sealed(run.id(), c.state_key.as_deref(), c.state)? {
+                return Ok((c.records.clone(), c.earlier.clone()));
+            }
+        }
+        let state = self.latest_state(run.id())?;
+        let keys = self.record_keys(run.id())?;
+        if let Some(c) = cache {
+            if c.keys == keys {
+                return Ok((c.records, c.earlier));
+            }
+        }
+        let (records, earlier) = self.split_records(run, &keys)?;
+        // For the next reader; a cache that cannot be written costs only time.
+        let _ = self.write_caches(run, state, keys, records.clone(), earlier.clone());
+        Ok((records, earlier))
+    }
+
+    /// List the run among the store's runs (once it is whole).
+    pub(crate) fn register_run(&self, id: &str) -> Result<()> {
+        self.objects
+            .put(&format!("{}.orch/runs/{id}", self.prefix), self.claim_bytes())
+    }
+
+    /// Note a change of a run's state for catalog readers (after its index).
+    fn note_change(&self, id: &str) -> Result<()> {
+        let key = format!(
+            "{}.orch/changes/{:013}~{}~{id}",
+            self.prefix,
+            Utc::now().timestamp_millis().max(0),
+            self.token
+        );
+        self.objects.put(&key, self.claim_bytes())
+    }
+
+    /// The changes listed from `from_ms` on, by run.
+    fn changes_since(&self, from_ms: i64) -> Result<HashMap<String, Vec<String>>> {
+        let base = format!("{}.orch/changes/", self.prefix);
+        let after = format!("{base}{:013}", from_ms.max(0));
+        let mut out: HashMap<String, Vec<String>> = HashMap::new();
+        for l in self.objects.list_dir_after(&base, Some(&after), None)? {
+            let rel = &l.key[base.len()..];
+            // `<ms>~<writer>~<run>`: the writer token has no `~`, the run id may.
+            if let Some(run) = rel.splitn(3, '~').nth(2) {
+                out.entry(run.to_string()).or_default().push(rel.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest catalog, if one can be read.
+    fn read_catalog(&self) -> Option<Catalog> {
+        let base = format!("{}.orch/catalog/", self.prefix);
+        let newest = self
+            .objects
+            .list_dir_after(&base, None, Some(1))
+            .ok()?
+            .into_iter()
+            .next()?;
+        let b = self.objects.get(&newest.key, 0).ok()??;
+        serde_json::from_slice::<Catalog>(&b)
+            .ok()
+            .filter(|c| c.v == CATALOG_VERSION)
+    }
+
+    /// Write a new catalog (a unique key: never a conflict) and drop all
+    /// but the two newest.
+    fn write_catalog(&self, catalog: &Catalog) -> Result<()> {
+        let base = format!("{}.orch/catalog/", self.prefix);
+        let key = format!(
+            "{base}{:013}-{}.json",
+            (CATALOG_EPOCH_MS - catalog.cut_ms).max(0),
+            self.token
+        );
+        self.objects
+            .put(&key, serde_json::to_vec(catalog).unwrap_or_default())?;
+        let old: Vec<String> = self
+            .objects
+            .list_dir(&base)?
+            .into_iter()
+            .skip(2)
+            .map(|l| l.key)
+            .collect();
+        let _ = self.objects.delete(&old);
+        Ok(())
+    }
+
+    /// The run's index when it is current (sealed, or covering the record
+    /// keys listed now), else rebuilt from the run `open` gives.
+    fn fresh_index(&self, id: &str, open: impl FnOnce() -> Result<Run>) -> Result<Index> {
+        if let Some(i) = self.read_index(id) {
+            if self.sealed(id, i.state_key.as_deref(), i.meta.state)? {
+                return Ok(i);
+            }
+            if i.keys == self.record_keys(id)? {
+                return Ok(i);
+            }
+        }
+        self.write_index(&open()?)
     }
 
     fn read_index(&self, id: &str) -> Option<Index> {
@@ -403,7 +662,7 @@ impl S3Store {
         let base = format!("{}claims/{cell}/", self.run_key(id));
         Ok(self
             .objects
-            .list(&base)?
+            .list_dir(&base)?
             .into_iter()
             .filter_map(|l| l.key[base.len()..].parse().ok())
             .collect())
@@ -459,6 +718,17 @@ impl StoreBackend for S3Store {
     }
 
     fn run_ids(&self) -> Result<Vec<String>> {
+        let base = format!("{}.orch/runs/", self.prefix);
+        let ids: Vec<String> = self
+            .objects
+            .list_dir(&base)?
+            .into_iter()
+            .map(|l| l.key[base.len()..].to_string())
+            .collect();
+        if !ids.is_empty() {
+            return Ok(ids);
+        }
+        // A store written before the run markers: its runs' folders.
         Ok(self
             .objects
             .list_dirs(&self.prefix)?
@@ -466,6 +736,13 @@ impl StoreBackend for S3Store {
             .filter_map(|d| d[self.prefix.len()..].strip_suffix('/').map(String::from))
             .filter(|id| !id.starts_with('.'))
             .collect())
+    }
+
+    fn has_run(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .objects
+            .get(&format!("{}run.json", self.run_key(id)), 0)?
+            .is_some())
     }
 
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
@@ -492,7 +769,8 @@ impl StoreBackend for S3Store {
             path: self.local_dir(&meta.id),
             source,
         })?;
-        Ok(())
+        self.register_run(&meta.id)?;
+        self.note_change(&meta.id)
     }
 
     fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
@@ -527,7 +805,7 @@ impl StoreBackend for S3Store {
                 let _ = self.objects.delete(&[index]);
             }
         }
-        Ok(())
+        self.note_change(&meta.id)
     }
 
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
@@ -537,7 +815,7 @@ impl StoreBackend for S3Store {
         }
         let keys: Vec<String> = self
             .objects
-            .list(&format!("{base}records/{cell}/"))?
+            .list_dir(&format!("{base}records/{cell}/"))?
             .into_iter()
             .map(|l| l.key[base.len()..].to_string())
             .collect();
@@ -546,13 +824,15 @@ impl StoreBackend for S3Store {
     }
 
     fn cell_records(&self, run: &Run) -> Result<Vec<Option<CellRecord>>> {
-        let keys = self.record_keys(run.id())?;
-        Ok(self.split_records(run, &keys)?.0)
+        Ok(self.records_of(run)?.0)
     }
 
     fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>> {
-        let keys = self.record_keys(run.id())?;
-        Ok(self.split_records(run, &keys)?.1)
+        Ok(self.records_of(run)?.1)
+    }
+
+    fn all_records(&self, run: &Run) -> Result<(Vec<Option<CellRecord>>, Vec<CellRecord>)> {
+        self.records_of(run)
     }
 
     fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)> {
@@ -688,13 +968,7 @@ impl StoreBackend for S3Store {
     }
 
     fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>> {
-        let keys = self.record_keys(run.id())?;
-        if let Some(i) = self.read_index(run.id()) {
-            if i.keys == keys {
-                return Ok(i.ledger);
-            }
-        }
-        Ok(self.write_index(run)?.ledger)
+        Ok(self.fresh_index(run.id(), || Ok(run.clone()))?.ledger)
     }
 
     fn read_cell_file(&self, run: &Run, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>> {
@@ -706,23 +980,62 @@ impl StoreBackend for S3Store {
     }
 
     fn summaries(&self, store: &Store) -> Result<(Vec<RunSummary>, Vec<StoreError>)> {
+        let t0 = Utc::now().timestamp_millis();
+        // The runs that exist are the ones listed; the catalog only saves reads.
         let ids = store.run_ids()?;
-        let found = orch_store::parallel_map_with(&ids, objects::PARALLEL, |id| match self.read_index(id) {
+        let catalog = self.read_catalog();
+        let changes = self.changes_since(catalog.as_ref().map_or(t0, |c| c.cut_ms) - SKEW_MS)?;
+        let mut kept: BTreeMap<String, CatalogEntry> = BTreeMap::new();
+        let mut live: Vec<String> = Vec::new();
+        for id in &ids {
+            let entry = catalog.as_ref().and_then(|c| c.runs.get(id)).filter(|e| {
+                e.summary.state != orch_store::RunState::Running
+                    && changes
+                        .get(id)
+                        .is_none_or(|ks| ks.iter().all(|k| e.changes.contains(k)))
+            });
+            match entry {
+                Some(e) => {
+                    kept.insert(id.clone(), e.clone());
+                }
+                None => live.push(id.clone()),
+            }
+        }
+        let found = orch_store::parallel_map_with(&live, objects::PARALLEL, |id| match self.read_index(id) {
             Some(i) => Ok(i.summary),
             None => {
                 let run = store.open_exact(id)?;
                 self.write_index(&run).map(|i| i.summary)
             }
         });
-        let mut out = Vec::new();
         let mut damaged = Vec::new();
-        for r in found {
+        let mut read_finished = 0;
+        for (id, r) in live.iter().zip(found) {
             match r {
-                Ok(s) => out.push(s),
+                Ok(summary) => {
+                    if summary.state != orch_store::RunState::Running {
+                        read_finished += 1;
+                    }
+                    let changes = changes.get(id).cloned().unwrap_or_default();
+                    kept.insert(id.clone(), CatalogEntry { summary, changes });
+                }
                 Err(e) => damaged.push(e),
             }
         }
-        Ok((out, damaged))
+        if read_finished >= CATALOG_AFTER {
+            let cut = format!("{:013}", (t0 - SKEW_MS).max(0));
+            let mut runs = kept.clone();
+            for e in runs.values_mut() {
+                e.changes.retain(|k| k.as_str() >= cut.as_str());
+            }
+            // A catalog that cannot be written costs the next `orch ls` time only.
+            let _ = self.write_catalog(&Catalog {
+                v: CATALOG_VERSION,
+                cut_ms: t0,
+                runs,
+            });
+        }
+        Ok((kept.into_values().map(|e| e.summary).collect(), damaged))
     }
 
     fn cost_lines(&self, store: &Store, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
@@ -730,13 +1043,7 @@ impl StoreBackend for S3Store {
         let per_run =
             orch_store::parallel_map_with(&ids, objects::PARALLEL, |id| -> Result<Vec<LedgerLine>> {
                 // A fresh index is enough: the run itself (its plan) is read only to rebuild it.
-                let keys = self.record_keys(id)?;
-                if let Some(i) = self.read_index(id) {
-                    if i.keys == keys {
-                        return Ok(i.ledger);
-                    }
-                }
-                Ok(self.write_index(&store.open_exact(id)?)?.ledger)
+                Ok(self.fresh_index(id, || store.open_exact(id))?.ledger)
             });
         let mut out = Vec::new();
         for r in per_run {

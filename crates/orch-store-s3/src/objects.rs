@@ -247,10 +247,19 @@ impl Objects {
         )
     }
 
-    /// Check that the bucket can be read with these credentials.
+    /// Check that the bucket can be read with these credentials (one
+    /// listing of at most one key of the folder `prefix`).
     pub fn check(&self, prefix: &str) -> Result<(), StoreError> {
         let (c, b, p) = (self.client.clone(), self.bucket.clone(), prefix.to_string());
-        let r = self.block(async move { c.list_objects_v2().bucket(b).prefix(p).max_keys(1).send().await });
+        let r = self.block(async move {
+            c.list_objects_v2()
+                .bucket(b)
+                .prefix(p)
+                .delimiter("/")
+                .max_keys(1)
+                .send()
+                .await
+        });
         r.map(|_| ()).map_err(|e| self.err("list", prefix, &e))
     }
 
@@ -352,18 +361,40 @@ impl Objects {
 
     /// Every object under `prefix` (all pages), in key order.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
-        Ok(self.list_with(prefix, None)?.0)
+        Ok(self.list_with(prefix, None, None, None)?.0)
+    }
+
+    /// The objects directly under `prefix` (as [`Objects::list_dir`]) whose
+    /// keys sort after `start_after`, at most `max` of them (the first ones
+    /// in key order), in key order.
+    pub fn list_dir_after(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max: Option<usize>,
+    ) -> Result<Vec<Listed>, StoreError> {
+        Ok(self.list_with(prefix, Some("/"), start_after, max)?.0)
+    }
+
+    /// The objects directly under `prefix` (a "folder" of our layout that
+    /// holds no deeper keys): the same answer as [`Objects::list`] there,
+    /// asked with a `/` delimiter, which lets a server that keeps objects
+    /// as files (s3s-fs) skip every folder outside the prefix.
+    pub fn list_dir(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
+        Ok(self.list_with(prefix, Some("/"), None, None)?.0)
     }
 
     /// The "folders" directly under `prefix` (keys grouped at the next `/`).
     pub fn list_dirs(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        Ok(self.list_with(prefix, Some("/"))?.1)
+        Ok(self.list_with(prefix, Some("/"), None, None)?.1)
     }
 
     fn list_with(
         &self,
         prefix: &str,
         delimiter: Option<&str>,
+        start_after: Option<&str>,
+        max: Option<usize>,
     ) -> Result<(Vec<Listed>, Vec<String>), StoreError> {
         let mut objects = Vec::new();
         let mut dirs = Vec::new();
@@ -376,12 +407,21 @@ impl Objects {
                 delimiter.map(String::from),
                 token.take(),
             );
+            // `start-after` counts on the first page only; later pages follow the token.
+            let after = if t.is_none() {
+                start_after.map(String::from)
+            } else {
+                None
+            };
+            let page = max.map(|m| m.saturating_sub(objects.len()).clamp(1, 1000) as i32);
             let out = self
                 .block(async move {
                     c.list_objects_v2()
                         .bucket(b)
                         .prefix(p)
                         .set_delimiter(d)
+                        .set_start_after(after)
+                        .set_max_keys(page)
                         .set_continuation_token(t)
                         .send()
                         .await
@@ -400,12 +440,18 @@ impl Objects {
                     dirs.push(p.to_string());
                 }
             }
+            if max.is_some_and(|m| objects.len() >= m) {
+                break;
+            }
             match out.next_continuation_token() {
                 Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_string()),
                 _ => break,
             }
         }
         objects.sort_by(|a, b| a.key.cmp(&b.key));
+        if let Some(m) = max {
+            objects.truncate(m);
+        }
         Ok((objects, dirs))
     }
 

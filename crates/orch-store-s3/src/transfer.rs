@@ -171,6 +171,7 @@ pub fn push(local: &Store, id: &str, dest: &std::sync::Arc<S3Store>) -> Result<M
     }
     // The latest state, as a state object of its own, and the run's index.
     let meta = run.meta.clone();
+    dest.register_run(run.id())?;
     dest.save_meta(&meta)?;
     let remote = Store::with_backend(dest.clone()).open_exact(run.id())?;
     dest.write_index(&remote)?;

@@ -206,3 +206,139 @@ fn a_pull_never_writes_outside_the_store() {
         Status::Succeeded
     );
 }
+
+/// Every key under `prefix` in the bucket `team`.
+fn keys_under(s: &S3Store, prefix: &str) -> Vec<String> {
+    s.objects()
+        .list(prefix)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .collect()
+}
+
+#[test]
+fn ls_reads_the_catalog_and_still_sees_every_change() {
+    use orch_store::RunState;
+    let Some(_s) = server() else { return };
+    let writer = open("cat");
+    let store = Store::with_backend(writer.clone());
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let mut run = new_run(&store);
+        run.set_state(RunState::Complete).unwrap();
+        ids.push(run.id().to_string());
+    }
+    // The first `ls` reads every run and leaves a catalog.
+    let (listed, damaged) = Store::with_backend(open("cat")).list_checked().unwrap();
+    assert!(damaged.is_empty(), "{damaged:?}");
+    assert_eq!(listed.len(), 20);
+    let catalogs = keys_under(&writer, "cat/.orch/catalog/");
+    assert_eq!(catalogs.len(), 1, "{catalogs:?}");
+
+    // The catalog is what the next `ls` reads: an entry changed in it shows.
+    let bytes = writer.objects().get(&catalogs[0], 0).unwrap().unwrap();
+    let mut cat: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    for id in [&ids[3], &ids[7]] {
+        cat["runs"][id.as_str()]["summary"]["suite"] = "from-the-catalog".into();
+    }
+    writer
+        .objects()
+        .put(&catalogs[0], serde_json::to_vec(&cat).unwrap())
+        .unwrap();
+    let suite_of = |listed: &[orch_store::RunSummary], id: &str| {
+        listed
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| (s.suite.clone(), s.state))
+    };
+    let listed = Store::with_backend(open("cat")).list().unwrap();
+    assert_eq!(
+        suite_of(&listed, &ids[7]),
+        Some(("from-the-catalog".into(), RunState::Complete))
+    );
+
+    // Another machine resumes run 3, makes a new run and deletes run 5.
+    let other = open("cat");
+    let other_store = Store::with_backend(other.clone());
+    let mut resumed = other_store.open_exact(&ids[3]).unwrap();
+    resumed.note_resume().unwrap();
+    let new = new_run(&other_store);
+    let mut gone = keys_under(&other, &format!("cat/{}/", ids[5]));
+    gone.push(format!("cat/.orch/runs/{}", ids[5]));
+    other.objects().delete(&gone).unwrap();
+
+    let listed = Store::with_backend(open("cat")).list().unwrap();
+    assert_eq!(listed.len(), 20, "{listed:?}");
+    // The resumed run is read again, not taken from the catalog.
+    assert_eq!(suite_of(&listed, &ids[3]), Some(("t".into(), RunState::Running)));
+    assert_eq!(suite_of(&listed, new.id()).map(|s| s.1), Some(RunState::Running));
+    assert_eq!(suite_of(&listed, &ids[5]), None);
+    assert_eq!(
+        suite_of(&listed, &ids[7]),
+        Some(("from-the-catalog".into(), RunState::Complete))
+    );
+}
+
+#[test]
+fn show_trusts_the_records_cache_of_a_finished_run_only_while_it_is_current() {
+    use orch_store::RunState;
+    let Some(_s) = server() else { return };
+    let writer = open("cache");
+    let store = Store::with_backend(writer.clone());
+    let mut run = new_run(&store);
+    let id = run.id().to_string();
+    let now = chrono::Utc::now();
+    // The first cell is cancelled (it will run again), the second fails.
+    for (cell, status) in run
+        .plan
+        .cells
+        .clone()
+        .into_iter()
+        .zip([Status::Cancelled, Status::Failed])
+    {
+        let (_, n) = run.prepare_cell(&cell.id).unwrap();
+        let rec = CellRecord::from_result(&cell, CellResult::new(&cell.id, status), now, now, n);
+        run.finish_cell(&rec).unwrap();
+    }
+    run.set_state(RunState::Interrupted).unwrap();
+    let cache_key = format!("cache/{id}/records.json");
+    let first_cache = writer.objects().get(&cache_key, 0).unwrap().unwrap();
+
+    // A finished run's records come from the cache alone: a record changed
+    // in it shows.
+    let mut cache: serde_json::Value = serde_json::from_slice(&first_cache).unwrap();
+    cache["records"][0]["status"] = "succeeded".into();
+    writer
+        .objects()
+        .put(&cache_key, serde_json::to_vec(&cache).unwrap())
+        .unwrap();
+    let rec = Store::with_backend(open("cache"))
+        .open_exact(&id)
+        .unwrap()
+        .record()
+        .unwrap();
+    assert_eq!(rec.counts.get("succeeded"), Some(&1), "{:?}", rec.counts);
+
+    // Another session runs the first cell again and finishes the run; a
+    // lagging process then puts the old cache back. It covers an older
+    // state, so it is not trusted: the new attempt shows.
+    let other = open("cache");
+    let mut again = Store::with_backend(other.clone()).open_exact(&id).unwrap();
+    again.note_resume().unwrap();
+    let cell = again.plan.cells[0].clone();
+    let (_, n) = again.prepare_cell(&cell.id).unwrap();
+    assert_eq!(n, 2);
+    let rec = CellRecord::from_result(&cell, CellResult::new(&cell.id, Status::Succeeded), now, now, n);
+    again.finish_cell(&rec).unwrap();
+    again.set_state(RunState::Interrupted).unwrap();
+    other.objects().put(&cache_key, first_cache).unwrap();
+    let reader = Store::with_backend(open("cache")).open_exact(&id).unwrap();
+    let all = reader.all_records().unwrap();
+    let current: Vec<(u32, bool)> = all.iter().map(|(r, e)| (r.attempt, *e)).collect();
+    assert!(
+        current.contains(&(2, false)) && current.contains(&(1, true)),
+        "{current:?}"
+    );
+    assert_eq!(reader.record().unwrap().counts.get("succeeded"), Some(&1));
+}

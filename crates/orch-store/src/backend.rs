@@ -29,6 +29,11 @@ pub trait StoreBackend: Send + Sync {
     /// The ids of the runs (any order; unsafe names are dropped by the caller).
     fn run_ids(&self) -> Result<Vec<String>>;
 
+    /// Whether a run with exactly this id exists.
+    fn has_run(&self, id: &str) -> Result<bool> {
+        Ok(self.run_ids()?.iter().any(|i| i == id))
+    }
+
     /// Store a new run: its metadata, manifest text and resolved plan.
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()>;
 
@@ -52,6 +57,13 @@ pub trait StoreBackend: Send + Sync {
 
     /// The records of earlier attempts (superseded by a later attempt).
     fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>>;
+
+    /// Both at once: the current records (plan order) and the earlier ones,
+    /// for a store that reads them in one pass.
+    #[allow(clippy::type_complexity)]
+    fn all_records(&self, run: &Run) -> Result<(Vec<Option<CellRecord>>, Vec<CellRecord>)> {
+        Ok((self.cell_records(run)?, self.earlier_records(run)?))
+    }
 
     /// A clean local folder for a new attempt at `cell`, and its number.
     fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)>;

@@ -53,6 +53,12 @@ impl StoreBackend for FolderStore {
             .collect())
     }
 
+    fn has_run(&self, id: &str) -> Result<bool> {
+        let dir = self.root.join(id);
+        // A real folder, as `run_ids` lists: a link is not followed.
+        Ok(std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) && dir.join("run.json").is_file())
+    }
+
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
         std::fs::create_dir_all(&self.root).map_err(io("create the store", &self.root))?;
         let dir = self.root.join(&meta.id);

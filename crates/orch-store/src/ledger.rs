@@ -87,14 +87,9 @@ impl Run {
     /// Every recorded attempt: the current records, then the earlier
     /// attempts (flag `true`).
     pub fn all_records(&self) -> Result<Vec<(CellRecord, bool)>> {
-        let mut out: Vec<(CellRecord, bool)> = self
-            .backend
-            .cell_records(self)?
-            .into_iter()
-            .flatten()
-            .map(|r| (r, false))
-            .collect();
-        out.extend(self.backend.earlier_records(self)?.into_iter().map(|r| (r, true)));
+        let (current, earlier) = self.backend.all_records(self)?;
+        let mut out: Vec<(CellRecord, bool)> = current.into_iter().flatten().map(|r| (r, false)).collect();
+        out.extend(earlier.into_iter().map(|r| (r, true)));
         Ok(out)
     }
 

@@ -343,6 +343,10 @@ impl Store {
 
     /// Open a run by id, unique id prefix, or `latest`.
     pub fn open_run(&self, id: &str) -> Result<Run> {
+        // An exact id is opened without listing the store.
+        if id != "latest" && check_name("run id", id).is_ok() && self.backend.has_run(id)? {
+            return self.open_exact(id);
+        }
         let ids = self.run_ids()?;
         let resolved = if id == "latest" {
             ids.last().cloned()
@@ -584,8 +588,7 @@ impl Run {
 
     /// The run as printed by `orch show --json`.
     pub fn record(&self) -> Result<RunRecord> {
-        let records = self.backend.cell_records(self)?;
-        let earlier = self.backend.earlier_records(self)?;
+        let (records, earlier) = self.backend.all_records(self)?;
         Ok(self.record_from(records, &earlier))
     }
 
