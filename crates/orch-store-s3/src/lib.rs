@@ -168,6 +168,11 @@ pub struct S3Store {
     last_index: Mutex<HashMap<String, Instant>>,
     /// Runs this handle writes, to rebuild their index on a change of state.
     runs: Mutex<HashMap<String, Run>>,
+    /// `records.json` of runs just loaded, until it is read (it is checked
+    /// like a fresh read: it names the state and keys it covers).
+    prefetched: Mutex<HashMap<String, Vec<u8>>>,
+    /// `run.json` of runs just found by `has_run`, until they are loaded.
+    run_json: Mutex<HashMap<String, Vec<u8>>>,
     /// Each run's latest state key as last listed, and when.
     state_keys: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
@@ -176,9 +181,9 @@ pub struct S3Store {
 const STATE_KEY_FRESH: Duration = Duration::from_secs(1);
 
 impl S3Store {
-    /// Open `s3://bucket/prefix`: checks that the bucket can be listed with
-    /// the credentials found (a clear error naming the bucket and where the
-    /// credentials came from otherwise).
+    /// Open `s3://bucket/prefix` (no request: a wrong bucket or credential
+    /// fails the first one with an error naming the bucket and where the
+    /// credentials came from).
     pub fn open(url: &str) -> Result<S3Store> {
         let (bucket, prefix) = parse_url(url)?;
         let objects = Objects::connect(&bucket)?;
@@ -187,9 +192,9 @@ impl S3Store {
         } else {
             format!("{prefix}/")
         };
-        // A small folder of ours: some servers (s3s-fs) walk everything
-        // under a listed prefix.
-        objects.check(&format!("{key_prefix}.orch/runs/"))?;
+        // No request yet: the first one (every command makes one before
+        // any work) fails with the same classified error, naming the bucket
+        // and where the credentials came from.
         let host = hostname();
         let now = Utc::now();
         let token = format!(
@@ -229,6 +234,8 @@ impl S3Store {
             last_index: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
             state_keys: Mutex::new(HashMap::new()),
+            run_json: Mutex::new(HashMap::new()),
+            prefetched: Mutex::new(HashMap::new()),
         })
     }
 
@@ -309,12 +316,21 @@ impl S3Store {
     }
 
     fn must_json<T: for<'de> Deserialize<'de>>(&self, key: &str) -> Result<T> {
-        self.get_json(key)?.ok_or_else(|| StoreError::Remote {
+        self.must_parse(key, self.objects.get(key, 0)?)
+    }
+
+    /// An object's JSON, read already (`None`: it is missing).
+    fn must_parse<T: for<'de> Deserialize<'de>>(&self, key: &str, bytes: Option<Vec<u8>>) -> Result<T> {
+        let bytes = bytes.ok_or_else(|| StoreError::Remote {
             message: format!("`s3://{}/{key}` is missing", self.objects.bucket),
             hint:
                 "the run was not written whole (a push or a run interrupted at its start); delete its prefix"
                     .into(),
             user: false,
+        })?;
+        serde_json::from_slice(&bytes).map_err(|source| StoreError::Corrupt {
+            path: PathBuf::from(format!("s3://{}/{key}", self.objects.bucket)),
+            source,
         })
     }
 
@@ -411,10 +427,6 @@ impl S3Store {
             .map(|c| current.get(&c.id).map(|(_, r, _)| r.clone()))
             .collect();
         Ok((records, earlier))
-    }
-
-    fn latest_meta(&self, id: &str, created: RunMeta) -> Result<RunMeta> {
-        Ok(self.latest_state(id)?.1.unwrap_or(created))
     }
 
     /// The key (relative to the run) and content of the run's latest state
@@ -522,10 +534,14 @@ impl S3Store {
     }
 
     fn read_records_cache(&self, id: &str) -> Option<RecordsCache> {
-        let b = self
-            .objects
-            .get(&format!("{}records.json", self.run_key(id)), 0)
-            .ok()??;
+        let prefetched = self.prefetched.lock().ok().and_then(|mut m| m.remove(id));
+        let b = match prefetched {
+            Some(b) => b,
+            None => self
+                .objects
+                .get(&format!("{}records.json", self.run_key(id)), 0)
+                .ok()??,
+        };
         serde_json::from_slice::<RecordsCache>(&b)
             .ok()
             .filter(|c| c.v == INDEX_VERSION)
@@ -739,10 +755,14 @@ impl StoreBackend for S3Store {
     }
 
     fn has_run(&self, id: &str) -> Result<bool> {
-        Ok(self
-            .objects
-            .get(&format!("{}run.json", self.run_key(id)), 0)?
-            .is_some())
+        let Some(bytes) = self.objects.get(&format!("{}run.json", self.run_key(id)), 0)? else {
+            return Ok(false);
+        };
+        // Kept for the `load_run` that follows.
+        if let Ok(mut m) = self.run_json.lock() {
+            m.insert(id.to_string(), bytes);
+        }
+        Ok(true)
     }
 
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
@@ -775,10 +795,26 @@ impl StoreBackend for S3Store {
 
     fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
         let base = self.run_key(id);
-        let created: RunMeta = self.must_json(&format!("{base}run.json"))?;
-        let plan: Plan = self.must_json(&format!("{base}plan.json"))?;
-        let meta = self.latest_meta(id, created)?;
-        Ok((meta, plan))
+        let (run_key, plan_key) = (format!("{base}run.json"), format!("{base}plan.json"));
+        let seen = self.run_json.lock().ok().and_then(|mut m| m.remove(id));
+        // The run, its plan, its latest state and its records cache (which
+        // nearly every command reads next) at once.
+        let (state, got) = std::thread::scope(|sc| {
+            let state = sc.spawn(|| self.latest_state(id));
+            let mut keys = vec![plan_key.clone(), format!("{base}records.json")];
+            if seen.is_none() {
+                keys.push(run_key.clone());
+            }
+            let got = self.objects.get_many(&keys);
+            (state.join().unwrap_or_else(|p| std::panic::resume_unwind(p)), got)
+        });
+        let mut got = got?.into_iter();
+        let plan: Plan = self.must_parse(&plan_key, got.next().flatten())?;
+        if let (Some(records), Ok(mut m)) = (got.next().flatten(), self.prefetched.lock()) {
+            m.insert(id.to_string(), records);
+        }
+        let created: RunMeta = self.must_parse(&run_key, seen.or_else(|| got.next().flatten()))?;
+        Ok((state?.1.unwrap_or(created), plan))
     }
 
     fn save_meta(&self, meta: &RunMeta) -> Result<()> {

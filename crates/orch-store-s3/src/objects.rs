@@ -73,9 +73,26 @@ async fn load() -> (Client, String) {
         loader = loader
             .region(aws_config::meta::region::RegionProviderChain::default_provider().or_else("us-east-1"));
     }
+    // Keys in the environment come first in the default chain anyway; taken
+    // directly, the chain's other providers (web identity builds an STS
+    // client, which reads every root certificate) are not built at all.
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    if set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY") {
+        loader = loader.credentials_provider(
+            aws_config::environment::credentials::EnvironmentVariableCredentialsProvider::new(),
+        );
+    }
     let shared = loader.load().await;
     let endpoint = shared.endpoint_url().map(String::from);
     let mut conf = aws_sdk_s3::config::Builder::from(&shared);
+    if endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
+        // Plain HTTP (a server on the local network): no TLS, so no reading
+        // of the system's root certificates (milliseconds on every command).
+        // Credential providers keep the default client for their HTTPS calls.
+        if let Some(client) = plain_http_client() {
+            conf = conf.http_client(client);
+        }
+    }
     if endpoint.is_some() {
         conf = conf
             .force_path_style(true)
@@ -88,6 +105,23 @@ async fn load() -> (Client, String) {
     )
 }
 
+/// The SDK's own HTTP client with an empty trust store: it loads no root
+/// certificate, and could complete no TLS handshake (it only speaks to
+/// `http://` endpoints).
+fn plain_http_client() -> Option<aws_sdk_s3::config::SharedHttpClient> {
+    use aws_smithy_http_client::tls;
+    let ctx = tls::TlsContext::builder()
+        .with_trust_store(tls::TrustStore::empty().with_native_roots(false))
+        .build()
+        .ok()?;
+    Some(
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+            .tls_context(ctx)
+            .build_https(),
+    )
+}
+
 /// Wait for a reply from the client's runtime without blocking a runtime
 /// of the caller's (`orch`'s own) in a way it forbids.
 fn wait<T>(rx: std::sync::mpsc::Receiver<T>) -> Option<T> {
@@ -97,6 +131,30 @@ fn wait<T>(rx: std::sync::mpsc::Receiver<T>) -> Option<T> {
             tokio::task::block_in_place(recv)
         }
         _ => recv(),
+    }
+}
+
+/// `ORCH_S3_TRACE=1`: every request (or batch) on stderr with its time,
+/// to see where a slow store spends it. Keys only, never a credential.
+struct Trace {
+    what: Option<(&'static str, String, std::time::Instant)>,
+}
+
+impl Trace {
+    fn new(op: &'static str, key: &str) -> Trace {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("ORCH_S3_TRACE").is_ok_and(|v| v == "1"));
+        Trace {
+            what: on.then(|| (op, key.to_string(), std::time::Instant::now())),
+        }
+    }
+}
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        if let Some((op, key, t)) = &self.what {
+            eprintln!("s3 {op} {key} {:.1} ms", t.elapsed().as_secs_f64() * 1000.0);
+        }
     }
 }
 
@@ -247,24 +305,9 @@ impl Objects {
         )
     }
 
-    /// Check that the bucket can be read with these credentials (one
-    /// listing of at most one key of the folder `prefix`).
-    pub fn check(&self, prefix: &str) -> Result<(), StoreError> {
-        let (c, b, p) = (self.client.clone(), self.bucket.clone(), prefix.to_string());
-        let r = self.block(async move {
-            c.list_objects_v2()
-                .bucket(b)
-                .prefix(p)
-                .delimiter("/")
-                .max_keys(1)
-                .send()
-                .await
-        });
-        r.map(|_| ()).map_err(|e| self.err("list", prefix, &e))
-    }
-
     /// The object's bytes from `offset` on, or `None` when there is none.
     pub fn get(&self, key: &str, offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let _trace = Trace::new("GET", key);
         enum Fail {
             Sdk(Box<SdkErr<aws_sdk_s3::operation::get_object::GetObjectError>>),
             Body(String),
@@ -307,6 +350,7 @@ impl Objects {
 
     /// Write an object (overwriting): only caches are written this way.
     pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let _trace = Trace::new("PUT", key);
         let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
         let r = self.block(async move {
             c.put_object()
@@ -324,6 +368,7 @@ impl Objects {
     /// conflict the object is read back, and if it holds our token the
     /// conflict was our own earlier try whose reply was lost.
     pub fn create(&self, key: &str, bytes: Vec<u8>, token: &str) -> Result<Created, StoreError> {
+        let _trace = Trace::new("CREATE", key);
         let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
         let r = self.block(async move {
             c.put_object()
@@ -396,6 +441,7 @@ impl Objects {
         start_after: Option<&str>,
         max: Option<usize>,
     ) -> Result<(Vec<Listed>, Vec<String>), StoreError> {
+        let _trace = Trace::new(if delimiter.is_some() { "LIST/" } else { "LIST" }, prefix);
         let mut objects = Vec::new();
         let mut dirs = Vec::new();
         let mut token: Option<String> = None;
@@ -457,6 +503,7 @@ impl Objects {
 
     /// Read many objects at once (missing ones are `None`), in order.
     pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let _trace = Trace::new("GET*", keys.first().map_or("", |k| k.as_str()));
         let (c, b) = (self.client.clone(), self.bucket.clone());
         let keys2 = keys.to_vec();
         let results = self.block(async move {
