@@ -30,8 +30,11 @@
 //!
 //! `orch ls` reads the newest catalog, lists the changes since it (less a
 //! margin for clock skew), and reads one by one only the runs that are new,
-//! changed or still running. `orch show` and `orch cost` trust a cache only
-//! when the record keys it covers are the ones listed now.
+//! changed or still running. `orch show` and `orch cost` trust a run's cache
+//! without listing its records while the run's latest state is the finished
+//! state the cache was made at (every session writes a running state before
+//! its first record), and otherwise only when the record keys it covers are
+//! the ones listed now.
 //!
 //! Concurrency: records are created with `If-None-Match: *`; every created
 //! object carries this writer's token, so a conflict on a create whose
