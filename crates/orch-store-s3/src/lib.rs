@@ -770,17 +770,12 @@ impl StoreBackend for S3Store {
 
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
         let base = self.run_key(&meta.id);
-        let conflict = |by: String| StoreError::Remote {
-            message: format!(
-                "the run `{}` already exists in {} (written by {by})",
-                meta.id, self.url
-            ),
-            hint: "start the run again: a new id is drawn".into(),
-            user: false,
-        };
         // run.json first: it claims the id.
         self.create(&format!("{base}run.json"), self.with_writer(meta))?
-            .map_err(conflict)?;
+            .map_err(|_by| StoreError::RunExists {
+                id: meta.id.clone(),
+                store: self.url.to_string(),
+            })?;
         self.objects
             .put(&format!("{base}manifest.yaml"), manifest_text.as_bytes().to_vec())?;
         self.objects.put(

@@ -62,7 +62,16 @@ impl StoreBackend for FolderStore {
     fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
         std::fs::create_dir_all(&self.root).map_err(io("create the store", &self.root))?;
         let dir = self.root.join(&meta.id);
-        std::fs::create_dir(&dir).map_err(io("create the run folder", &dir))?;
+        std::fs::create_dir(&dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                StoreError::RunExists {
+                    id: meta.id.clone(),
+                    store: self.root.display().to_string(),
+                }
+            } else {
+                io("create the run folder", &dir)(e)
+            }
+        })?;
         std::fs::create_dir(dir.join("cells")).map_err(io("create the cells folder", &dir))?;
         write_atomic(&dir.join("manifest.yaml"), manifest_text.as_bytes())?;
         write_json(&dir.join("plan.json"), plan)?;

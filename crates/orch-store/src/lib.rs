@@ -50,6 +50,10 @@ pub enum StoreError {
     NoSuchRun { id: String, store: String },
     #[error("`{id}` matches several runs: {}\nhint: give more of the id", matches.join(", "))]
     Ambiguous { id: String, matches: Vec<String> },
+    /// The id drawn for a new run is taken (two runs of one suite in the
+    /// same second drew the same salt); [`Store::create_run`] draws again.
+    #[error("the run `{id}` already exists in `{store}`\nhint: start the run again: a new id is drawn")]
+    RunExists { id: String, store: String },
     #[error("no cell `{cell}` in run `{run}`\nhint: `orch show {run}` lists its cells")]
     NoSuchCell { run: String, cell: String },
     /// A name from a manifest, an agent or a remote store that would leave
@@ -314,8 +318,32 @@ impl Store {
         for c in &plan.cells {
             check_name("cell id", &c.id)?;
         }
-        let now = Utc::now();
-        let id = new_run_id(now, &plan.suite);
+        // An id taken by another run (same suite, same second, same 16-bit
+        // salt) is drawn again: the next draw has other nanoseconds.
+        let mut taken = Vec::new();
+        loop {
+            match self.try_create_run(plan, manifest_text, backend, environment.clone(), &taken) {
+                Err(StoreError::RunExists { id, .. }) if taken.len() < 8 => taken.push(id),
+                other => return other,
+            }
+        }
+    }
+
+    fn try_create_run(
+        &self,
+        plan: &Plan,
+        manifest_text: &str,
+        backend: &str,
+        environment: Environment,
+        taken: &[String],
+    ) -> Result<Run> {
+        let (now, id) = loop {
+            let now = Utc::now();
+            let id = new_run_id(now, &plan.suite);
+            if !taken.contains(&id) {
+                break (now, id);
+            }
+        };
         check_name("run id", &id)?;
         let mut plan = plan.clone();
         for c in &mut plan.cells {
@@ -783,6 +811,91 @@ mod tests {
 
     fn env() -> Environment {
         host_environment(Path::new("t.yaml"), vec!["orch".into()])
+    }
+
+    /// The folder store, whose first run id is taken by another run.
+    struct FirstIdTaken {
+        inner: FolderStore,
+        refused: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl StoreBackend for FirstIdTaken {
+        fn location(&self) -> String {
+            self.inner.location()
+        }
+        fn run_location(&self, id: &str) -> String {
+            self.inner.run_location(id)
+        }
+        fn local_dir(&self, id: &str) -> PathBuf {
+            self.inner.local_dir(id)
+        }
+        fn run_ids(&self) -> Result<Vec<String>> {
+            self.inner.run_ids()
+        }
+        fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
+            let mut refused = self.refused.lock().unwrap();
+            if refused.is_empty() {
+                refused.push(meta.id.clone());
+                return Err(StoreError::RunExists {
+                    id: meta.id.clone(),
+                    store: self.location(),
+                });
+            }
+            self.inner.create_run(meta, manifest_text, plan)
+        }
+        fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
+            self.inner.load_run(id)
+        }
+        fn save_meta(&self, meta: &RunMeta) -> Result<()> {
+            self.inner.save_meta(meta)
+        }
+        fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
+            self.inner.cell_record(run, cell)
+        }
+        fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>> {
+            self.inner.earlier_records(run)
+        }
+        fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)> {
+            self.inner.prepare_cell(run, cell)
+        }
+        fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
+            self.inner.finish_cell(run, record)
+        }
+        fn ledger(&self, run: &Run) -> Result<Vec<orch_cost::LedgerLine>> {
+            self.inner.ledger(run)
+        }
+        fn read_cell_file(&self, run: &Run, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>> {
+            self.inner.read_cell_file(run, cell, name, offset)
+        }
+    }
+
+    #[test]
+    fn a_taken_run_id_is_drawn_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let backend = Arc::new(FirstIdTaken {
+            inner: FolderStore::new(tmp.path()),
+            refused: Default::default(),
+        });
+        let store = Store::with_backend(backend.clone());
+        let run = store.create_run(&plan(), "name: t\n", "local", env()).unwrap();
+        let refused = backend.refused.lock().unwrap().clone();
+        assert_eq!(refused.len(), 1);
+        assert_ne!(run.id(), refused[0]);
+        assert_eq!(store.run_ids().unwrap(), vec![run.id().to_string()]);
+    }
+
+    #[test]
+    fn the_folder_store_says_when_a_run_id_is_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let run = store.create_run(&plan(), "name: t\n", "local", env()).unwrap();
+        let err = FolderStore::new(tmp.path())
+            .create_run(&run.meta, "name: t\n", &run.plan)
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::RunExists { ref id, .. } if id == run.id()),
+            "{err}"
+        );
     }
 
     #[test]
