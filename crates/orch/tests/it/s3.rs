@@ -4,7 +4,7 @@
 //! proxy that drops `If-None-Match` for a server that ignores it. Under
 //! CI=true a missing server fails the test; elsewhere it is skipped.
 
-use orch_testkit::s3::{require, IgnoringProxy, S3Server, SECRET_KEY};
+use orch_testkit::s3::{require, IgnoringProxy, S3Server, ACCESS_KEY, SECRET_KEY};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -366,6 +366,67 @@ fn wrong_credentials_exit_2_naming_the_bucket_and_the_source() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nope-bucket"), "{}", text(&out));
+}
+
+/// Keys, region and endpoint from a named profile (`AWS_PROFILE`, the
+/// config and credentials files), none in the environment: the standard
+/// chain as a team member's laptop has it. A wrong secret in the profile
+/// is named by its profile and never shown.
+#[test]
+fn a_named_profile_gives_keys_region_and_endpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = s3s(tmp.path()) else { return };
+    let aws = tmp.path().join("aws");
+    std::fs::create_dir_all(&aws).unwrap();
+    let config = aws.join("config");
+    let credentials = aws.join("credentials");
+    std::fs::write(
+        &config,
+        format!(
+            "[profile bench-team]\nregion = eu-west-1\nendpoint_url = {}\n",
+            server.endpoint
+        ),
+    )
+    .unwrap();
+    let profile_orch = |secret: &str| {
+        std::fs::write(
+            &credentials,
+            format!("[bench-team]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {secret}\n"),
+        )
+        .unwrap();
+        let mut c = orch(&[], &tmp.path().join("w"));
+        for k in [
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+        ] {
+            c.env_remove(k);
+        }
+        c.env("AWS_PROFILE", "bench-team")
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        c
+    };
+    let out = profile_orch(SECRET_KEY)
+        .args(["ls", "--store", "s3://team/x", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!text(&out).contains(SECRET_KEY), "{}", text(&out));
+
+    let wrong = "profile-secret-that-must-not-be-printed";
+    let out = profile_orch(wrong)
+        .args(["ls", "--store", "s3://team/x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let all = text(&out);
+    assert!(all.contains("`team`") && all.contains("`bench-team`"), "{all}");
+    assert!(!all.contains(wrong), "{all}");
 }
 
 #[test]
