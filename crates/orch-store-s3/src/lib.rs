@@ -86,6 +86,11 @@ pub fn parse_url(url: &str) -> Result<(String, String)> {
             "the bucket name is empty or has characters a bucket cannot have",
         ));
     }
+    // S3, R2, GCS and MinIO all refuse shorter names (GCS allows up to 222
+    // characters with dots: the upper bound is the server's to say).
+    if bucket.len() < 3 {
+        return Err(bad("a bucket name has at least 3 characters"));
+    }
     let prefix = prefix.trim_matches('/');
     if !prefix.is_empty() {
         orch_store::check_relative("store prefix", prefix)?;
@@ -1093,4 +1098,33 @@ impl StoreBackend for S3Store {
 /// Upload-side helper used by tests: the local working folder of a store.
 pub fn work_dir(store: &S3Store) -> &Path {
     &store.work
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_parsed_and_bad_ones_named() {
+        assert_eq!(
+            parse_url("s3://team-results/perf/").unwrap(),
+            ("team-results".to_string(), "perf".to_string())
+        );
+        assert_eq!(parse_url("s3://abc").unwrap(), ("abc".to_string(), String::new()));
+        for (url, why) in [
+            ("team/x", "not an `s3://` URL"),
+            ("s3://", "empty"),
+            ("s3://b/x", "at least 3 characters"),
+            ("s3://a b/x", "characters a bucket cannot have"),
+        ] {
+            let err = parse_url(url).unwrap_err();
+            assert!(err.is_user_error(), "{url}: {err}");
+            let text = err.to_string();
+            assert!(
+                text.contains(why) && text.contains(url) && text.contains("hint:"),
+                "{url}: {text}"
+            );
+        }
+        assert!(parse_url("s3://team/../x").unwrap_err().is_user_error());
+    }
 }

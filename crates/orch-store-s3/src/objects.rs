@@ -194,6 +194,11 @@ fn remote(
             hint: "create it, or check the name in `--store s3://BUCKET/PREFIX` and `AWS_ENDPOINT_URL`".into(),
             user: true,
         },
+        (Some("InvalidBucketName"), _) => StoreError::Remote {
+            message: format!("the object store at {endpoint} refuses the bucket name `{bucket}`"),
+            hint: "bucket names are 3 to 63 lowercase letters, digits, dots and hyphens: check `--store s3://BUCKET/PREFIX`".into(),
+            user: true,
+        },
         (Some("InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" | "InvalidToken" | "ExpiredToken" | "AllAccessDisabled"), _)
         | (_, Some(401 | 403)) => StoreError::Remote {
             message: format!(
@@ -204,7 +209,12 @@ fn remote(
             hint: "check the credentials (or `AWS_PROFILE`) and that they may read and write the bucket".into(),
             user: true,
         },
-        _ if message.contains("no credentials") || message.contains("NoCredentials") || message.contains("credentials provider") => StoreError::Remote {
+        // The chain found nothing, or its last provider (instance metadata,
+        // SSO) failed: either way there are no credentials to sign with.
+        _ if message.contains("no credentials")
+            || message.contains("NoCredentials")
+            || message.contains("credentials provider")
+            || message.contains("loading credentials") => StoreError::Remote {
             message: format!("no credentials for the bucket `{bucket}`: none found in {}", cred()),
             hint: "set `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, or run `aws sso login`".into(),
             user: true,
@@ -669,4 +679,51 @@ impl Objects {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(code: Option<&str>, status: Option<u16>, message: &str) -> StoreError {
+        remote(
+            "team",
+            "http://127.0.0.1:9000",
+            "list",
+            "x/",
+            code,
+            status,
+            message.to_string(),
+        )
+    }
+
+    #[test]
+    fn failures_the_user_must_fix_are_told_apart() {
+        let err = classify(Some("InvalidBucketName"), Some(400), "");
+        assert!(err.is_user_error() && err.to_string().contains("`team`"), "{err}");
+        let err = classify(Some("NoSuchBucket"), Some(404), "");
+        assert!(
+            err.is_user_error() && err.to_string().contains("does not exist"),
+            "{err}"
+        );
+        let err = classify(Some("SignatureDoesNotMatch"), Some(403), "");
+        assert!(
+            err.is_user_error() && err.to_string().contains("refused"),
+            "{err}"
+        );
+        // What the SDK says when the chain's last provider (instance
+        // metadata, here refused) failed: no credentials, not a network fault.
+        let err = classify(
+            None,
+            None,
+            "dispatch failure: other: an error occurred while loading credentials: failed to load IMDS session token",
+        );
+        let text = err.to_string();
+        assert!(
+            err.is_user_error() && text.starts_with("no credentials for the bucket `team`"),
+            "{text}"
+        );
+        let err = classify(Some("InternalError"), Some(500), "boom");
+        assert!(!err.is_user_error(), "{err}");
+    }
 }
