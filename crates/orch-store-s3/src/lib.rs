@@ -580,10 +580,33 @@ impl S3Store {
         Ok((records, earlier))
     }
 
-    /// List the run among the store's runs (once it is whole).
+    /// List the run among the store's runs (once it is whole). The first
+    /// marker of a store written before the markers existed first marks
+    /// the runs already there: runs are listed from the markers once one
+    /// exists, and those runs would vanish from `orch ls`.
     pub(crate) fn register_run(&self, id: &str) -> Result<()> {
-        self.objects
-            .put(&format!("{}.orch/runs/{id}", self.prefix), self.claim_bytes())
+        let base = format!("{}.orch/runs/", self.prefix);
+        if self.objects.list_dir_after(&base, None, Some(1))?.is_empty() {
+            let earlier = self.folder_run_ids()?;
+            for r in orch_store::parallel_map_with(&earlier, objects::PARALLEL, |old| {
+                self.objects.put(&format!("{base}{old}"), self.claim_bytes())
+            }) {
+                r?;
+            }
+        }
+        self.objects.put(&format!("{base}{id}"), self.claim_bytes())
+    }
+
+    /// The runs' folders under the prefix (the listing of a store written
+    /// before the run markers).
+    fn folder_run_ids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .objects
+            .list_dirs(&self.prefix)?
+            .into_iter()
+            .filter_map(|d| d[self.prefix.len()..].strip_suffix('/').map(String::from))
+            .filter(|id| !id.starts_with('.'))
+            .collect())
     }
 
     /// Note a change of a run's state for catalog readers (after its index).
@@ -753,13 +776,7 @@ impl StoreBackend for S3Store {
             return Ok(ids);
         }
         // A store written before the run markers: its runs' folders.
-        Ok(self
-            .objects
-            .list_dirs(&self.prefix)?
-            .into_iter()
-            .filter_map(|d| d[self.prefix.len()..].strip_suffix('/').map(String::from))
-            .filter(|id| !id.starts_with('.'))
-            .collect())
+        self.folder_run_ids()
     }
 
     fn has_run(&self, id: &str) -> Result<bool> {

@@ -281,6 +281,27 @@ fn ls_reads_the_catalog_and_still_sees_every_change() {
 }
 
 #[test]
+fn runs_written_before_the_run_markers_stay_listed_after_a_new_run() {
+    let Some(_s) = server() else { return };
+    let writer = open("old");
+    let store = Store::with_backend(writer.clone());
+    let mut old: Vec<String> = (0..2).map(|_| new_run(&store).id().to_string()).collect();
+    old.sort();
+    // A store written by an orch that made no markers.
+    let markers = keys_under(&writer, "old/.orch/runs/");
+    assert_eq!(markers.len(), 2, "{markers:?}");
+    writer.objects().delete(&markers).unwrap();
+    assert_eq!(Store::with_backend(open("old")).run_ids().unwrap(), old);
+
+    let new = new_run(&Store::with_backend(open("old")));
+    let mut all = old.clone();
+    all.push(new.id().to_string());
+    all.sort();
+    assert_eq!(Store::with_backend(open("old")).run_ids().unwrap(), all);
+    assert_eq!(keys_under(&writer, "old/.orch/runs/").len(), 3);
+}
+
+#[test]
 fn show_trusts_the_records_cache_of_a_finished_run_only_while_it_is_current() {
     use orch_store::RunState;
     let Some(_s) = server() else { return };
