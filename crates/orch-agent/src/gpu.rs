@@ -1,10 +1,17 @@
 //! The GPUs the agent got: identity through NVML, and telemetry sampled while
 //! the workload runs.
 //!
-//! NVML is loaded at run time (`libnvidia-ml.so.1`, or `$ORCH_NVML_LIB`): a
-//! host without it is a CPU-only host, recorded with a note, never an error.
+//! NVML is loaded at run time (`$ORCH_NVML_LIB`, `libnvidia-ml.so.1` through
+//! the loader's search, then the folders where the NVIDIA container toolkit,
+//! GKE and the GPU operator put it). The static agent never loads it (see
+//! [`crate::launch`]). Where NVML cannot be loaded the cell still runs: the
+//! GPUs are named by `nvidia-smi` when it is on the PATH, else by the driver's
+//! procfs (`/proc/driver/nvidia/gpus/*/information`), else counted from the
+//! device nodes (`/dev/nvidiaN`), so a record never claims no GPU where the
+//! container has one; `info.gpu_probe` keeps NVML's error and
+//! `info.gpu_source` says where the identity came from. Telemetry needs NVML.
 //! Only the GPUs this cell may use are read: `CUDA_VISIBLE_DEVICES` (indices
-//! or UUIDs) narrows NVML's list, as CUDA itself would.
+//! or UUIDs) narrows the list, as CUDA itself would.
 
 use crate::ctx::PhaseChange;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
@@ -40,7 +47,14 @@ impl Gpus {
             .device_count()
             .map_err(|e| format!("NVML found no GPUs: {e}"))?;
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let indices = visible_indices(&nvml, count, visible.as_deref());
+        let indices = visible_positions(
+            count as usize,
+            |i| nvml.device_by_index(i as u32).and_then(|d| d.uuid()).ok(),
+            visible.as_deref(),
+        )
+        .into_iter()
+        .map(|i| i as u32)
+        .collect();
         Ok(Gpus { nvml, indices })
     }
 
@@ -78,7 +92,26 @@ impl Gpus {
     }
 }
 
+/// Folders where GPU containers get the driver's libraries when the loader's
+/// own search does not find them (no `ldconfig` run after the injection).
+const NVML_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/usr/lib/wsl/lib",
+];
+
 fn load_nvml() -> Result<Nvml, String> {
+    if let Some(why) = crate::launch::nvml_unavailable() {
+        return Err(why);
+    }
+    if let Some(why) = crate::launch::probe_nvml_crashed() {
+        return Err(why);
+    }
     let mut tried = Vec::new();
     let mut candidates: Vec<std::ffi::OsString> = Vec::new();
     if let Some(p) = std::env::var_os(NVML_LIB_ENV).filter(|p| !p.is_empty()) {
@@ -88,6 +121,12 @@ fn load_nvml() -> Result<Nvml, String> {
     // development packages.
     candidates.push("libnvidia-ml.so.1".into());
     candidates.push("libnvidia-ml.so".into());
+    for d in NVML_DIRS {
+        let p = Path::new(d).join("libnvidia-ml.so.1");
+        if p.exists() {
+            candidates.push(p.into());
+        }
+    }
     for c in &candidates {
         match Nvml::builder().lib_path(c).init() {
             Ok(n) => return Ok(n),
@@ -97,8 +136,20 @@ fn load_nvml() -> Result<Nvml, String> {
     Err(format!("no GPU: NVML not available ({})", tried.join("; ")))
 }
 
-/// NVML indices that `CUDA_VISIBLE_DEVICES` leaves visible (all when unset).
-fn visible_indices(nvml: &Nvml, count: u32, visible: Option<&str>) -> Vec<u32> {
+/// For `orch-agent probe`: load NVML and count the GPUs.
+pub fn probe_nvml() -> Result<u32, String> {
+    let nvml = load_nvml()?;
+    nvml.device_count()
+        .map_err(|e| format!("NVML found no GPUs: {e}"))
+}
+
+/// Positions (0..count) that `CUDA_VISIBLE_DEVICES` leaves visible, in its
+/// order (all when unset); `uuid_of` gives a position's UUID.
+fn visible_positions(
+    count: usize,
+    uuid_of: impl Fn(usize) -> Option<String>,
+    visible: Option<&str>,
+) -> Vec<usize> {
     let Some(spec) = visible.map(str::trim) else {
         return (0..count).collect();
     };
@@ -106,13 +157,12 @@ fn visible_indices(nvml: &Nvml, count: u32, visible: Option<&str>) -> Vec<u32> {
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if let Ok(i) = item.parse::<i64>() {
             // CUDA stops at the first invalid index.
-            if i < 0 || i >= i64::from(count) {
+            if i < 0 || i >= count as i64 {
                 break;
             }
-            out.push(i as u32);
+            out.push(i as usize);
         } else if let Some(i) = (0..count).find(|&i| {
-            nvml.device_by_index(i)
-                .and_then(|d| d.uuid())
+            uuid_of(i)
                 .map(|u| u == item || u.starts_with(item))
                 .unwrap_or(false)
         }) {
@@ -122,6 +172,196 @@ fn visible_indices(nvml: &Nvml, count: u32, visible: Option<&str>) -> Vec<u32> {
         }
     }
     out
+}
+
+/// GPUs named without NVML: where the names came from and the driver version.
+struct Identified {
+    gpus: Vec<GpuInfo>,
+    driver_version: Option<String>,
+    source: &'static str,
+}
+
+/// Name the GPUs without NVML: `nvidia-smi`, the driver's procfs, the device
+/// nodes, in that order; `None` when none shows a GPU.
+fn identify_without_nvml() -> Option<Identified> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let narrow = |mut all: Identified| {
+        let keep = visible_positions(
+            all.gpus.len(),
+            |i| Some(all.gpus[i].uuid.clone()),
+            visible.as_deref(),
+        );
+        let gpus = std::mem::take(&mut all.gpus);
+        all.gpus = keep.into_iter().filter_map(|i| gpus.get(i).cloned()).collect();
+        all
+    };
+    if let Some(found) = from_nvidia_smi() {
+        return Some(narrow(found));
+    }
+    if let Some(found) = from_procfs(Path::new("/proc/driver/nvidia"), Path::new("/dev")) {
+        return Some(narrow(found));
+    }
+    from_device_nodes(Path::new("/dev")).map(narrow)
+}
+
+/// Run a program for at most `limit`; its stdout when it exits 0.
+fn run_for(program: &str, args: &[&str], limit: Duration) -> Option<String> {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut out = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    use std::io::Read as _;
+                    let _ = o.read_to_string(&mut out);
+                }
+                return status.success().then_some(out);
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+fn from_nvidia_smi() -> Option<Identified> {
+    const FIELDS: &str = "index,name,uuid,memory.total,pci.bus_id,power.limit,driver_version";
+    let limit = Duration::from_secs(15);
+    // `compute_cap` is known to nvidia-smi of drivers 510 and later.
+    let with_cc = format!("--query-gpu={FIELDS},compute_cap");
+    let (out, with_cc) = match run_for("nvidia-smi", &[&with_cc, "--format=csv,noheader,nounits"], limit) {
+        Some(o) => (o, true),
+        None => (
+            run_for(
+                "nvidia-smi",
+                &[&format!("--query-gpu={FIELDS}"), "--format=csv,noheader,nounits"],
+                limit,
+            )?,
+            false,
+        ),
+    };
+    let parsed = parse_nvidia_smi(&out, with_cc);
+    (!parsed.gpus.is_empty()).then_some(parsed)
+}
+
+fn parse_nvidia_smi(out: &str, with_cc: bool) -> Identified {
+    let mut gpus = Vec::new();
+    let mut driver = None;
+    let known = |v: &str| !(v.is_empty() || v.starts_with('[') || v.eq_ignore_ascii_case("N/A"));
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() < 7 {
+            continue;
+        }
+        let mib = f[3].parse::<f64>().unwrap_or(0.0);
+        driver = driver.or_else(|| known(f[6]).then(|| f[6].to_string()));
+        gpus.push(GpuInfo {
+            index: f[0].parse().unwrap_or(gpus.len() as u32),
+            name: f[1].to_string(),
+            uuid: f[2].to_string(),
+            memory_bytes: (mib * 1024.0 * 1024.0) as u64,
+            pci_bus_id: known(f[4]).then(|| f[4].to_string()),
+            compute_capability: with_cc
+                .then(|| f.get(7).copied())
+                .flatten()
+                .filter(|v| known(v))
+                .map(String::from),
+            power_limit_w: f[5].parse::<f64>().ok(),
+        });
+    }
+    Identified {
+        gpus,
+        driver_version: driver,
+        source: "nvidia-smi",
+    }
+}
+
+/// The driver's procfs: one folder per GPU with `Model`, `GPU UUID`, `Bus
+/// Location` and `Device Minor`; a GPU counts only when this container has its
+/// device node (the toolkit passes the nodes of the GPUs it gives).
+fn from_procfs(proc_nvidia: &Path, dev: &Path) -> Option<Identified> {
+    let mut gpus = Vec::new();
+    for e in std::fs::read_dir(proc_nvidia.join("gpus")).ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path().join("information")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines().find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.trim() == name)
+                    .map(|(_, v)| v.trim().to_string())
+            })
+        };
+        if let Some(minor) = field("Device Minor") {
+            if !dev.join(format!("nvidia{minor}")).exists() {
+                continue;
+            }
+        }
+        gpus.push(GpuInfo {
+            index: 0,
+            name: field("Model").unwrap_or_default(),
+            uuid: field("GPU UUID").unwrap_or_default(),
+            memory_bytes: 0,
+            pci_bus_id: field("Bus Location").or_else(|| e.file_name().to_str().map(String::from)),
+            compute_capability: None,
+            power_limit_w: None,
+        });
+    }
+    if gpus.is_empty() {
+        return None;
+    }
+    // NVML's (and nvidia-smi's) order: by PCI bus id.
+    gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
+    for (i, g) in gpus.iter_mut().enumerate() {
+        g.index = i as u32;
+    }
+    let driver_version = std::fs::read_to_string(proc_nvidia.join("version"))
+        .ok()
+        .and_then(|v| {
+            // `NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  580.95.05  ...`
+            let first = v.lines().next()?;
+            let after = &first[first.find("Module")?..];
+            after
+                .split_whitespace()
+                .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
+                .map(String::from)
+        });
+    Some(Identified {
+        gpus,
+        driver_version,
+        source: "procfs",
+    })
+}
+
+/// `/dev/nvidia0`, `/dev/nvidia1`...: GPUs present, not named.
+fn from_device_nodes(dev: &Path) -> Option<Identified> {
+    let mut minors: Vec<u32> = std::fs::read_dir(dev)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("nvidia")?.parse().ok())
+        .collect();
+    minors.sort_unstable();
+    let gpus: Vec<GpuInfo> = (0..minors.len() as u32)
+        .map(|index| GpuInfo {
+            index,
+            ..GpuInfo::default()
+        })
+        .collect();
+    (!gpus.is_empty()).then_some(Identified {
+        gpus,
+        driver_version: None,
+        source: "device-nodes",
+    })
 }
 
 /// CPU model, cores and memory of this host (no GPU fields).
@@ -140,17 +380,58 @@ pub fn host_hardware() -> Hardware {
     }
 }
 
-/// What the agent found: NVML's GPUs, or the host alone with a note.
-pub fn detect() -> (Option<Arc<Gpus>>, Hardware) {
+/// How the GPUs were read: `nvml`, `nvidia-smi`, `procfs`, `device-nodes`,
+/// or `none`, and NVML's error when it could not be used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probe {
+    pub source: &'static str,
+    pub nvml_error: Option<String>,
+}
+
+impl Probe {
+    /// Into a result's `info`: `gpu_source`, `gpu_probe` (NVML's error) and
+    /// `agent` (which build ran, on what libc).
+    pub fn record(&self, info: &mut BTreeMap<String, Value>) {
+        info.insert("gpu_source".into(), json!(self.source));
+        if let Some(e) = &self.nvml_error {
+            info.insert("gpu_probe".into(), json!(e));
+        }
+        info.insert("agent".into(), crate::launch::info());
+    }
+}
+
+/// What the agent found: NVML's GPUs; without NVML the GPUs named another
+/// way (no telemetry), or the host alone with a note.
+pub fn detect() -> (Option<Arc<Gpus>>, Hardware, Probe) {
     match Gpus::open() {
         Ok(g) => {
             let hw = g.hardware();
-            (Some(Arc::new(g)), hw)
+            let probe = Probe {
+                source: "nvml",
+                nvml_error: None,
+            };
+            (Some(Arc::new(g)), hw, probe)
         }
         Err(note) => {
             let mut hw = host_hardware();
-            hw.gpu_note = Some(note);
-            (None, hw)
+            let source = match identify_without_nvml() {
+                Some(found) => {
+                    hw.gpus = found.gpus;
+                    hw.driver_version = found.driver_version;
+                    found.source
+                }
+                None => "none",
+            };
+            hw.gpu_note = Some(if source == "none" {
+                note.clone()
+            } else {
+                format!("{note}; GPUs named by {source}, no telemetry")
+            });
+            let probe = Probe {
+                source,
+                nvml_error: Some(note),
+            };
+            (None, hw, probe)
         }
     }
 }
@@ -175,7 +456,8 @@ pub fn mismatch(requested: &str, hw: &Hardware) -> Option<String> {
         .gpus
         .iter()
         .take(count)
-        .filter(|g| !gpu_matches(kind, &g.name, g.memory_bytes))
+        // A GPU known only by its device node cannot be judged by model.
+        .filter(|g| !g.name.is_empty() && !gpu_matches(kind, &g.name, g.memory_bytes))
         .collect();
     if wrong.is_empty() {
         None
@@ -190,7 +472,12 @@ fn describe(gpus: &[GpuInfo]) -> String {
     }
     let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
     for g in gpus {
-        *by_name.entry(g.name.as_str()).or_insert(0) += 1;
+        let name = if g.name.is_empty() {
+            "unidentified NVIDIA GPU"
+        } else {
+            g.name.as_str()
+        };
+        *by_name.entry(name).or_insert(0) += 1;
     }
     by_name
         .iter()
@@ -825,15 +1112,110 @@ mod tests {
     fn cpu_only_host_is_a_note_not_an_error() {
         // On a machine without NVIDIA's driver NVML cannot load: the host is
         // recorded with its CPUs and a note. (With a driver, GPUs are listed.)
-        let (gpus, hw) = detect();
+        let (gpus, hw, probe) = detect();
         match gpus {
             None => {
-                assert!(hw.gpus.is_empty());
                 assert!(hw.gpu_note.as_deref().unwrap_or("").contains("NVML"));
+                assert!(probe.nvml_error.is_some());
+                if probe.source == "none" {
+                    assert!(hw.gpus.is_empty());
+                }
             }
-            Some(g) => assert_eq!(hw.gpus.len(), g.count()),
+            Some(g) => {
+                assert_eq!(hw.gpus.len(), g.count());
+                assert_eq!(probe.source, "nvml");
+            }
         }
         assert!(hw.cpus >= 1);
         assert!(hw.memory_bytes > 0);
+        let mut info = BTreeMap::new();
+        probe.record(&mut info);
+        assert_eq!(info["gpu_source"], json!(probe.source));
+        assert_eq!(info["agent"]["linkage"], json!(crate::launch::LINKAGE));
+    }
+
+    #[test]
+    fn nvidia_smi_output_names_the_gpus() {
+        let out = "0, NVIDIA H100 80GB HBM3, GPU-aaaa-0, 81559, 00000000:18:00.0, 700.00, 580.95.05, 9.0\n\
+                   1, NVIDIA H100 80GB HBM3, GPU-bbbb-1, 81559, 00000000:2A:00.0, [N/A], 580.95.05, 9.0\n";
+        let found = parse_nvidia_smi(out, true);
+        assert_eq!(found.gpus.len(), 2);
+        assert_eq!(found.driver_version.as_deref(), Some("580.95.05"));
+        let g = &found.gpus[1];
+        assert_eq!(
+            (g.index, g.name.as_str(), g.uuid.as_str()),
+            (1, "NVIDIA H100 80GB HBM3", "GPU-bbbb-1")
+        );
+        assert_eq!(g.memory_bytes, 81559 * 1024 * 1024);
+        assert_eq!(g.power_limit_w, None);
+        assert_eq!(found.gpus[0].power_limit_w, Some(700.0));
+        assert_eq!(found.gpus[0].compute_capability.as_deref(), Some("9.0"));
+        // Without `compute_cap` (drivers before 510).
+        let old = parse_nvidia_smi(
+            "0, Tesla T4, GPU-cccc, 15360, 00000000:00:04.0, 70.00, 470.82.01\n",
+            false,
+        );
+        assert_eq!(old.gpus[0].compute_capability, None);
+        assert!(gpu_matches("T4", &old.gpus[0].name, old.gpus[0].memory_bytes));
+    }
+
+    #[test]
+    fn procfs_names_the_gpus_whose_device_node_is_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_nv = dir.path().join("proc");
+        let dev = dir.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        for (bus, minor, uuid) in [
+            ("0000:2a:00.0", 1, "GPU-2222"),
+            ("0000:18:00.0", 0, "GPU-1111"),
+            ("0000:3b:00.0", 2, "GPU-3333"),
+        ] {
+            let d = proc_nv.join("gpus").join(bus);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("information"),
+                format!("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t\t {uuid}\nVideo BIOS: \t\t ??.??.??.??.??\nBus Type: \t\t PCIe\nDMA Size: \t\t 52 bits\nDevice Minor: \t {minor}\nBus Location: \t {bus}\n"),
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            proc_nv.join("version"),
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16-I3-B03-4-3)\nGCC version:  gcc version 12.2.0\n",
+        )
+        .unwrap();
+        // This container got GPUs 0 and 1 only.
+        std::fs::write(dev.join("nvidia0"), "").unwrap();
+        std::fs::write(dev.join("nvidia1"), "").unwrap();
+        std::fs::write(dev.join("nvidiactl"), "").unwrap();
+        let found = from_procfs(&proc_nv, &dev).unwrap();
+        assert_eq!(found.source, "procfs");
+        assert_eq!(found.driver_version.as_deref(), Some("580.95.05"));
+        let uuids: Vec<&str> = found.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        assert_eq!(uuids, ["GPU-1111", "GPU-2222"]);
+        assert_eq!(found.gpus[1].index, 1);
+        assert_eq!(found.gpus[0].name, "NVIDIA H100 80GB HBM3");
+        // Device nodes alone: counted, not named; no model mismatch claimed.
+        let nodes = from_device_nodes(&dev).unwrap();
+        assert_eq!(nodes.gpus.len(), 2);
+        let hw = Hardware {
+            gpus: nodes.gpus,
+            ..Hardware::default()
+        };
+        assert_eq!(mismatch("H100:2", &hw), None);
+        let m = mismatch("H100:4", &hw).unwrap();
+        assert!(m.contains("2 x `unidentified NVIDIA GPU`"), "{m}");
+        assert!(from_device_nodes(&dir.path().join("nothing")).is_none());
+    }
+
+    #[test]
+    fn visible_devices_narrow_by_index_or_uuid() {
+        let uuids = ["GPU-aa11", "GPU-bb22", "GPU-cc33"];
+        let uuid_of = |i: usize| Some(uuids[i].to_string());
+        assert_eq!(visible_positions(3, uuid_of, None), [0, 1, 2]);
+        assert_eq!(visible_positions(3, uuid_of, Some("2,0")), [2, 0]);
+        assert_eq!(visible_positions(3, uuid_of, Some("GPU-bb,GPU-cc33")), [1, 2]);
+        // CUDA stops at the first invalid entry.
+        assert_eq!(visible_positions(3, uuid_of, Some("1,7,0")), [1]);
+        assert!(visible_positions(3, uuid_of, Some("")).is_empty());
     }
 }

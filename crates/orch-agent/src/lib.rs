@@ -14,6 +14,7 @@ pub mod ctx;
 pub mod device;
 pub mod fused;
 pub mod gpu;
+pub mod launch;
 pub mod loadgen;
 pub mod reaper;
 pub mod run;

@@ -51,7 +51,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         pid: std::process::id(),
     });
     ctx.enter(Phase::Start);
-    let (gpus, mut hardware) = gpu::detect();
+    let (gpus, mut hardware, probe) = gpu::detect();
     hardware.mismatch = gpu::mismatch(&task.gpu, &hardware);
     if let Some(m) = &hardware.mismatch {
         ctx.message(format!("hardware mismatch: {m}"));
@@ -65,11 +65,13 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         );
         r.flags.push(FLAG_HARDWARE_MISMATCH.into());
         r.hardware = Some(hardware);
+        probe.record(&mut r.info);
         return finish(r, out_dir, ctx);
     }
     if let Some(msg) = builtin_without_cuda(task, &hardware) {
         let mut r = CellResult::failed(&task.cell_id, Status::Failed, "workload_error", msg);
         r.hardware = Some(hardware);
+        probe.record(&mut r.info);
         return finish(r, out_dir, ctx);
     }
     let hz = gpu::telemetry_hz(&task.env);
@@ -121,6 +123,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         result.info.insert("telemetry".into(), summary.to_json());
     }
     result.hardware = Some(hardware);
+    probe.record(&mut result.info);
     finish(result, out_dir, ctx)
 }
 
@@ -296,6 +299,7 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     let mut it = args.iter();
     match it.next().map(String::as_str) {
         Some("run") => {}
+        Some("probe") => return Ok(crate::launch::probe()),
         Some("install") => {
             // `orch-agent install DEST`: copy this executable to DEST (an init
             // container of the agent image puts the agent into a volume the
@@ -312,7 +316,15 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
             return Ok(check_kernels(it.next().map(String::as_str)));
         }
         Some("version") | Some("--version") | Some("-V") => {
-            println!("orch-agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION})");
+            println!(
+                "orch-agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION}, {}{})",
+                crate::launch::LINKAGE,
+                if crate::launch::has_embedded() {
+                    ", carries the glibc 2.17 dynamic agent"
+                } else {
+                    ""
+                }
+            );
             return Ok(0);
         }
         _ => return Err(AgentError::Usage),
@@ -365,6 +377,9 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
             want: PROTOCOL_VERSION,
         });
     }
+    // The static agent becomes the dynamic one where the image has a loader
+    // (this call does not return then): before any thread starts.
+    crate::launch::choose(args, task.env.get(crate::launch::FLAVOR_ENV).map(String::as_str));
     std::fs::create_dir_all(&out_dir).map_err(|source| AgentError::OutDir {
         path: out_dir.clone(),
         source,

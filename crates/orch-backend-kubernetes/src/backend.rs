@@ -887,6 +887,13 @@ impl Backend for KubernetesBackend {
                 ),
                 (None, _, None) => {
                     let (status, mut failure) = end.clone();
+                    // The container's exit code names the agent's own crash
+                    // (136: SIGFPE); the note goes into agent.log here.
+                    let crashed = failure.kind == "agent_died";
+                    if crashed {
+                        failure =
+                            orch_backend::agent_crash(&dir, "the cell's container", failure.exit_code, None);
+                    }
                     if let Err(e) = &stream {
                         failure.message.push_str(&format!(" ({e})"));
                     }
@@ -902,7 +909,9 @@ impl Backend for KubernetesBackend {
                             .message
                             .push_str(&format!("; its last output:\n{}", tail.join("\n")));
                     }
-                    orch_backend::note_agent_log(&dir, &note_line(&failure));
+                    if !crashed {
+                        orch_backend::note_agent_log(&dir, &note_line(&failure));
+                    }
                     home.finish_without_result(&cell_id, status, failure)
                 }
             };

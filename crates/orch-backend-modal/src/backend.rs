@@ -605,12 +605,20 @@ impl Backend for ModalBackend {
             Some(r) => r,
             None => {
                 let (status, mut failure) = ended_without_result(&end, by_host);
+                // The sandbox failed with the agent's own exit status (136:
+                // SIGFPE): the agent crashed; the note goes into agent.log.
+                let crashed = failure.kind == "sandbox_failed";
+                if crashed {
+                    failure = orch_backend::agent_crash(&dir, "the sandbox", failure.exit_code, None);
+                }
                 if let Some(Err(e)) = stream {
                     failure
                         .message
                         .push_str(&format!(" (the log stream failed: {e})"));
                 }
-                orch_backend::note_agent_log(&dir, &note_line(&failure));
+                if !crashed {
+                    orch_backend::note_agent_log(&dir, &note_line(&failure));
+                }
                 home.finish_without_result(&cell_id, status, failure)
             }
         };

@@ -590,6 +590,9 @@ impl Backend for SlurmBackend {
                     "orch: slurm job {job} pending longer than `max_pending` (last reason: {reason})\n"
                 ));
             }
+            if let Some(f) = result.failure.as_ref().filter(|f| f.kind == "agent_crashed") {
+                text.push_str(&format!("orch: {}\n", f.message));
+            }
             text.push_str(&slurm_log);
             let log = job_dir.join("agent.log");
             let mut old = tokio::fs::read_to_string(&log).await.unwrap_or_default();
@@ -778,14 +781,23 @@ fn judge(
             _ => {
                 let tail: Vec<&str> = log.lines().rev().filter(|l| !l.trim().is_empty()).take(3).collect();
                 let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+                // Slurm's `exit code N:S`: S is the signal that ended the
+                // step, or N is a shell's 128 + signal.
+                let signal = end
+                    .signal
+                    .filter(|s| *s > 0)
+                    .or_else(|| end.exit_code.and_then(orch_protocol::signal_of_exit_code));
                 failed(
                     Status::Failed,
                     "agent_crashed",
                     format!(
-                        "the job ended without a result ({}, exit code {}:{}){}",
+                        "the agent crashed: the job ended without a result ({}, exit code {}:{}{}){}",
                         if state.is_empty() { "state unknown" } else { state },
                         end.exit_code.unwrap_or(0),
                         end.signal.unwrap_or(0),
+                        signal
+                            .map(|s| format!(", killed by {}", orch_protocol::describe_signal(s)))
+                            .unwrap_or_default(),
                         if tail.is_empty() { String::new() } else { format!(": {tail}") }
                     ),
                 )

@@ -44,11 +44,18 @@ pub struct DockerBackend {
     docker: Docker,
     agent: PathBuf,
     keep: bool,
+    /// Does the engine have the NVIDIA runtime registered (`nvidia-ctk
+    /// runtime configure`)? Asked once.
+    nvidia_runtime: tokio::sync::OnceCell<bool>,
 }
+
+/// The engine's answer to a GPU request it has no driver for (no NVIDIA
+/// container toolkit on the host).
+const NO_GPU_DRIVER: &str = "could not select device driver";
 
 /// The static agent for containers: `ORCH_AGENT_STATIC`, else
 /// `orch-agent-static` beside `orch`, else the static build in the cargo
-/// target folder beside `orch` (`scripts/build-agent-static.sh` makes it).
+/// target folder beside `orch` (`scripts/build-agent.sh` makes it).
 pub fn find_static_agent() -> Result<PathBuf, BackendError> {
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("ORCH_AGENT_STATIC").filter(|p| !p.is_empty()) {
@@ -101,7 +108,26 @@ fn engine_err(e: bollard::errors::Error) -> BackendError {
 impl DockerBackend {
     pub fn connect(agent: PathBuf, keep: bool) -> Result<DockerBackend, BackendError> {
         let docker = Docker::connect_with_local_defaults().map_err(engine_err)?;
-        Ok(DockerBackend { docker, agent, keep })
+        Ok(DockerBackend {
+            docker,
+            agent,
+            keep,
+            nvidia_runtime: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    async fn has_nvidia_runtime(&self) -> bool {
+        *self
+            .nvidia_runtime
+            .get_or_init(|| async {
+                self.docker
+                    .info()
+                    .await
+                    .ok()
+                    .and_then(|i| i.runtimes)
+                    .is_some_and(|r| r.contains_key("nvidia"))
+            })
+            .await
     }
 
     pub fn client(&self) -> &Docker {
@@ -260,13 +286,29 @@ impl Backend for DockerBackend {
                 ..Default::default()
             }]);
         }
+        let mut env: Vec<String> = launch.secrets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.push("ORCH_IN_CONTAINER=1".into());
         if wants_gpu {
-            host.device_requests = Some(vec![DeviceRequest {
-                count: launch.devices.is_empty().then_some(gpus as i64),
-                device_ids: (!launch.devices.is_empty()).then(|| launch.devices.clone()),
-                capabilities: Some(vec![vec!["gpu".into()]]),
-                ..Default::default()
-            }]);
+            if self.has_nvidia_runtime().await {
+                // The NVIDIA runtime (a runc wrapper) gives the GPUs named
+                // here and injects the driver's libraries.
+                host.runtime = Some("nvidia".into());
+                let ids = if launch.devices.is_empty() {
+                    (0..gpus).map(|i| i.to_string()).collect::<Vec<_>>()
+                } else {
+                    launch.devices.clone()
+                };
+                env.push(format!("NVIDIA_VISIBLE_DEVICES={}", ids.join(",")));
+                env.push("NVIDIA_DRIVER_CAPABILITIES=compute,utility".into());
+            } else {
+                // `--gpus`: the engine's NVIDIA device driver (the toolkit's hook).
+                host.device_requests = Some(vec![DeviceRequest {
+                    count: launch.devices.is_empty().then_some(gpus as i64),
+                    device_ids: (!launch.devices.is_empty()).then(|| launch.devices.clone()),
+                    capabilities: Some(vec![vec!["gpu".into()]]),
+                    ..Default::default()
+                }]);
+            }
             // NCCL: shared memory and pinned memory without limits.
             host.ipc_mode = Some("host".into());
             host.ulimits = Some(vec![
@@ -286,8 +328,6 @@ impl Backend for DockerBackend {
             host.memory = Some(limit as i64);
             host.memory_swap = Some(limit as i64); // no swap: over the limit is an OOM kill
         }
-        let mut env: Vec<String> = launch.secrets.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        env.push("ORCH_IN_CONTAINER=1".into());
         let labels: HashMap<String, String> = [
             ("orch.run".to_string(), run_id.clone()),
             ("orch.cell".to_string(), cell_id.clone()),
@@ -313,6 +353,7 @@ impl Backend for DockerBackend {
         let name = container_name(&run_id, &cell_id);
         // A container of the same name left by a killed orch goes first.
         self.remove(&name).await;
+        let retry_body = body.clone();
         let created = match self
             .docker
             .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
@@ -329,8 +370,43 @@ impl Backend for DockerBackend {
             }
             Err(e) => return Err(engine_err(e)),
         };
-        let id = created.id;
-        if let Err(e) = self.docker.start_container(&id, None).await {
+        let mut id = created.id;
+        let mut gpu_attach = None;
+        let mut started = self.docker.start_container(&id, None).await;
+        if let (Err(e), true) = (
+            &started,
+            retry_body
+                .host_config
+                .as_ref()
+                .is_some_and(|h| h.device_requests.is_some()),
+        ) {
+            if e.to_string().contains(NO_GPU_DRIVER) {
+                // No NVIDIA toolkit in this engine: the cell runs without GPU
+                // devices. Its record says so and the agent flags what it
+                // finds against what was asked (`hardware_mismatch`).
+                self.remove(&id).await;
+                let note = format!(
+                    "the Docker engine cannot attach GPUs ({e}); the cell ran without GPU devices; hint: install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker`"
+                );
+                relay.message(&note);
+                gpu_attach = Some(note);
+                let mut body = retry_body;
+                if let Some(h) = body.host_config.as_mut() {
+                    h.device_requests = None;
+                }
+                id = self
+                    .docker
+                    .create_container(
+                        Some(CreateContainerOptionsBuilder::default().name(&name).build()),
+                        body,
+                    )
+                    .await
+                    .map_err(engine_err)?
+                    .id;
+                started = self.docker.start_container(&id, None).await;
+            }
+        }
+        if let Err(e) = started {
             self.remove(&id).await;
             return Ok(CellResult::failed(
                 &cell_id,
@@ -476,21 +552,16 @@ impl Backend for DockerBackend {
                                 "the container was killed for using more memory than its limit".to_string(),
                             )
                         }
-                        None => (
+                        None if exit_code == Some(137) => (
                             Status::Failed,
                             "container_killed",
-                            format!(
-                                "the container ended without a result (exit code {}){}",
-                                exit_code
-                                    .map(|c| c.to_string())
-                                    .unwrap_or_else(|| "unknown".into()),
-                                if exit_code == Some(137) {
-                                    ": killed (SIGKILL) from outside"
-                                } else {
-                                    ""
-                                }
-                            ),
+                            "the container ended without a result (exit code 137): killed (SIGKILL) from outside".to_string(),
                         ),
+                        None => {
+                            let mut r = CellResult::new(&cell_id, Status::Failed);
+                            r.failure = Some(crate::agent_crash(&dir, "the container", exit_code, None));
+                            return Ok(relay.stamp(with_container_info(r, &image, exit_code, gpu_attach)));
+                        }
                     };
                     let mut r = CellResult::failed(&cell_id, status, kind, message);
                     if let Some(f) = r.failure.as_mut() {
@@ -518,9 +589,7 @@ impl Backend for DockerBackend {
                 signal: result.failure.as_ref().and_then(|f| f.signal),
             });
         }
-        result.info.insert("container_image".into(), image.into());
-        result.info.insert("container_exit_code".into(), exit_code.into());
-        Ok(relay.stamp(result))
+        Ok(relay.stamp(with_container_info(result, &image, exit_code, gpu_attach)))
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
@@ -549,6 +618,22 @@ impl Backend for DockerBackend {
         }
         Ok(())
     }
+}
+
+/// The image, the container's exit code and why GPUs were not attached (if
+/// they were not), into the result's `info`.
+fn with_container_info(
+    mut result: CellResult,
+    image: &str,
+    exit_code: Option<i32>,
+    gpu_attach: Option<String>,
+) -> CellResult {
+    result.info.insert("container_image".into(), image.into());
+    result.info.insert("container_exit_code".into(), exit_code.into());
+    if let Some(note) = gpu_attach {
+        result.info.insert("gpu_attach".into(), note.into());
+    }
+    result
 }
 
 #[cfg(test)]

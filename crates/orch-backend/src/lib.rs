@@ -148,6 +148,16 @@ impl EventRelay {
         }
     }
 
+    /// A message of the host's about this cell (shown like the agent's).
+    pub fn message(&self, text: &str) {
+        let _ = self.events.send(CellEvent {
+            cell_id: self.cell_id.clone(),
+            event: Event::Message {
+                text: text.to_string(),
+            },
+        });
+    }
+
     /// Seconds from launch until the agent started, once it has.
     pub fn provision_s(&self) -> Option<f64> {
         self.provision_s
@@ -189,6 +199,61 @@ pub fn note_agent_log(cell_dir: &std::path::Path, line: &str) {
     }
 }
 
+/// The last few lines the agent itself wrote (its stderr, `agent.log`), not
+/// orch's own notes: evidence for a crash.
+pub fn agent_log_tail(cell_dir: &std::path::Path, lines: usize) -> Vec<String> {
+    let log = std::fs::read_to_string(cell_dir.join("agent.log")).unwrap_or_default();
+    let mut tail: Vec<String> = log
+        .lines()
+        .rev()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("orch: "))
+        .take(lines)
+        .map(String::from)
+        .collect();
+    tail.reverse();
+    tail
+}
+
+/// The agent (or the container it is the entrypoint of) ended and no result
+/// came: the failure, kind `agent_crashed`, naming the signal (from the
+/// process status, or a runtime's exit code 128 + N) and the agent's last
+/// stderr lines. The same line goes into `agent.log`, where the diagnosis
+/// reads it. `what` names the process (`the agent`, `the container`).
+pub fn agent_crash(
+    cell_dir: &std::path::Path,
+    what: &str,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+) -> orch_protocol::Failure {
+    let signal = signal.or_else(|| exit_code.and_then(orch_protocol::signal_of_exit_code));
+    let how = match (signal, exit_code) {
+        (Some(s), Some(c)) if c != 0 => format!(
+            "the agent crashed: {what} was killed by {} (exit code {c})",
+            orch_protocol::describe_signal(s)
+        ),
+        (Some(s), _) => format!(
+            "the agent crashed: {what} was killed by {}",
+            orch_protocol::describe_signal(s)
+        ),
+        (None, Some(c)) => format!("the agent crashed: {what} exited with code {c} without a result"),
+        (None, None) => format!("the agent crashed: {what} ended without a result (no exit status)"),
+    };
+    note_agent_log(cell_dir, &how);
+    let tail = agent_log_tail(cell_dir, 3);
+    let message = if tail.is_empty() {
+        format!("{how}; the agent wrote nothing to its stderr")
+    } else {
+        format!("{how}; its last stderr lines: {}", tail.join(" | "))
+    };
+    orch_protocol::Failure {
+        kind: "agent_crashed".into(),
+        message,
+        exit_code,
+        signal,
+    }
+}
+
 /// Check a backend name: `Ok` for those built, a clear error for the others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
     match name {
@@ -203,6 +268,37 @@ pub fn check_name(name: &str) -> Result<(), BackendError> {
 mod tests {
     use super::*;
     use orch_protocol::Status;
+
+    #[test]
+    fn a_crash_names_the_signal_and_keeps_the_agent_stderr() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("agent.log"),
+            "starting\nfirst\nsecond\nlast words\n",
+        )
+        .unwrap();
+        // A container runtime reports SIGFPE as exit code 136.
+        let f = agent_crash(dir.path(), "the container", Some(136), None);
+        assert_eq!(f.kind, "agent_crashed");
+        assert_eq!(f.signal, Some(8));
+        assert!(f.message.contains("SIGFPE (signal 8)"), "{}", f.message);
+        assert!(f.message.contains("first | second | last words"), "{}", f.message);
+        assert!(!f.message.contains("starting"), "{}", f.message);
+        let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+        assert!(
+            log.ends_with(
+                "orch: the agent crashed: the container was killed by SIGFPE (signal 8) (exit code 136)\n"
+            ),
+            "{log}"
+        );
+        // The note is orch's, not the agent's: a second look leaves it out.
+        assert_eq!(agent_log_tail(dir.path(), 1), vec!["last words".to_string()]);
+        let f = agent_crash(dir.path(), "the agent", None, Some(11));
+        assert!(f.message.contains("SIGSEGV"), "{}", f.message);
+        let f = agent_crash(dir.path(), "the agent", Some(3), None);
+        assert_eq!(f.signal, None);
+        assert!(f.message.contains("exited with code 3"), "{}", f.message);
+    }
 
     #[test]
     fn relay_measures_provision_until_the_agent_started() {

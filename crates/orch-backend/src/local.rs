@@ -277,23 +277,11 @@ fn agent_died(
             "the agent was stopped".to_string(),
         ),
         None if alloc_failed => (Status::Oom, "oom", format!("the agent ran out of memory: {tail}")),
-        None => (
-            Status::Failed,
-            "agent_crashed",
-            format!(
-                "the agent ended without a result ({}){}",
-                match (exit.code(), exit.signal()) {
-                    (Some(c), _) => format!("exit code {c}"),
-                    (None, Some(s)) => format!("signal {s}"),
-                    _ => "unknown status".into(),
-                },
-                if tail.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {tail}")
-                }
-            ),
-        ),
+        None => {
+            let mut r = CellResult::new(cell_id, Status::Failed);
+            r.failure = Some(crate::agent_crash(dir, "the agent", exit.code(), exit.signal()));
+            return r;
+        }
     };
     let mut r = CellResult::new(cell_id, status);
     r.failure = Some(Failure {

@@ -444,6 +444,46 @@ pub struct Failure {
     pub signal: Option<i32>,
 }
 
+/// The name of a Linux signal (`SIGFPE` for 8), for the signals a process
+/// dies of; `None` for others.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// `SIGFPE (signal 8)`, or `signal 40` for one without a name.
+pub fn describe_signal(signal: i32) -> String {
+    match signal_name(signal) {
+        Some(n) => format!("{n} (signal {signal})"),
+        None => format!("signal {signal}"),
+    }
+}
+
+/// The signal a container's exit code stands for: runtimes report a process
+/// killed by signal N as exit code 128 + N (`136` is SIGFPE).
+pub fn signal_of_exit_code(code: i32) -> Option<i32> {
+    (129..=159).contains(&code).then_some(code - 128)
+}
+
 /// Per-stream capture facts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StreamInfo {

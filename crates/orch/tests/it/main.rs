@@ -11,6 +11,7 @@ fn repo() -> PathBuf {
 mod cli;
 mod cost;
 mod docker;
+mod gpu_images;
 mod hardware;
 mod kubernetes;
 mod modal;

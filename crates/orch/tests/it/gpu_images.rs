@@ -1,0 +1,222 @@
+//! The agent in images like real GPU images, on every container backend.
+//!
+//! Images: Debian root filesystems of two glibc versions made by debootstrap
+//! (bullseye 2.31, trixie 2.41; trixie is where a static glibc loading NVML
+//! died of SIGFPE) and a glibc-less one (a static busybox, `FROM scratch`).
+//! GPUs: a stub `libnvidia-ml.so.1` (two `NVIDIA H100 80GB HBM3`) that the
+//! platform injects the way the NVIDIA toolkit does: Docker's `nvidia` runtime
+//! (a runc wrapper editing the OCI spec), the fake kubelet and the fake Modal
+//! worker bind-mount it into the image's library folder for GPU containers.
+//! The agent is `scripts/build-agent.sh`'s, as shipped.
+//!
+//! What must hold in every image: a CPU cell succeeds; a GPU cell runs, and
+//! where the image has a glibc loader it records the stub's GPUs by model,
+//! count and UUID, with telemetry and energy, from the dynamic agent on the
+//! image's own glibc; in the glibc-less image it says why NVML was not read.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use crate::repo;
+use orch_testkit::{gpu, rootfs};
+
+pub(crate) const STUB_UUIDS: [&str; 2] = [
+    "GPU-5a6b7c8d-0000-4000-8000-000000000000",
+    "GPU-5a6b7c8d-0000-4000-8000-000000000001",
+];
+
+fn orch() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
+    c.env_remove("ORCH_STORE")
+        .env_remove("ORCH_AGENT")
+        .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
+        .stdin(Stdio::null());
+    c
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The agent as shipped (`scripts/build-agent.sh`), or `None` (skip) outside CI.
+pub(crate) fn shipped_agent() -> Option<PathBuf> {
+    let agent = repo().join(format!(
+        "target/{}-unknown-linux-gnu/release/orch-agent",
+        std::env::consts::ARCH
+    ));
+    let ok = agent.is_file()
+        && Command::new(&agent)
+            .arg("version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains("carries the glibc 2.17 dynamic agent"))
+            .unwrap_or(false);
+    if ok {
+        return Some(agent);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI needs the shipped agent: `.ci/run` must run `bash scripts/prepare-docker.sh`"
+    );
+    eprintln!("note: run `bash scripts/build-agent.sh` first; GPU-image tests skipped");
+    None
+}
+
+/// A suite with a GPU cell (two H100s) and a CPU cell in `image`.
+pub(crate) fn suite(dir: &Path, image: &str) -> PathBuf {
+    let p = dir.join("gpu-images.yaml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"name: gpu-images
+image: {image}
+measure: {{timeout: 2m}}
+benchmarks:
+  - name: gpu
+    gpus: ["H100:2"]
+    env: {{ORCH_TELEMETRY_HZ: "20"}}
+    workload:
+      shell: 'echo ORCH_PHASE measure; i=0; while [ $i -lt 20 ]; do i=$((i+1)); sleep 0.05; done; echo ORCH_METRIC steps=20'
+  - name: cpu
+    gpus: [none]
+    workload:
+      shell: 'echo ORCH_METRIC x=1'
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// The checks every backend shares: `rec` is `orch run --json`'s record,
+/// `glibc` the image's (`None`: no libc).
+pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, what: &str) {
+    let cells = rec["cells"].as_array().unwrap();
+    let cell = |id: &str| {
+        cells
+            .iter()
+            .find(|c| c["id"].as_str().is_some_and(|i| i.starts_with(id)))
+            .unwrap_or_else(|| panic!("{what}: no cell {id} in {rec}"))
+    };
+    let cpu = cell("cpu.");
+    assert_eq!(cpu["status"], "succeeded", "{what}: {cpu}");
+    let g = cell("gpu.");
+    assert_eq!(g["status"], "succeeded", "{what}: {g}");
+    let info = &g["info"];
+    let hw = &g["hardware"];
+    match glibc {
+        Some(v) => {
+            // The dynamic agent ran on the image's own glibc and read NVML.
+            assert_eq!(info["agent"]["linkage"], "dynamic", "{what}: {info}");
+            assert_eq!(info["agent"]["libc"], v, "{what}: {info}");
+            assert_eq!(info["gpu_source"], "nvml", "{what}: {info}");
+            let gpus = hw["gpus"].as_array().unwrap();
+            assert_eq!(gpus.len(), 2, "{what}: {hw}");
+            for (gpu, uuid) in gpus.iter().zip(STUB_UUIDS) {
+                assert_eq!(gpu["name"], "NVIDIA H100 80GB HBM3", "{what}: {hw}");
+                assert_eq!(gpu["uuid"], uuid, "{what}: {hw}");
+                assert_eq!(gpu["memory_bytes"], 85_520_809_984u64, "{what}: {hw}");
+            }
+            assert_eq!(hw["driver_version"], "580.95.05", "{what}: {hw}");
+            assert!(hw.get("mismatch").is_none(), "{what}: {hw}");
+            let m = &g["metrics"];
+            for k in ["gpu_energy_j", "gpu_power_mean_w", "gpu_util_mean_pct", "gpu_sm_clock_mean_mhz"] {
+                assert!(m[k].as_f64().is_some_and(|v| v > 0.0), "{what}: {k} in {m}");
+            }
+            assert!(info["telemetry"]["samples"].as_u64().unwrap_or(0) >= 3, "{what}: {info}");
+        }
+        None => {
+            // No loader: the static agent ran and says why NVML was not read.
+            assert_eq!(info["agent"]["linkage"], "static", "{what}: {info}");
+            let why = info["agent"]["why_static"].as_str().unwrap_or("");
+            assert!(why.contains("no glibc dynamic loader"), "{what}: {info}");
+            assert!(info["gpu_probe"].as_str().unwrap_or("").contains("NVML not loaded"), "{what}: {info}");
+        }
+    }
+}
+
+fn docker_ready() -> Option<PathBuf> {
+    if !rootfs::require_tooling(rootfs::docker_available())
+        || !rootfs::require_tooling(rootfs::debootstrap_available())
+    {
+        return None;
+    }
+    shipped_agent()
+}
+
+#[test]
+fn docker_gpu_and_cpu_cells_in_real_images() {
+    let Some(agent) = docker_ready() else { return };
+    gpu::ensure_fake_nvidia_runtime().expect("the fake nvidia runtime");
+    let mut images: Vec<(String, Option<String>)> = Vec::new();
+    for release in ["bullseye", "trixie"] {
+        let root = rootfs::debian_root(release).expect("debootstrap");
+        let glibc = rootfs::glibc_version(&root);
+        assert!(glibc.is_some(), "{release}: no glibc version");
+        images.push((rootfs::debian_image(release).expect("docker import"), glibc));
+    }
+    images.push((rootfs::static_image().expect("static image"), None));
+    for (image, glibc) in images {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = orch()
+            .env("ORCH_AGENT_STATIC", &agent)
+            .args(["run", "--backend", "docker", "--json", "-f"])
+            .arg(suite(tmp.path(), &image))
+            .arg("--store")
+            .arg(tmp.path().join("s"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{image}: {}", text(&out));
+        let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
+        check_record(&rec, glibc.as_deref(), &image);
+    }
+}
+
+/// The issue's reproduction: a static glibc agent that loads the image's
+/// `libnvidia-ml.so.1` dies (SIGFPE on Ubuntu 24.04 and Debian trixie): the
+/// host names the signal and keeps the agent's stderr, the diagnosis names
+/// the kind. The crash is made here by an agent that kills itself with SIGFPE
+/// (`ORCH_AGENT_STATIC` pointing at a script would not run in the image).
+#[test]
+fn docker_agent_crash_is_named() {
+    let Some(_agent) = docker_ready() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    // An "agent" that writes to stderr and dies of SIGFPE, in a static image
+    // (busybox's sh runs it).
+    let crasher = tmp.path().join("crasher");
+    std::fs::write(
+        &crasher,
+        "#!/bin/sh\necho 'orch-agent: loading libnvidia-ml.so.1' >&2\nkill -FPE $$\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&crasher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let image = rootfs::static_image().expect("static image");
+    let out = orch()
+        .env("ORCH_AGENT_STATIC", &crasher)
+        .args(["run", "--backend", "docker", "--json", "-f"])
+        .arg(suite(tmp.path(), &image))
+        .arg("--store")
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for c in rec["cells"].as_array().unwrap() {
+        assert_eq!(c["status"], "failed", "{c}");
+        let f = &c["failure"];
+        assert_eq!(f["kind"], "agent_crashed", "{c}");
+        assert_eq!(f["signal"], 8, "{c}");
+        let msg = f["message"].as_str().unwrap();
+        assert!(msg.contains("SIGFPE"), "{msg}");
+        assert!(msg.contains("loading libnvidia-ml.so.1"), "{msg}");
+        assert_eq!(c["diagnosis"]["kind"], "agent_crashed", "{c}");
+        assert!(c["diagnosis"]["hint"].as_str().unwrap().contains("report"), "{c}");
+    }
+}

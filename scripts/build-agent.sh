@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The agent that containers get: one static file that carries the dynamic one.
+#
+#   bash scripts/build-agent.sh [ARCH]      # ARCH: x86_64 (default: this machine's) or aarch64
+#
+# 1. The dynamic agent, linked against glibc 2.17 (the manylinux2014 baseline)
+#    with cargo-zigbuild and zig from PyPI: it runs on the image's own loader
+#    and glibc in every image with glibc >= 2.17, and loads NVML there.
+#    target/agent-gnu/<arch>-unknown-linux-gnu/release/orch-agent
+# 2. The static agent (`+crt-static`) with the dynamic one embedded
+#    (`ORCH_AGENT_EMBED`): it runs in any image, and at `run` starts the
+#    embedded one where the image has a glibc loader (crates/orch-agent/src/launch.rs).
+#    target/<arch>-unknown-linux-gnu/release/orch-agent   <- what backends ship
+#
+# Tools are installed once under ${ORCH_TOOLS:-~/.cache/orch-tools}: a venv with
+# `ziglang` and `cargo-zigbuild` (cargo install). Prints the static agent's path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arch="${1:-$(uname -m)}"
+target="$arch-unknown-linux-gnu"
+tools="${ORCH_TOOLS:-$HOME/.cache/orch-tools}"
+zig_version="0.17.1"
+zigbuild_version="0.24.1"
+
+if ! "$tools/zig-venv/bin/python" -c 'import ziglang' 2>/dev/null; then
+  echo "build-agent: installing ziglang $zig_version (PyPI) into $tools/zig-venv" >&2
+  python3 -m venv "$tools/zig-venv"
+  "$tools/zig-venv/bin/pip" install -q --disable-pip-version-check "ziglang==$zig_version"
+fi
+export PATH="$tools/zig-venv/bin:$PATH"
+if ! command -v cargo-zigbuild >/dev/null; then
+  echo "build-agent: installing cargo-zigbuild $zigbuild_version" >&2
+  cargo install -q --locked "cargo-zigbuild@$zigbuild_version"
+fi
+if [ "$arch" != "$(uname -m)" ] && ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+  rustup target add "$target" >&2
+fi
+
+# 1. Dynamic, glibc 2.17. Its own target folder: the static build's flags
+# differ, and sharing one folder would rebuild both every time.
+cargo zigbuild --release --locked -p orch-agent --target "$target.2.17" --target-dir target/agent-gnu >&2
+gnu="target/agent-gnu/$target/release/orch-agent"
+need=$(objdump -T "$gnu" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
+case "$need" in
+  GLIBC_2.1[0-7]|GLIBC_2.[0-9]|GLIBC_2.[0-9].*|GLIBC_2.1[0-7].*) ;;
+  *) echo "error: $gnu needs $need, more than the glibc 2.17 baseline" >&2; exit 1 ;;
+esac
+
+# 2. Static, with the dynamic one inside. --target keeps the static flag away
+# from build scripts and proc macros.
+if [ "$arch" = "$(uname -m)" ]; then
+  ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --release --locked -p orch-agent --target "$target" >&2
+else
+  # Another architecture links with zig too (its static glibc from zig).
+  ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo zigbuild --release --locked -p orch-agent --target "$target" >&2
+fi
+agent="target/$target/release/orch-agent"
+if [ "$arch" = "$(uname -m)" ]; then
+  if ldd "$agent" 2>&1 | grep -q "=>"; then
+    echo "error: $agent is not static" >&2; exit 1
+  fi
+  "$agent" version >&2
+fi
+echo "dynamic agent (glibc 2.17, needs $need): $gnu ($(du -h "$gnu" | cut -f1))" >&2
+echo "$agent"
