@@ -12,10 +12,12 @@
 //! ```
 
 pub mod fixtures;
+pub mod gpu;
 pub mod hashing;
 pub mod hub;
 pub mod kube;
 pub mod modal;
+pub mod rootfs;
 pub mod s3;
 pub mod slurm;
 
