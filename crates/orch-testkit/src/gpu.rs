@@ -23,7 +23,8 @@
 //!   bundle's `config.json` on `create`: when the container's environment asks for GPUs it
 //!   bind-mounts the stub read-only at the image's library folder, so
 //!   `docker run --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=0,1 IMAGE` sees two H100s through
-//!   NVML. No device nodes (`/dev/nvidia*`) are made: nothing but NVML is faked.
+//!   NVML, and the device nodes `/dev/nvidiaN` (major 195) and `/dev/nvidiactl`, which exist
+//!   but lead nowhere: NVML is the only part of the driver that answers.
 //!
 //! Built files are cached in [`cache_dir`]: `$ORCH_TESTKIT_CACHE`, else the workspace's
 //! `target/orch-testkit-cache/`, else `~/.cache/orch-testkit`.
@@ -308,7 +309,8 @@ fn runtime_script(python: &str, runc: &str) -> String {
 # orch-testkit fake nvidia-container-runtime (written by orch_testkit::gpu::ensure_fake_nvidia_runtime).
 # Like NVIDIA's, a thin wrapper around runc: on `create`, when the container's environment has
 # NVIDIA_VISIBLE_DEVICES (not "", "none" or "void"), the bundle's config.json gets a read-only bind
-# mount of the stub NVML library at the image's library folder; then the real runc runs.
+# mount of the stub NVML library at the image's library folder and the GPUs' device nodes; then
+# the real runc runs.
 PY='
 import json, os, sys
 STUB = "{stub}"
@@ -354,6 +356,19 @@ else:
 mounts = [m for m in cfg.get("mounts") or [] if m.get("destination") != target]
 mounts.append({{"destination": target, "type": "bind", "source": STUB, "options": ["rbind", "ro", "nosuid", "nodev"]}})
 cfg["mounts"] = mounts
+# The GPUs' device nodes, as the toolkit passes them (major 195; minor = the GPU's number;
+# nvidiactl is 255). They exist in the container; nothing behind them answers.
+if visible.strip() == "all":
+    minors = list(range(int(os.environ.get("ORCH_NVML_STUB_GPUS", "2"))))
+else:
+    minors = [int(v) for v in visible.split(",") if v.strip().isdigit()] or [0]
+linux = cfg.setdefault("linux", {{}})
+devs = [d for d in linux.get("devices") or [] if not d.get("path", "").startswith("/dev/nvidia")]
+for path, minor in [("/dev/nvidia%d" % m, m) for m in minors] + [("/dev/nvidiactl", 255)]:
+    devs.append({{"path": path, "type": "c", "major": 195, "minor": minor, "fileMode": 438, "uid": 0, "gid": 0}})
+linux["devices"] = devs
+res = linux.setdefault("resources", {{}})
+res["devices"] = (res.get("devices") or []) + [{{"allow": True, "type": "c", "major": 195, "access": "rwm"}}]
 # dockerd adds this prestart hook for --gpus when it finds the real toolkit; its work is done here.
 hooks = cfg.get("hooks") or {{}}
 if hooks.get("prestart"):
@@ -423,7 +438,7 @@ pub(crate) fn write_atomic(path: &Path, content: &[u8], mode: u32) -> io::Result
 /// When an `nvidia` runtime that is not this one is already configured (a real GPU host), it
 /// is left alone and this returns `Ok`. Needs root and a running Docker engine.
 ///
-/// Not modelled: device nodes (`/dev/nvidia*`), CUDA libraries, `--gpus` (Docker registers its
+/// Not modelled: CUDA libraries, the driver procfs, `--gpus` (Docker registers its
 /// `--gpus` driver only when `nvidia-container-runtime-hook` is on the daemon's `PATH` when the
 /// daemon starts).
 pub fn ensure_fake_nvidia_runtime() -> io::Result<()> {

@@ -94,7 +94,9 @@ benchmarks:
 
 /// The checks every backend shares: `rec` is `orch run --json`'s record,
 /// `glibc` the image's (`None`: no libc).
-pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, what: &str) {
+/// `device_nodes`: the platform passes `/dev/nvidiaN` (Docker's runtime does;
+/// the fakes' chroots do not).
+pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, device_nodes: bool, what: &str) {
     let cells = rec["cells"].as_array().unwrap();
     let cell = |id: &str| {
         cells
@@ -135,6 +137,16 @@ pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, what: &str) {
             let why = info["agent"]["why_static"].as_str().unwrap_or("");
             assert!(why.contains("no glibc dynamic loader"), "{what}: {info}");
             assert!(info["gpu_probe"].as_str().unwrap_or("").contains("NVML not loaded"), "{what}: {info}");
+            // Never "no GPU" where the container has GPUs: counted from
+            // their device nodes, and then no model is claimed either way.
+            if device_nodes {
+                assert_eq!(info["gpu_source"], "device-nodes", "{what}: {info}");
+                assert_eq!(hw["gpus"].as_array().unwrap().len(), 2, "{what}: {hw}");
+                assert!(hw.get("mismatch").is_none(), "{what}: {hw}");
+            } else {
+                assert_eq!(info["gpu_source"], "none", "{what}: {info}");
+                assert!(g["flags"].as_array().unwrap().iter().any(|f| f == "hardware_mismatch"), "{what}: {g}");
+            }
         }
     }
 }
@@ -172,7 +184,7 @@ fn docker_gpu_and_cpu_cells_in_real_images() {
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{image}: {}", text(&out));
         let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
-        check_record(&rec, glibc.as_deref(), &image);
+        check_record(&rec, glibc.as_deref(), true, &image);
     }
 }
 
