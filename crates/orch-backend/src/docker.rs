@@ -353,68 +353,54 @@ impl Backend for DockerBackend {
         let name = container_name(&run_id, &cell_id);
         // A container of the same name left by a killed orch goes first.
         self.remove(&name).await;
-        let retry_body = body.clone();
-        let created = match self
-            .docker
-            .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
-            .await
-        {
-            Ok(c) => c,
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, message }) => {
+        // What the engine cannot give is dropped, said and recorded, and the
+        // container made again: GPU devices where the engine has no NVIDIA
+        // toolkit (the agent then flags the cell `hardware_mismatch`), the
+        // NCCL ulimits where the daemon may not raise them.
+        let mut body = body;
+        let mut notes: Vec<String> = Vec::new();
+        let id = loop {
+            let created = match self
+                .docker
+                .create_container(
+                    Some(CreateContainerOptionsBuilder::default().name(&name).build()),
+                    body.clone(),
+                )
+                .await
+            {
+                Ok(c) => c,
+                Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, message }) => {
+                    return Ok(CellResult::failed(
+                        &cell_id,
+                        Status::Failed,
+                        "no_image",
+                        format!("image `{image}` is not in the engine ({message}); hint: `orch build -f SUITE` builds it, or `docker pull {image}`"),
+                    ))
+                }
+                Err(e) => return Err(engine_err(e)),
+            };
+            let Err(e) = self.docker.start_container(&created.id, None).await else {
+                break created.id;
+            };
+            self.remove(&created.id).await;
+            let msg = e.to_string();
+            let h = body.host_config.get_or_insert_with(Default::default);
+            let note = if msg.contains(NO_GPU_DRIVER) && h.device_requests.take().is_some() {
+                format!("the Docker engine cannot attach GPUs ({msg}); the cell ran without GPU devices; hint: install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker`")
+            } else if msg.contains("setting rlimit") && h.ulimits.take().is_some() {
+                format!("the Docker daemon may not raise the container's memlock/stack limits ({msg}); the cell ran with the daemon's limits (NCCL may need them raised)")
+            } else {
                 return Ok(CellResult::failed(
                     &cell_id,
                     Status::Failed,
-                    "no_image",
-                    format!("image `{image}` is not in the engine ({message}); hint: `orch build -f SUITE` builds it, or `docker pull {image}`"),
-                ))
-            }
-            Err(e) => return Err(engine_err(e)),
+                    "container_start",
+                    format!("the container did not start: {msg}"),
+                ));
+            };
+            relay.message(&note);
+            notes.push(note);
         };
-        let mut id = created.id;
-        let mut gpu_attach = None;
-        let mut started = self.docker.start_container(&id, None).await;
-        if let (Err(e), true) = (
-            &started,
-            retry_body
-                .host_config
-                .as_ref()
-                .is_some_and(|h| h.device_requests.is_some()),
-        ) {
-            if e.to_string().contains(NO_GPU_DRIVER) {
-                // No NVIDIA toolkit in this engine: the cell runs without GPU
-                // devices. Its record says so and the agent flags what it
-                // finds against what was asked (`hardware_mismatch`).
-                self.remove(&id).await;
-                let note = format!(
-                    "the Docker engine cannot attach GPUs ({e}); the cell ran without GPU devices; hint: install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker`"
-                );
-                relay.message(&note);
-                gpu_attach = Some(note);
-                let mut body = retry_body;
-                if let Some(h) = body.host_config.as_mut() {
-                    h.device_requests = None;
-                }
-                id = self
-                    .docker
-                    .create_container(
-                        Some(CreateContainerOptionsBuilder::default().name(&name).build()),
-                        body,
-                    )
-                    .await
-                    .map_err(engine_err)?
-                    .id;
-                started = self.docker.start_container(&id, None).await;
-            }
-        }
-        if let Err(e) = started {
-            self.remove(&id).await;
-            return Ok(CellResult::failed(
-                &cell_id,
-                Status::Failed,
-                "container_start",
-                format!("the container did not start: {e}"),
-            ));
-        }
+        let gpu_attach = (!notes.is_empty()).then(|| notes.join("; "));
 
         let mut logs = self.docker.logs(
             &id,
@@ -620,8 +606,8 @@ impl Backend for DockerBackend {
     }
 }
 
-/// The image, the container's exit code and why GPUs were not attached (if
-/// they were not), into the result's `info`.
+/// The image, the container's exit code and what the engine could not give
+/// (GPU devices, ulimits), into the result's `info`.
 fn with_container_info(
     mut result: CellResult,
     image: &str,
@@ -631,7 +617,7 @@ fn with_container_info(
     result.info.insert("container_image".into(), image.into());
     result.info.insert("container_exit_code".into(), exit_code.into());
     if let Some(note) = gpu_attach {
-        result.info.insert("gpu_attach".into(), note.into());
+        result.info.insert("container_notes".into(), note.into());
     }
     result
 }

@@ -356,7 +356,7 @@ else:
 mounts = [m for m in cfg.get("mounts") or [] if m.get("destination") != target]
 mounts.append({{"destination": target, "type": "bind", "source": STUB, "options": ["rbind", "ro", "nosuid", "nodev"]}})
 cfg["mounts"] = mounts
-# The GPUs' device nodes, as the toolkit passes them (major 195; minor = the GPU's number;
+# The device nodes of the GPUs, as the toolkit passes them (major 195; minor = the number of the GPU;
 # nvidiactl is 255). They exist in the container; nothing behind them answers.
 if visible.strip() == "all":
     minors = list(range(int(os.environ.get("ORCH_NVML_STUB_GPUS", "2"))))
@@ -364,8 +364,8 @@ else:
     minors = [int(v) for v in visible.split(",") if v.strip().isdigit()] or [0]
 linux = cfg.setdefault("linux", {{}})
 devs = [d for d in linux.get("devices") or [] if not d.get("path", "").startswith("/dev/nvidia")]
-for path, minor in [("/dev/nvidia%d" % m, m) for m in minors] + [("/dev/nvidiactl", 255)]:
-    devs.append({{"path": path, "type": "c", "major": 195, "minor": minor, "fileMode": 438, "uid": 0, "gid": 0}})
+for node, minor in [("/dev/nvidia%d" % m, m) for m in minors] + [("/dev/nvidiactl", 255)]:
+    devs.append({{"path": node, "type": "c", "major": 195, "minor": minor, "fileMode": 438, "uid": 0, "gid": 0}})
 linux["devices"] = devs
 res = linux.setdefault("resources", {{}})
 res["devices"] = (res.get("devices") or []) + [{{"allow": True, "type": "c", "major": 195, "access": "rwm"}}]

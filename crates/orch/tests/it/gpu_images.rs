@@ -126,17 +126,31 @@ pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, device_nodes: bool,
             assert_eq!(hw["driver_version"], "580.95.05", "{what}: {hw}");
             assert!(hw.get("mismatch").is_none(), "{what}: {hw}");
             let m = &g["metrics"];
-            for k in ["gpu_energy_j", "gpu_power_mean_w", "gpu_util_mean_pct", "gpu_sm_clock_mean_mhz"] {
+            for k in [
+                "gpu_energy_j",
+                "gpu_power_mean_w",
+                "gpu_util_mean_pct",
+                "gpu_sm_clock_mean_mhz",
+            ] {
                 assert!(m[k].as_f64().is_some_and(|v| v > 0.0), "{what}: {k} in {m}");
             }
-            assert!(info["telemetry"]["samples"].as_u64().unwrap_or(0) >= 3, "{what}: {info}");
+            assert!(
+                info["telemetry"]["samples"].as_u64().unwrap_or(0) >= 3,
+                "{what}: {info}"
+            );
         }
         None => {
             // No loader: the static agent ran and says why NVML was not read.
             assert_eq!(info["agent"]["linkage"], "static", "{what}: {info}");
             let why = info["agent"]["why_static"].as_str().unwrap_or("");
             assert!(why.contains("no glibc dynamic loader"), "{what}: {info}");
-            assert!(info["gpu_probe"].as_str().unwrap_or("").contains("NVML not loaded"), "{what}: {info}");
+            assert!(
+                info["gpu_probe"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("NVML not loaded"),
+                "{what}: {info}"
+            );
             // Never "no GPU" where the container has GPUs: counted from
             // their device nodes, and then no model is claimed either way.
             if device_nodes {
@@ -145,7 +159,14 @@ pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, device_nodes: bool,
                 assert!(hw.get("mismatch").is_none(), "{what}: {hw}");
             } else {
                 assert_eq!(info["gpu_source"], "none", "{what}: {info}");
-                assert!(g["flags"].as_array().unwrap().iter().any(|f| f == "hardware_mismatch"), "{what}: {g}");
+                assert!(
+                    g["flags"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|f| f == "hardware_mismatch"),
+                    "{what}: {g}"
+                );
             }
         }
     }
@@ -191,24 +212,30 @@ fn docker_gpu_and_cpu_cells_in_real_images() {
 /// The reproduction: a static glibc agent that loads the image's
 /// `libnvidia-ml.so.1` dies (SIGFPE on Ubuntu 24.04 and Debian trixie): the
 /// host names the signal and keeps the agent's stderr, the diagnosis names
-/// the kind. The crash is made here by an agent that kills itself with SIGFPE
-/// (`ORCH_AGENT_STATIC` pointing at a script would not run in the image).
+/// the kind. The crash is made here by an "agent" that divides by zero.
 #[test]
 fn docker_agent_crash_is_named() {
     let Some(_agent) = docker_ready() else { return };
+    gpu::ensure_fake_nvidia_runtime().expect("the fake nvidia runtime");
     let tmp = tempfile::tempdir().unwrap();
-    // An "agent" that writes to stderr and dies of SIGFPE, in a static image
-    // (busybox's sh runs it).
-    let crasher = tmp.path().join("crasher");
+    // An "agent" that writes to stderr and dies of a real SIGFPE (an integer
+    // division by zero: a fault, delivered even to PID 1; not `1 / z`, which
+    // gcc computes without a division), static so that the glibc-less image
+    // runs it.
+    let src = tmp.path().join("crasher.c");
     std::fs::write(
-        &crasher,
-        "#!/bin/sh\necho 'orch-agent: loading libnvidia-ml.so.1' >&2\nkill -FPE $$\n",
+        &src,
+        "#include <stdio.h>\nint main(void) { volatile int z = 0; fprintf(stderr, \"orch-agent: loading libnvidia-ml.so.1\\n\"); fflush(stderr); return 7 / z; }\n",
     )
     .unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&crasher, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    let crasher = tmp.path().join("crasher");
+    let cc = Command::new("cc")
+        .args(["-static", "-O0", "-o"])
+        .arg(&crasher)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(cc.status.success(), "{}", text(&cc));
     let image = rootfs::static_image().expect("static image");
     let out = orch()
         .env("ORCH_AGENT_STATIC", &crasher)
