@@ -116,10 +116,18 @@ impl DockerBackend {
         })
     }
 
+    /// GPUs through the `nvidia` runtime? `ORCH_DOCKER_GPUS=runtime|request`
+    /// chooses; else the runtime when the engine has one, a device request
+    /// (`--gpus`) when not.
     async fn has_nvidia_runtime(&self) -> bool {
         *self
             .nvidia_runtime
             .get_or_init(|| async {
+                match std::env::var("ORCH_DOCKER_GPUS").as_deref().map(str::trim) {
+                    Ok("runtime") => return true,
+                    Ok("request") => return false,
+                    _ => {}
+                }
                 self.docker
                     .info()
                     .await

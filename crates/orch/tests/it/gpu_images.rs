@@ -259,3 +259,56 @@ fn docker_agent_crash_is_named() {
         assert!(c["diagnosis"]["hint"].as_str().unwrap().contains("report"), "{c}");
     }
 }
+
+/// The reproduction, on an engine without the NVIDIA toolkit (`--gpus`
+/// has no driver): the stub baked into the image's library folder, as a
+/// user's image might carry a driver library. The GPU cell runs without GPU
+/// devices, says so, and the dynamic agent still reads what NVML reports.
+#[test]
+fn docker_without_gpu_runtime_runs_the_cell_and_says_so() {
+    let Some(agent) = docker_ready() else { return };
+    let stub = gpu::nvml_stub().expect("stub");
+    let tmp = tempfile::tempdir().unwrap();
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::copy(&stub, ctx.join("libnvidia-ml.so.1")).unwrap();
+    let base = rootfs::debian_image("trixie").expect("docker import");
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!("FROM {base}\nCOPY libnvidia-ml.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"),
+    )
+    .unwrap();
+    let tag = "orch-testkit/debian-stub:trixie";
+    let built = Command::new("docker")
+        .args(["build", "-q", "-t", tag])
+        .arg(&ctx)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", text(&built));
+    let out = orch()
+        .env("ORCH_AGENT_STATIC", &agent)
+        .env("ORCH_DOCKER_GPUS", "request")
+        .args(["run", "--backend", "docker", "--json", "-f"])
+        .arg(suite(tmp.path(), tag))
+        .arg("--store")
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    let g = rec["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"].as_str().is_some_and(|i| i.starts_with("gpu.")))
+        .unwrap();
+    let notes = g["info"]["container_notes"].as_str().unwrap_or("");
+    if notes.is_empty() {
+        // An engine with the real toolkit's `--gpus` driver attached GPUs.
+        eprintln!("note: this engine attaches GPUs with --gpus; nothing to check");
+        return;
+    }
+    assert!(notes.contains("cannot attach GPUs"), "{g}");
+    assert!(text(&out).contains("cannot attach GPUs"), "{}", text(&out));
+    let glibc = rootfs::glibc_version(&rootfs::debian_root("trixie").unwrap());
+    check_record(&rec, glibc.as_deref(), false, tag);
+}
