@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The agent that containers get: one static file that carries the dynamic one.
 #
-#   bash scripts/build-agent.sh [ARCH]      # ARCH: x86_64 (default: this machine's) or aarch64
+#   bash scripts/build-agent.sh             # for this machine's architecture
 #
 # 1. The dynamic agent, linked against glibc 2.17 (the manylinux2014 baseline)
 #    with cargo-zigbuild and zig from PyPI: it runs on the image's own loader
@@ -16,7 +16,7 @@
 # `ziglang` and `cargo-zigbuild` (cargo install). Prints the static agent's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-arch="${1:-$(uname -m)}"
+arch="$(uname -m)"
 target="$arch-unknown-linux-gnu"
 tools="${ORCH_TOOLS:-$HOME/.cache/orch-tools}"
 zig_version="0.17.1"
@@ -32,9 +32,6 @@ if ! command -v cargo-zigbuild >/dev/null; then
   echo "build-agent: installing cargo-zigbuild $zigbuild_version" >&2
   cargo install -q --locked "cargo-zigbuild@$zigbuild_version"
 fi
-if [ "$arch" != "$(uname -m)" ] && ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
-  rustup target add "$target" >&2
-fi
 
 # 1. Dynamic, glibc 2.17. Its own target folder: the static build's flags
 # differ, and sharing one folder would rebuild both every time.
@@ -48,20 +45,12 @@ esac
 
 # 2. Static, with the dynamic one inside. --target keeps the static flag away
 # from build scripts and proc macros.
-if [ "$arch" = "$(uname -m)" ]; then
-  ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p orch-agent --target "$target" >&2
-else
-  # Another architecture links with zig too (its static glibc from zig).
-  ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo zigbuild --release --locked -p orch-agent --target "$target" >&2
-fi
+ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
+  cargo build --release --locked -p orch-agent --target "$target" >&2
 agent="target/$target/release/orch-agent"
-if [ "$arch" = "$(uname -m)" ]; then
-  if ldd "$agent" 2>&1 | grep -q "=>"; then
-    echo "error: $agent is not static" >&2; exit 1
-  fi
-  "$agent" version >&2
+if ldd "$agent" 2>&1 | grep -q "=>"; then
+  echo "error: $agent is not static" >&2; exit 1
 fi
+"$agent" version >&2
 echo "dynamic agent (glibc 2.17, needs $need): $gnu ($(du -h "$gnu" | cut -f1))" >&2
 echo "$agent"

@@ -31,7 +31,8 @@
 //! the agent's environment) keeps the static agent.
 //!
 //! aarch64 (GH200) is the same design: the target `aarch64-unknown-linux-gnu.2.17`
-//! for the dynamic build, `/lib/ld-linux-aarch64.so.1` as its loader.
+//! for the dynamic build, `/lib/ld-linux-aarch64.so.1` as its loader; its
+//! static build would be musl (zig cannot link glibc statically). Not built yet.
 
 use serde_json::{json, Value};
 use std::sync::OnceLock;
