@@ -11,6 +11,7 @@
 //! # let _ = model;
 //! ```
 
+pub mod container;
 pub mod fixtures;
 pub mod gpu;
 pub mod hashing;
