@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
 # The kubernetes backend against the local fake API server (`fake-kube`,
 # orch-testkit: Kubernetes REST on loopback, a Job controller and a "kubelet"
-# running containers as local processes), beside the local backend, in one run:
+# running each container chrooted in its image's root folder, in a mount
+# namespace of its own: run as root), beside the local backend, in one run:
 #  - per-cell overhead: median cell record duration_s of CELLS noop cells
 #    (launch to result stored: Secret/Job create, scheduling, the init
 #    container installing the agent, the pod log home, Job deletion);
 #  - log throughput: one command cell writing LOG_MIB MiB to stdout, MiB/s
 #    from its duration (the bytes come home as frames over the pod log on
 #    kubernetes; straight to the file on local).
-# Writes results/bench-kubernetes.json.
+# Writes results/bench-kubernetes.json. Needs the static agent
+# (`bash scripts/prepare-docker.sh`): the agent image holds it, and the cells'
+# image (debian:bookworm-slim here) is a static busybox.
 #   bash scripts/bench-kubernetes.sh            (PROFILE=debug for a debug build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+AGENT=$PWD/target/$(uname -m)-unknown-linux-gnu/release/orch-agent
+[ -x "$AGENT" ] || { echo "error: no static agent at $AGENT: run bash scripts/prepare-docker.sh" >&2; exit 1; }
 CELLS=${CELLS:-16}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -p orch -p orch-agent -p orch-testkit --bin orch --bin orch-agent --bin fake-kube >&2
+cargo build $flag --locked -p orch -p orch-testkit --bin orch --bin fake-kube >&2
 ORCH=$PWD/target/$PROFILE/orch
 FAKE=$PWD/target/$PROFILE/fake-kube
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-kubernetes.XXXXXX")
-mkdir -p "$work/agent-image" "$work/empty-image"
-cp "$PWD/target/$PROFILE/orch-agent" "$work/agent-image/orch-agent"
+mkdir -p "$work/agent-image"
+cp "$AGENT" "$work/agent-image/orch-agent"
 "$FAKE" "$work/kubeconfig" --image "bench/orch-agent:1=$work/agent-image" \
-  --image "debian:bookworm-slim=$work/empty-image" > "$work/fake.out" 2>&1 &
+  --busybox-image "debian:bookworm-slim" > "$work/fake.out" 2>&1 &
 fake_pid=$!
 trap 'kill $fake_pid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done
@@ -57,7 +62,7 @@ python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" <<'PY'
 import json, os, statistics, sys
 work, cells, mib, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 out = {"cells": cells, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
-       "server": "fake-kube (orch-testkit) on this host: Kubernetes REST on loopback, pods as local processes, 100 ms scheduling delay",
+       "server": "fake-kube (orch-testkit) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay",
        "measure": "cell record duration_s (launch to result stored); log MiB/s = bytes of stdout.log / duration"}
 for b in ("local", "kubernetes"):
     rec = json.load(open(f"{work}/noop-{b}.json"))

@@ -107,14 +107,14 @@ fn have_kubernetes() -> bool {
 
 #[test]
 fn the_official_python_client_runs_a_job_on_the_fake() {
-    if !have_kubernetes() {
+    if !have_kubernetes() || !orch_testkit::container::available_or_skip("the fake kubelet's containers") {
         return;
     }
-    let image = tempfile::tempdir().unwrap();
+    let image = orch_testkit::container::busybox_root().unwrap();
     let fake = FakeKube::builder()
         .node(FakeNode::h100("gpu-0", 8))
         .node(FakeNode::cpu("cpu-0"))
-        .image("busybox:1.36", image.path())
+        .image("busybox:1.36", &image)
         .token("proof-token-123")
         .start()
         .unwrap();

@@ -2,9 +2,11 @@
 //! 8×H100 node (`gpu-0`) and one CPU node (`cpu-0`).
 //!
 //! ```text
-//! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--pvc NAME=DIR]...
-//!           [--token T] [--cut-log-streams-after BYTES]
+//! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
+//!           [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES]
 //! ```
+//!
+//! Containers run in their image's root folder (a mount namespace and `chroot`): run it as root.
 //!
 //! Writes a kubeconfig to KUBECONFIG, prints `url http://127.0.0.1:PORT` as the first stdout
 //! line, then serves until killed (SIGTERM/SIGINT/SIGHUP: its containers are killed too).
@@ -14,13 +16,17 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--pvc NAME=DIR]...
-                 [--token T] [--cut-log-streams-after BYTES]
+const USAGE: &str =
+    "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
+                 [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES]
 
   KUBECONFIG                 where to write the kubeconfig (cluster, user and context `fake`)
   --namespace NS             the context's namespace (default: default)
-  --image REF=DIR            image reference REF exists; DIR stands for its filesystem
+  --image REF=DIR            image reference REF exists; DIR is its root folder (containers
+                             chroot into it: needs root)
+  --busybox-image REF        image reference REF is a static busybox and nothing else
   --pvc NAME=DIR             PersistentVolumeClaim NAME exists, backed by DIR
+  --nvml-stub LIB            the NVML library GPU containers get (NVIDIA container toolkit style)
   --token T                  the bearer token to require (default: fake-token)
   --cut-log-streams-after N  followed log streams end after N bytes
 
@@ -59,10 +65,16 @@ fn run() -> Result<(), String> {
                 let (r, d) = pair(&val()?, "--image")?;
                 b = b.image(&r, d);
             }
+            "--busybox-image" => {
+                let root = orch_testkit::container::busybox_root()
+                    .map_err(|e| format!("cannot make a busybox root: {e}"))?;
+                b = b.image(&val()?, root);
+            }
             "--pvc" => {
                 let (n, d) = pair(&val()?, "--pvc")?;
                 b = b.pvc(&n, d);
             }
+            "--nvml-stub" => b = b.nvml_stub(val()?),
             "--token" => b = b.token(&val()?),
             "--cut-log-streams-after" => {
                 b = b.cut_log_streams_after(

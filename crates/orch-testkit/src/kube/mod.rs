@@ -1,6 +1,7 @@
 //! A fake Kubernetes API server over real HTTP, for tests: the subset a batch client uses
 //! (Jobs, Pods, Secrets, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
-//! and a kubelet that runs each container as a local process.
+//! and a kubelet that runs each container in its image's root folder, as a container runtime
+//! would ([`crate::container`]: a mount namespace and `chroot`; needs root).
 //!
 //! - objects are JSON with uid, a global resourceVersion, creationTimestamp; errors are
 //!   `Status` objects (`NotFound`, `AlreadyExists`, `Invalid`, `BadRequest`, `Unauthorized`);
@@ -9,12 +10,21 @@
 //! - a Job gets one pod (`backoffLimit` treated as 0); the scheduler checks nodeSelector,
 //!   required node affinity, NoSchedule taints, `nvidia.com/gpu` capacity and PVCs, with the
 //!   default scheduler's messages and `FailedScheduling` events;
-//! - the kubelet "pulls" images from the builder's map (unknown: `ErrImagePull` then
-//!   `ImagePullBackOff`; malformed: `InvalidImageName`), resolves env from Secrets
-//!   (`CreateContainerConfigError` until they exist), maps volume mount paths and image files
-//!   to host folders in command, args and env values, runs init containers then containers in
-//!   their own process groups, enforces memory limits (`OOMKilled`), writes termination
-//!   messages, and terminates gracefully (SIGTERM, SIGKILL after the grace period);
+//! - the kubelet "pulls" images from the builder's map of references to root folders (unknown:
+//!   `ErrImagePull` then `ImagePullBackOff`; malformed: `InvalidImageName`), resolves env from
+//!   Secrets (`CreateContainerConfigError` until they exist), runs init containers then
+//!   containers, each `chroot`ed in its image's root with a writable layer of its own and its
+//!   volumes (emptyDir, Secret, PVC and hostPath folders; `subPath`, `readOnly`) and
+//!   termination-log file bind-mounted at their container paths (nothing else of this host is
+//!   visible, no path is translated: a program that needs a library the image lacks fails as
+//!   it would on a cluster), in their own process groups; enforces memory limits (`OOMKilled`),
+//!   writes termination messages, and terminates gracefully (SIGTERM, SIGKILL after the grace
+//!   period);
+//! - a pod on a GPU node that requests `nvidia.com/gpu: N` gets N of the node's GPUs, the
+//!   lowest indices no other live pod on that node holds (the device plugin's choice), and,
+//!   when the builder has an NVML library ([`FakeKubeBuilder::nvml_stub`]), the NVIDIA
+//!   container toolkit's injection: the library at `libnvidia-ml.so.1` in the image and
+//!   `NVIDIA_VISIBLE_DEVICES` naming those indices;
 //! - deleting a Job through the API without a propagation policy orphans its pods, as
 //!   batch/v1 does; `Background` and `Foreground` delete them.
 //!
@@ -23,7 +33,7 @@
 //! let kube = FakeKube::builder()
 //!     .node(FakeNode::h100("gpu-0", 8))
 //!     .node(FakeNode::cpu("cpu-0"))
-//!     .image("busybox:1.36", "/tmp/empty-root")
+//!     .image("busybox:1.36", orch_testkit::container::busybox_root().unwrap())
 //!     .start()
 //!     .unwrap();
 //! kube.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"), "default").unwrap();
@@ -131,6 +141,7 @@ pub struct FakeKubeBuilder {
     nodes: Vec<FakeNode>,
     images: BTreeMap<String, PathBuf>,
     pvcs: BTreeMap<String, PathBuf>,
+    nvml: Option<PathBuf>,
     cut_logs: Option<usize>,
     token: String,
 }
@@ -141,10 +152,20 @@ impl FakeKubeBuilder {
         self
     }
 
-    /// Image reference (exactly as written in a container's `image`) → host folder standing
-    /// for that image's filesystem.
+    /// Image reference (exactly as written in a container's `image`) → the image's root
+    /// folder on this host (its whole file system: containers `chroot` into it; see
+    /// [`crate::container::busybox_root`]). Containers never change it: each writes to a layer
+    /// of its own.
     pub fn image(mut self, reference: &str, root: impl Into<PathBuf>) -> Self {
         self.images.insert(reference.to_string(), root.into());
+        self
+    }
+
+    /// The NVML library (`orch_testkit::gpu::nvml_stub()`, or any file) that containers given
+    /// GPUs get at `libnvidia-ml.so.1`, as the NVIDIA container toolkit injects the driver's.
+    /// Without it, GPU pods are scheduled on GPU nodes but see no GPU library.
+    pub fn nvml_stub(mut self, lib: impl Into<PathBuf>) -> Self {
+        self.nvml = Some(lib.into());
         self
     }
 
@@ -185,6 +206,7 @@ impl FakeKubeBuilder {
             nodes: self.nodes,
             images: self.images,
             pvcs: self.pvcs,
+            nvml: self.nvml,
             cut_logs: self.cut_logs,
             root: root.clone(),
             port: addr.port(),
@@ -273,6 +295,7 @@ impl FakeKube {
             nodes: Vec::new(),
             images: BTreeMap::new(),
             pvcs: BTreeMap::new(),
+            nvml: None,
             cut_logs: None,
             token: "fake-token".to_string(),
         }

@@ -112,6 +112,8 @@ pub(crate) struct Inner {
     pub nodes: Vec<FakeNode>,
     pub images: BTreeMap<String, PathBuf>,
     pub pvcs: BTreeMap<String, PathBuf>,
+    /// The NVML library GPU containers get (`FakeKubeBuilder::nvml_stub`).
+    pub nvml: Option<PathBuf>,
     pub cut_logs: Option<usize>,
     pub root: PathBuf,
     pub port: u16,

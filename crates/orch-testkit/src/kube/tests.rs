@@ -68,12 +68,21 @@ impl C {
     }
 }
 
-fn fake() -> (FakeKube, tempfile::TempDir) {
-    let img = tempfile::tempdir().unwrap();
+/// Containers need root here: `false` (skip, with a note) without it, a panic under CI.
+fn can_run() -> bool {
+    crate::container::available_or_skip("the fake kubelet's containers")
+}
+
+fn busybox() -> PathBuf {
+    crate::container::busybox_root().unwrap()
+}
+
+fn fake() -> (FakeKube, PathBuf) {
+    let img = busybox();
     let k = FakeKube::builder()
         .node(FakeNode::h100("gpu-0", 8))
         .node(FakeNode::cpu("cpu-0"))
-        .image("busybox:1.36", img.path())
+        .image("busybox:1.36", &img)
         .start()
         .unwrap();
     (k, img)
@@ -111,6 +120,9 @@ fn pod_name(p: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_to_completion_with_merged_logs() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     let (code, j) = c
@@ -238,6 +250,9 @@ fn gpu_job(name: &str, gpus: u32, tolerate: bool, selector: bool) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpus_over_capacity_are_unschedulable() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     c.req("POST", JOBS, Some(gpu_job("big", 16, true, true))).await;
@@ -307,23 +322,17 @@ async fn gpus_over_capacity_are_unschedulable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_limit_ooms() {
-    if std::process::Command::new("python3")
-        .arg("-c")
-        .arg("1")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: no python3");
+    if !can_run() {
         return;
     }
     let (k, _img) = fake();
     let c = C::new(&k);
+    // 300 MB held by busybox awk (the image has no python).
     let mut j = job(
         "oom",
         &[
-            "python3",
-            "-c",
-            "b=bytearray(300*1024*1024); import time; time.sleep(5)",
+            "awk",
+            "BEGIN { s = sprintf(\"%300000000s\", \"\"); system(\"sleep 5\") }",
         ],
     );
     j["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "100Mi"}});
@@ -346,6 +355,9 @@ async fn a_memory_limit_ooms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_job_orphans_its_pods_by_default() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     c.req("POST", JOBS, Some(job("orph", &["sleep", "30"]))).await;
@@ -374,6 +386,9 @@ async fn deleting_a_job_orphans_its_pods_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_deletion_removes_pods_and_watch_sees_it() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     let list = c.get("/api/v1/namespaces/ns/pods").await;
@@ -430,6 +445,9 @@ async fn background_deletion_removes_pods_and_watch_sees_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_changes_live() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     c.req("POST", JOBS, Some(job("w", &["sh", "-c", "sleep 0.3; exit 4"])))
@@ -516,6 +534,9 @@ async fn image_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_from_secrets_waits_for_the_secret() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     let mut j = job("env", &["sh", "-c", "echo \"v=$V w=$W\"; echo \"$(P)\""]);
@@ -566,7 +587,11 @@ async fn env_from_secrets_waits_for_the_secret() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_containers_volumes_and_termination_messages() {
+    if !can_run() {
+        return;
+    }
     let img = tempfile::tempdir().unwrap();
+    crate::container::make_busybox_root(img.path()).unwrap();
     let agent = img.path().join("agent");
     std::fs::write(&agent, "#!/bin/sh\ncp \"$0\" \"$2\"\n").unwrap();
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -635,10 +660,12 @@ async fn init_containers_volumes_and_termination_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_evictions_ttl_and_cut_log_streams() {
-    let img = tempfile::tempdir().unwrap();
+    if !can_run() {
+        return;
+    }
     let k = FakeKube::builder()
         .node(FakeNode::cpu("cpu-0"))
-        .image("busybox:1.36", img.path())
+        .image("busybox:1.36", busybox())
         .cut_log_streams_after(5)
         .start()
         .unwrap();
@@ -695,6 +722,9 @@ async fn deadlines_evictions_ttl_and_cut_log_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_kills_every_process_group() {
+    if !can_run() {
+        return;
+    }
     let (k, _img) = fake();
     let c = C::new(&k);
     c.req(
@@ -733,4 +763,142 @@ async fn drop_kills_every_process_group() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_see_their_image_and_volumes_and_nothing_of_the_host() {
+    if !can_run() {
+        return;
+    }
+    let pvc = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(pvc.path().join("models/a")).unwrap();
+    std::fs::write(pvc.path().join("models/a/w.txt"), "weights").unwrap();
+    let img = busybox();
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .image("busybox:1.36", &img)
+        .pvc("weights", pvc.path())
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let script = "echo \"pwd=$(pwd) path=$PATH home=$HOME\"; cat w.txt; echo; \
+        test -e /work && echo LEAK-work; test -e /root/.cargo && echo LEAK-cargo; \
+        test -e /usr/lib/x86_64-linux-gnu/libc.so.6 && echo LEAK-glibc; \
+        echo x > /data/f && echo wrote-ro; echo y > /scratch/f && echo wrote-scratch; \
+        echo z > /in-image && echo wrote-image; grep -c ' /data ' /proc/self/mountinfo";
+    let mut j = job("iso", &["sh", "-c", script]);
+    let s = &mut j["spec"]["template"]["spec"];
+    s["containers"][0]["workingDir"] = json!("/data");
+    s["containers"][0]["volumeMounts"] = json!([
+        {"name": "w", "mountPath": "/data", "subPath": "models/a", "readOnly": true},
+        {"name": "tmp", "mountPath": "/scratch"},
+    ]);
+    s["volumes"] = json!([{"name": "w", "persistentVolumeClaim": {"claimName": "weights"}}, {"name": "tmp", "emptyDir": {}}]);
+    c.req("POST", JOBS, Some(j)).await;
+    c.until(&format!("{JOBS}/iso"), "Complete", |j| has_cond(j, "Complete"))
+        .await;
+    let p = c.job_pod("ns", "iso").await;
+    let (_, log) = c
+        .raw(
+            "GET",
+            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&p)),
+            None,
+        )
+        .await;
+    assert!(
+        log.starts_with(&format!(
+            "pwd=/data path={} home=/root\nweights\n",
+            crate::container::DEFAULT_PATH
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("LEAK"), "{log}");
+    assert!(
+        !log.contains("wrote-ro") && log.contains("Read-only file system"),
+        "{log}"
+    );
+    assert!(
+        log.contains("wrote-scratch") && log.contains("wrote-image"),
+        "{log}"
+    );
+    assert!(log.ends_with("1\n"), "{log}");
+    assert!(!pvc.path().join("models/a/f").exists());
+    // The image stays as it was: the container wrote to its own layer.
+    assert!(!img.join("in-image").exists() && !img.join("data").exists() && !img.join("scratch").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_pods_get_their_own_devices_and_the_nvml_library() {
+    if !can_run() {
+        return;
+    }
+    let lib = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(lib.path(), "stub-nvml").unwrap();
+    let k = FakeKube::builder()
+        .node(FakeNode::h100("gpu-0", 8))
+        .node(FakeNode::cpu("cpu-0"))
+        .image("busybox:1.36", busybox())
+        .nvml_stub(lib.path())
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let show = "echo \"dev=${NVIDIA_VISIBLE_DEVICES-unset}\"; cat /usr/lib64/libnvidia-ml.so.1 2>/dev/null || echo no-lib; echo; sleep 30";
+    for (name, n) in [("a", 2), ("b", 3)] {
+        let mut j = gpu_job(name, n, true, true);
+        j["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["sh", "-c", show]);
+        c.req("POST", JOBS, Some(j)).await;
+    }
+    c.req("POST", JOBS, Some(job("cpu", &["sh", "-c", show]))).await;
+    let mut seen = BTreeMap::new();
+    for name in ["a", "b", "cpu"] {
+        let p = c.job_pod("ns", name).await;
+        let path = format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&p));
+        let log = c
+            .until(&path, "output", |l| {
+                l.as_str().is_some_and(|s| s.lines().count() >= 2)
+            })
+            .await;
+        seen.insert(name, log.as_str().unwrap().to_string());
+    }
+    assert!(seen["cpu"].starts_with("dev=unset\nno-lib\n"), "{seen:?}");
+    let devs = |name: &str| -> BTreeSet<u32> {
+        let log = &seen[name];
+        assert!(log.contains("stub-nvml"), "{log}");
+        log.lines()
+            .next()
+            .unwrap()
+            .trim_start_matches("dev=")
+            .split(',')
+            .map(|d| d.parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (devs("a"), devs("b"));
+    assert_eq!((a.len(), b.len()), (2, 3), "{seen:?}");
+    assert!(a.is_disjoint(&b), "{seen:?}");
+    assert!(a.union(&b).all(|d| *d < 5), "the lowest free indices: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_the_image_lacks_does_not_start() {
+    if !can_run() {
+        return;
+    }
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    // The host may have python3; the busybox image does not.
+    c.req("POST", JOBS, Some(job("nopy", &["python3", "-c", "print(1)"])))
+        .await;
+    c.until(&format!("{JOBS}/nopy"), "Failed", |j| has_cond(j, "Failed"))
+        .await;
+    let p = c.job_pod("ns", "nopy").await;
+    let t = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["reason"], "StartError", "{p:#}");
+    assert_eq!(t["exitCode"], 128);
+    assert!(
+        t["message"]
+            .as_str()
+            .unwrap()
+            .contains("exec: \"python3\": executable file not found in $PATH"),
+        "{t}"
+    );
 }
