@@ -5,10 +5,14 @@
 #  - log throughput: one command cell writing LOG_MIB MiB to stdout, MiB/s
 #    from its duration (the bytes come home as frames over the sandbox's
 #    stdout on modal; straight to the file on local).
-# Writes results/bench-modal.json.
+# Writes results/bench-modal.json. The fake runs each sandbox chrooted in its
+# image's root folder (a mount namespace: run as root); the agent is the
+# static one (`bash scripts/prepare-docker.sh`), the image a static busybox.
 #   bash scripts/bench-modal.sh            (PROFILE=debug for a debug build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+AGENT=$PWD/target/$(uname -m)-unknown-linux-gnu/release/orch-agent
+[ -x "$AGENT" ] || { echo "error: no static agent at $AGENT: run bash scripts/prepare-docker.sh" >&2; exit 1; }
 CELLS=${CELLS:-16}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
@@ -18,14 +22,12 @@ ORCH=$PWD/target/$PROFILE/orch
 FAKE=$PWD/target/$PROFILE/fake-modal
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-modal.XXXXXX")
-"$FAKE" --root "$work/fake" > "$work/fake.out" &
+"$FAKE" --root "$work/fake" --busybox-image debian:bookworm-slim > "$work/fake.out" &
 fake_pid=$!
 trap 'kill $fake_pid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 50); do grep -q '^url ' "$work/fake.out" 2>/dev/null && break; sleep 0.1; done
 url=$(sed -n 's/^url //p' "$work/fake.out")
-# The fake's sandboxes are processes here: the "static agent" is this orch's agent.
-printf '#!/bin/sh\nexec %s agent "$@"\n' "$ORCH" > "$work/agent"; chmod +x "$work/agent"
-export MODAL_SERVER_URL=$url MODAL_TOKEN_ID=ak-bench MODAL_TOKEN_SECRET=as-bench ORCH_AGENT_STATIC=$work/agent
+export MODAL_SERVER_URL=$url MODAL_TOKEN_ID=ak-bench MODAL_TOKEN_SECRET=as-bench ORCH_AGENT_STATIC=$AGENT
 
 values=$(seq -s, 1 "$CELLS")
 cat > "$work/noop.yaml" <<YAML
@@ -54,7 +56,7 @@ python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" <<'PY'
 import json, os, statistics, sys
 work, cells, mib, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 out = {"cells": cells, "log_mib": mib, "build": profile,
-       "server": "fake-modal (orch-testkit) on this host: gRPC on loopback, sandboxes as local processes",
+       "server": "fake-modal (orch-testkit) on this host: gRPC on loopback, each sandbox chrooted in its image root (mount namespace)",
        "measure": "cell record duration_s (launch to result stored); log MiB/s = bytes of stdout.log / duration"}
 for b in ("local", "modal"):
     rec = json.load(open(f"{work}/noop-{b}.json"))

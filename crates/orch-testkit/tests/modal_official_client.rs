@@ -39,11 +39,15 @@ fn have_modal() -> bool {
 
 #[test]
 fn the_official_python_client_runs_a_sandbox_on_the_fake() {
-    if !have_modal() {
+    if !have_modal() || !orch_testkit::container::available_or_skip("the fake Modal's sandboxes") {
         return;
     }
     let fake = FakeModal::builder()
         .token("ak-proof", "as-proof")
+        .image(
+            "debian:bookworm-slim",
+            orch_testkit::container::busybox_root().unwrap(),
+        )
         .start()
         .unwrap();
     std::fs::create_dir_all(fake.volume_dir("proof-vol")).unwrap();

@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! fake-modal [--root DIR] [--port N] [--token ID:SECRET]
+//!            [--image REF=DIR]... [--busybox-image REF]... [--nvml-stub LIB]
 //!            [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
 //!            [--kill-after SECS] [--transient N] [--drop-log-streams]
 //! ```
 //!
 //! Prints `url http://127.0.0.1:PORT` as the first stdout line (for
-//! `MODAL_SERVER_URL`), then serves until killed.
+//! `MODAL_SERVER_URL`), then serves until killed. Sandboxes run in their
+//! image's root folder (a mount namespace and `chroot`): run it as root.
 
 use orch_testkit::modal::{FakeModal, Scenario};
 use std::io::Write as _;
@@ -15,12 +17,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRET]
+                  [--image REF=DIR]... [--busybox-image REF]... [--nvml-stub LIB]
                   [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
                   [--kill-after SECS] [--transient N] [--drop-log-streams]
 
   --root DIR            volumes, blobs and sandbox folders (default: a temporary folder)
   --port N              port on 127.0.0.1 (default: a free port)
   --token ID:SECRET     accept only this token (default: any)
+  --image REF=DIR       `FROM REF` is the root folder DIR (sandboxes chroot into it:
+                        needs root); an image from an unmapped REF fails to build
+  --busybox-image REF   `FROM REF` is a static busybox and nothing else
+  --nvml-stub LIB       the NVML library GPU sandboxes get (NVIDIA container toolkit style)
   --fail-build TEXT     an image build fails at the Dockerfile step containing TEXT
   --unavailable-gpu T   sandboxes asking for GPU type T are never scheduled
   --oom CELL            sandboxes of cells containing CELL are OOM-killed after --kill-after
@@ -64,6 +71,17 @@ fn run() -> Result<(), String> {
                 let (id, secret) = v.split_once(':').ok_or("`--token` is ID:SECRET")?;
                 b = b.token(id, secret);
             }
+            "--image" => {
+                let v = val()?;
+                let (r, d) = v.split_once('=').ok_or("`--image` takes REF=DIR")?;
+                b = b.image(r, d);
+            }
+            "--busybox-image" => {
+                let root = orch_testkit::container::busybox_root()
+                    .map_err(|e| format!("cannot make a busybox root: {e}"))?;
+                b = b.image(&val()?, root);
+            }
+            "--nvml-stub" => b = b.nvml_stub(val()?),
             "--fail-build" => sc.build_fail = Some(val()?),
             "--unavailable-gpu" => sc.unavailable_gpus.push(val()?),
             "--oom" => sc.oom.push(val()?),

@@ -12,8 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
+
+use crate::container;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
+
+// Mutexes are `lock().unwrap()`ed throughout: a poisoned lock means a handler already
+// panicked, and a test fake can do no better than fail the test that uses it.
 
 type Stream<T> = Pin<Box<dyn futures_util::Stream<Item = Result<T, Status>> + Send>>;
 
@@ -125,17 +130,46 @@ impl Sandbox {
     }
 }
 
+/// An image: its build log and result, and what sandboxes of it get.
 struct Image {
-    commands: Vec<String>,
-    result: GenericResult,
+    build: Mutex<ImageBuild>,
+    /// Bumped on every build log line and at the end.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct ImageBuild {
     log: Vec<String>,
+    result: Option<GenericResult>,
+    /// A request already started (or joined) the build: later ones get the result directly.
     built_once: bool,
+    /// The image's root folder (`None` until built, or when the build failed).
+    root: Option<PathBuf>,
+    /// `ENV` of the Dockerfile.
+    env: BTreeMap<String, String>,
+    /// `WORKDIR` of the Dockerfile (`/` by default).
+    workdir: String,
+}
+
+impl Image {
+    fn log(&self, line: String) {
+        self.build.lock().unwrap().log.push(line);
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    fn finish(&self, result: GenericResult, root: Option<PathBuf>) {
+        let mut b = self.build.lock().unwrap();
+        b.result = Some(result);
+        b.root = root;
+        drop(b);
+        self.changed.send_modify(|v| *v += 1);
+    }
 }
 
 #[derive(Default)]
 struct State {
     apps: HashMap<(String, String), String>,
-    images: HashMap<String, Image>,
+    images: HashMap<String, Arc<Image>>,
     secrets: HashMap<String, BTreeMap<String, String>>,
     volumes: HashMap<String, String>,
     volume_dirs: HashMap<String, PathBuf>,
@@ -147,6 +181,10 @@ struct State {
 
 struct Inner {
     root: PathBuf,
+    /// Image reference (as in `FROM`) → root folder.
+    image_roots: BTreeMap<String, PathBuf>,
+    /// The NVML library GPU sandboxes get.
+    nvml: Option<PathBuf>,
     token: Option<(String, String)>,
     state: Mutex<State>,
     scenario: Mutex<Scenario>,
@@ -222,7 +260,7 @@ impl ModalClient for Svc {
         self.0.enter("ClientHello", &req)?;
         Ok(Response::new(proto::ClientHelloResponse {
             warning: String::new(),
-            image_builder_version: "2024.10".into(),
+            image_builder_version: "2025.06".into(),
         }))
     }
 
@@ -258,7 +296,7 @@ impl ModalClient for Svc {
             metadata: Some(proto::EnvironmentMetadata {
                 name,
                 settings: Some(proto::EnvironmentSettings {
-                    image_builder_version: "2024.10".into(),
+                    image_builder_version: "2025.06".into(),
                     webhook_suffix: String::new(),
                 }),
             }),
@@ -304,50 +342,50 @@ impl ModalClient for Svc {
         let id = format!("im-{}", &sha256_hex(key.as_bytes())[..16]);
         let fail = self.0.scenario.lock().unwrap().build_fail.clone();
         let mut st = self.0.state.lock().unwrap();
-        let img = st.images.entry(id.clone()).or_insert_with(|| {
-            let n = image.dockerfile_commands.len();
-            let mut log = Vec::new();
-            let mut result = GenericResult {
-                status: GenericStatus::Success as i32,
-                ..Default::default()
-            };
-            for (i, c) in image.dockerfile_commands.iter().enumerate() {
-                log.push(format!("Step {}/{} : {}\n", i + 1, n, c));
-                if fail.as_deref().is_some_and(|f| c.contains(f)) {
-                    log.push(format!(
-                        "ERROR: process \"/bin/sh -c {}\" did not complete successfully: exit code: 1\n",
-                        c.trim_start_matches("RUN ")
-                    ));
-                    result = GenericResult {
-                        status: GenericStatus::Failure as i32,
-                        exception: format!("Image build for {id} failed. See build logs for more details."),
-                        exitcode: 1,
+        let (img, new) = match st.images.get(&id) {
+            Some(img) => (img.clone(), false),
+            None => {
+                let img = Arc::new(Image {
+                    build: Mutex::new(ImageBuild {
+                        workdir: "/".into(),
                         ..Default::default()
-                    };
-                    break;
-                }
-                log.push(" ---> done\n".into());
+                    }),
+                    changed: watch::Sender::new(0),
+                });
+                st.images.insert(id.clone(), img.clone());
+                (img, true)
             }
-            Image {
-                commands: image.dockerfile_commands.clone(),
-                result,
-                log,
-                built_once: false,
-            }
-        });
+        };
+        let base = image
+            .base_images
+            .first()
+            .and_then(|b| st.images.get(&b.image_id).cloned());
+        drop(st);
+        if new {
+            tokio::spawn(build_image(
+                self.0.clone(),
+                id.clone(),
+                img.clone(),
+                image,
+                base,
+                fail,
+            ));
+        }
         // The first request starts the build (no result yet: join the
         // stream); later ones find it built.
-        let result = img.built_once.then(|| img.result.clone());
-        img.built_once = true;
-        let _ = &img.commands;
+        let mut b = img.build.lock().unwrap();
+        let result = if b.built_once { b.result.clone() } else { None };
+        b.built_once = true;
+        let workdir = b.workdir.clone();
+        drop(b);
         Ok(Response::new(proto::ImageGetOrCreateResponse {
             image_id: id,
             result,
             metadata: Some(proto::ImageMetadata {
                 python_version_info: "3.11.7 (fake)".into(),
-                workdir: "/".into(),
+                workdir,
                 libc_version_info: "glibc 2.36".into(),
-                image_builder_version: "2024.10".into(),
+                image_builder_version: "2025.06".into(),
             }),
         }))
     }
@@ -360,14 +398,39 @@ impl ModalClient for Svc {
     ) -> Result<Response<Self::ImageJoinStreamingStream>, Status> {
         self.0.enter("ImageJoinStreaming", &req)?;
         let r = req.into_inner();
-        let st = self.0.state.lock().unwrap();
-        let img = st
+        let img = self
+            .0
+            .state
+            .lock()
+            .unwrap()
             .images
             .get(&r.image_id)
+            .cloned()
             .ok_or_else(|| Status::not_found("image not found"))?;
+        // Wait for the build's end (up to the request's timeout), then send what is there:
+        // without a result the client joins again from the last entry id.
+        let timeout = Duration::from_secs_f32(if r.timeout > 0.0 {
+            r.timeout.min(60.0)
+        } else {
+            55.0
+        });
+        let mut rx = img.changed.subscribe();
+        let _ = tokio::time::timeout(timeout, async {
+            loop {
+                rx.borrow_and_update();
+                if img.build.lock().unwrap().result.is_some() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let b = img.build.lock().unwrap();
         let from: usize = r.last_entry_id.parse().unwrap_or(0);
         let mut out = Vec::new();
-        for (i, line) in img.log.iter().enumerate().skip(from) {
+        for (i, line) in b.log.iter().enumerate().skip(from) {
             out.push(Ok(proto::ImageJoinStreamingResponse {
                 result: None,
                 task_logs: vec![proto::TaskLogs {
@@ -381,18 +444,20 @@ impl ModalClient for Svc {
                 metadata: None,
             }));
         }
-        out.push(Ok(proto::ImageJoinStreamingResponse {
-            result: Some(img.result.clone()),
-            task_logs: vec![],
-            entry_id: img.log.len().to_string(),
-            eof: true,
-            metadata: Some(proto::ImageMetadata {
-                python_version_info: "3.11.7 (fake)".into(),
-                workdir: "/".into(),
-                libc_version_info: "glibc 2.36".into(),
-                image_builder_version: "2024.10".into(),
-            }),
-        }));
+        if let Some(result) = &b.result {
+            out.push(Ok(proto::ImageJoinStreamingResponse {
+                result: Some(result.clone()),
+                task_logs: vec![],
+                entry_id: b.log.len().to_string(),
+                eof: true,
+                metadata: Some(proto::ImageMetadata {
+                    python_version_info: "3.11.7 (fake)".into(),
+                    workdir: b.workdir.clone(),
+                    libc_version_info: "glibc 2.36".into(),
+                    image_builder_version: "2025.06".into(),
+                }),
+            }));
+        }
         Ok(Response::new(Box::pin(futures_util::stream::iter(out))))
     }
 
@@ -573,10 +638,15 @@ impl ModalClient for Svc {
             .as_ref()
             .filter(|g| g.count > 0 || !g.gpu_type.is_empty())
             .map(|g| (g.gpu_type.clone(), g.count.max(1)));
-        let (mount_files, mut paths, volumes, env) = {
+        let (mount_files, mut mounts, volumes, secret_env, image) = {
             let st = self.0.state.lock().unwrap();
+            let image = st
+                .images
+                .get(&def.image_id)
+                .cloned()
+                .ok_or_else(|| Status::not_found(format!("image {} not found", def.image_id)))?;
             let mut files = Vec::new();
-            let mut paths = Vec::new();
+            let mut mounts = Vec::new();
             for m in &def.mount_ids {
                 let list = st
                     .mounts
@@ -584,7 +654,11 @@ impl ModalClient for Svc {
                     .ok_or_else(|| Status::not_found(format!("mount {m} not found")))?;
                 for f in list {
                     files.push(f.filename.clone());
-                    paths.push((f.filename.clone(), self.0.root.join("blobs").join(&f.sha256_hex)));
+                    mounts.push(container::Mount {
+                        host: self.0.root.join("blobs").join(&f.sha256_hex),
+                        target: f.filename.clone(),
+                        read_only: true,
+                    });
                 }
             }
             let mut volumes = Vec::new();
@@ -594,7 +668,11 @@ impl ModalClient for Svc {
                     .get(&v.volume_id)
                     .ok_or_else(|| Status::not_found(format!("volume {} not found", v.volume_id)))?;
                 volumes.push((v.volume_id.clone(), v.mount_path.clone(), v.read_only));
-                paths.push((v.mount_path.clone(), dir.clone()));
+                mounts.push(container::Mount {
+                    host: dir.clone(),
+                    target: v.mount_path.clone(),
+                    read_only: v.read_only,
+                });
             }
             let mut env = BTreeMap::new();
             for s in &def.secret_ids {
@@ -604,9 +682,30 @@ impl ModalClient for Svc {
                     .ok_or_else(|| Status::not_found(format!("secret {s} not found")))?;
                 env.extend(vars.clone());
             }
-            (files, paths, volumes, env)
+            (files, mounts, volumes, env, image)
         };
-        paths.sort_by_key(|(c, _)| std::cmp::Reverse(c.len()));
+        let (image_root, mut env, image_workdir) = {
+            let b = image.build.lock().unwrap();
+            match (&b.result, &b.root) {
+                (Some(r), Some(root)) if r.status == GenericStatus::Success as i32 => {
+                    (root.clone(), b.env.clone(), b.workdir.clone())
+                }
+                (None, _) => {
+                    return Err(Status::failed_precondition(format!(
+                        "image {} is still building",
+                        def.image_id
+                    )))
+                }
+                _ => {
+                    return Err(Status::failed_precondition(format!(
+                        "image {} failed to build",
+                        def.image_id
+                    )))
+                }
+            }
+        };
+        env.extend(secret_env);
+        mounts.sort_by_key(|m| m.target.len());
         let rec = SandboxRecord {
             id: id.clone(),
             app_id: r.app_id.clone(),
@@ -620,7 +719,17 @@ impl ModalClient for Svc {
             memory_mb: res.memory_mb,
             entrypoint: def.entrypoint_args.clone(),
             volume_mounts: volumes,
-            secret_keys: env.keys().cloned().collect(),
+            secret_keys: {
+                let mut k: Vec<String> = def
+                    .secret_ids
+                    .iter()
+                    .filter_map(|id| self.0.state.lock().unwrap().secrets.get(id).cloned())
+                    .flat_map(|vars| vars.into_keys())
+                    .collect();
+                k.sort();
+                k.dedup();
+                k
+            },
             mount_files,
             timeout_secs: def.timeout_secs,
             scheduled: false,
@@ -649,8 +758,25 @@ impl ModalClient for Svc {
             sc.unavailable_gpus.iter().any(|u| u.eq_ignore_ascii_case(t))
         });
         if !unavailable {
-            let args: Vec<String> = def.entrypoint_args.iter().map(|a| map_path(a, &paths)).collect();
-            let workdir = self.0.root.join("sandboxes").join(&id);
+            let args = def.entrypoint_args.clone();
+            let gpu = match (&self.0.nvml, &gpu) {
+                (Some(lib), Some((_, n))) => Some(container::Gpu {
+                    nvml_lib: lib.clone(),
+                    visible_devices: (0..*n).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+                }),
+                _ => None,
+            };
+            let spec = container::Spec {
+                root: image_root,
+                mounts,
+                gpu,
+                workdir: if def.workdir.is_empty() {
+                    image_workdir
+                } else {
+                    def.workdir.clone()
+                },
+                layer: Some(self.0.root.join("sandboxes").join(&id).join("layer")),
+            };
             let cell = sb
                 .rec
                 .lock()
@@ -670,7 +796,7 @@ impl ModalClient for Svc {
             } else {
                 None
             };
-            tokio::spawn(run_sandbox(sb, args, env, workdir, def.timeout_secs, kill));
+            tokio::spawn(run_sandbox(sb, spec, args, env, def.timeout_secs, kill));
         }
         Ok(Response::new(proto::SandboxCreateResponse { sandbox_id: id }))
     }
@@ -872,18 +998,420 @@ impl ModalClient for Svc {
     }
 }
 
-/// A container path (`/orch/agent`, `/weights/x`) to its host path.
-fn map_path(arg: &str, paths: &[(String, PathBuf)]) -> String {
-    for (c, h) in paths {
-        let c = c.trim_end_matches('/');
-        if arg == c {
-            return h.display().to_string();
+/// `Step N/M : ...` failed: what the build log says after it.
+type StepError = Vec<String>;
+
+/// Builds an image as Modal's builder would, here: `FROM` picks the root folder the builder
+/// maps the reference to (`scratch`: an empty one; no root: the build fails, as a pull of an
+/// image the registry does not have does), a layered image starts from its base image's root,
+/// `COPY`/`ADD` copy context files, `RUN` runs in the image's root as a container (so a step
+/// fails as it would there), `ENV` and `WORKDIR` are kept for the image's sandboxes; other
+/// instructions are recorded only. The root is copied to `ROOT/images/ID/rootfs` before the
+/// first step that changes it: mapped roots never change.
+async fn build_image(
+    inner: Arc<Inner>,
+    id: String,
+    img: Arc<Image>,
+    image: proto::Image,
+    base: Option<Arc<Image>>,
+    fail: Option<String>,
+) {
+    let failed = |img: &Image, lines: StepError| {
+        for l in lines {
+            img.log(l);
         }
-        if let Some(rest) = arg.strip_prefix(c).and_then(|r| r.strip_prefix('/')) {
-            return h.join(rest).display().to_string();
+        img.finish(
+            GenericResult {
+                status: GenericStatus::Failure as i32,
+                exception: format!("Image build for {id} failed. See build logs for more details."),
+                exitcode: 1,
+                ..Default::default()
+            },
+            None,
+        );
+    };
+    let mut b = Build {
+        root: None,
+        own: None,
+        rootfs: inner.root.join("images").join(&id).join("rootfs"),
+        env: BTreeMap::new(),
+        workdir: "/".into(),
+    };
+    if let Some(base) = base {
+        let mut rx = base.changed.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if base.build.lock().unwrap().result.is_some() || rx.changed().await.is_err() {
+                break;
+            }
+        }
+        let bb = base.build.lock().unwrap();
+        match &bb.root {
+            Some(r) => {
+                b.root = Some(r.clone());
+                b.env = bb.env.clone();
+                b.workdir = bb.workdir.clone();
+            }
+            None => {
+                drop(bb);
+                failed(&img, vec!["ERROR: the base image did not build\n".into()]);
+                return;
+            }
         }
     }
-    arg.to_string()
+    let context: BTreeMap<String, Vec<u8>> = image
+        .context_files
+        .into_iter()
+        .map(|f| (f.filename.trim_start_matches("./").to_string(), f.data))
+        .collect();
+    let n = image.dockerfile_commands.len();
+    for (i, c) in image.dockerfile_commands.iter().enumerate() {
+        img.log(format!("Step {}/{} : {}\n", i + 1, n, c));
+        if fail.as_deref().is_some_and(|f| c.contains(f)) {
+            failed(
+                &img,
+                vec![format!(
+                    "ERROR: process \"/bin/sh -c {}\" did not complete successfully: exit code: 1\n",
+                    c.trim_start_matches("RUN ")
+                )],
+            );
+            return;
+        }
+        let (instr, rest) = c.trim().split_once(char::is_whitespace).unwrap_or((c.trim(), ""));
+        let rest = rest.trim();
+        let r = match instr.to_ascii_uppercase().as_str() {
+            "FROM" => b.from(&inner, rest),
+            "COPY" | "ADD" => b.copy(rest, &context).await,
+            "RUN" => b.run(&img, rest).await,
+            "ENV" => {
+                b.set_env(rest);
+                Ok(())
+            }
+            "WORKDIR" => {
+                b.workdir = abs(&b.workdir, rest);
+                Ok(())
+            }
+            // LABEL, ARG, EXPOSE, CMD, ENTRYPOINT, USER, ...: nothing a sandbox sees here.
+            _ => Ok(()),
+        };
+        match r {
+            Ok(()) => img.log(" ---> done\n".into()),
+            Err(lines) => {
+                failed(&img, lines);
+                return;
+            }
+        }
+    }
+    let root = match b.own.clone().or(b.root.clone()) {
+        Some(r) => r,
+        None => match b.materialize().await {
+            Ok(r) => r,
+            Err(e) => {
+                failed(&img, e);
+                return;
+            }
+        },
+    };
+    {
+        let mut bb = img.build.lock().unwrap();
+        bb.env = b.env;
+        bb.workdir = b.workdir;
+    }
+    img.finish(
+        GenericResult {
+            status: GenericStatus::Success as i32,
+            ..Default::default()
+        },
+        Some(root),
+    );
+}
+
+/// A container path from a Dockerfile (absolute, or relative to the working folder).
+fn abs(workdir: &str, p: &str) -> String {
+    if p.starts_with('/') {
+        p.to_string()
+    } else {
+        format!("{}/{p}", workdir.trim_end_matches('/'))
+    }
+}
+
+/// Shell-like words: whitespace-separated, double or single quotes grouping.
+fn words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    let mut chars = s.chars();
+    while let Some(ch) = chars.next() {
+        match (quote, ch) {
+            (Some(q), c) if c == q => quote = None,
+            (None, '"' | '\'') => {
+                quote = Some(ch);
+                any = true;
+            }
+            (_, '\\') => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            (_, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// The state of one image build.
+struct Build {
+    /// The root the image starts from (a mapped folder or a base image's).
+    root: Option<PathBuf>,
+    /// The image's own copy, once a step changed it.
+    own: Option<PathBuf>,
+    rootfs: PathBuf,
+    env: BTreeMap<String, String>,
+    workdir: String,
+}
+
+impl Build {
+    fn from(&mut self, inner: &Inner, rest: &str) -> Result<(), StepError> {
+        let reference = rest
+            .split_whitespace()
+            .find(|w| !w.starts_with("--"))
+            .unwrap_or_default()
+            .to_string();
+        self.own = None;
+        self.env.clear();
+        self.workdir = "/".into();
+        if reference == "scratch" {
+            self.root = None;
+            return Ok(());
+        }
+        let full = container::normalize_image(&reference);
+        let found = inner.image_roots.get(&reference).or_else(|| {
+            inner
+                .image_roots
+                .iter()
+                .find(|(k, _)| container::normalize_image(k) == full)
+                .map(|(_, v)| v)
+        });
+        match found {
+            Some(r) => {
+                self.root = Some(r.clone());
+                Ok(())
+            }
+            None => Err(vec![
+                format!("ERROR: failed to resolve source metadata for {full}: {full}: not found\n"),
+                format!("fake-modal: no root folder is mapped to `{reference}` (FakeModalBuilder::image)\n"),
+            ]),
+        }
+    }
+
+    /// The image's own root, copied from where it starts the first time.
+    async fn materialize(&mut self) -> Result<PathBuf, StepError> {
+        if let Some(o) = &self.own {
+            return Ok(o.clone());
+        }
+        let (from, to) = (self.root.clone(), self.rootfs.clone());
+        let r = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let _ = std::fs::remove_dir_all(&to);
+            std::fs::create_dir_all(&to)?;
+            if let Some(from) = from {
+                copy_tree(&from, &to)?;
+            }
+            Ok(())
+        })
+        .await;
+        match r {
+            Ok(Ok(())) => {
+                self.own = Some(self.rootfs.clone());
+                Ok(self.rootfs.clone())
+            }
+            Ok(Err(e)) => Err(vec![format!("ERROR: cannot prepare the image's root: {e}\n")]),
+            Err(e) => Err(vec![format!("ERROR: cannot prepare the image's root: {e}\n")]),
+        }
+    }
+
+    async fn copy(&mut self, rest: &str, context: &BTreeMap<String, Vec<u8>>) -> Result<(), StepError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut args: Vec<String> = if rest.starts_with('[') {
+            serde_json::from_str(rest).map_err(|e| vec![format!("ERROR: bad JSON in `{rest}`: {e}\n")])?
+        } else {
+            words(rest)
+        };
+        let mut chmod = None;
+        let mut flags = Vec::new();
+        args.retain(|a| {
+            if a.starts_with("--") {
+                flags.push(a.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for f in flags {
+            if let Some(m) = f.strip_prefix("--chmod=") {
+                chmod = u32::from_str_radix(m, 8).ok();
+            } else if f.starts_with("--from") {
+                return Err(vec![format!(
+                    "ERROR: fake-modal builds no multi-stage images ({f})\n"
+                )]);
+            }
+        }
+        if args.len() < 2 {
+            return Err(vec!["ERROR: COPY requires at least two arguments\n".into()]);
+        }
+        let Some(dst) = args.pop() else {
+            return Err(vec!["ERROR: COPY requires at least two arguments\n".into()]);
+        };
+        let root = self.materialize().await?;
+        let many = args.len() > 1;
+        for src in &args {
+            if src.contains("://") {
+                return Err(vec![format!("ERROR: fake-modal does not download `{src}`\n")]);
+            }
+            let s = src.trim_start_matches("./").trim_end_matches('/');
+            let s = if s == "." { "" } else { s };
+            let matches: Vec<(&String, &Vec<u8>)> = context
+                .iter()
+                .filter(|(name, _)| s.is_empty() || *name == s || name.starts_with(&format!("{s}/")))
+                .collect();
+            if matches.is_empty() {
+                return Err(vec![format!(
+                    "ERROR: failed to compute cache key: failed to calculate checksum of ref: \"/{s}\": not found\n"
+                )]);
+            }
+            for (name, data) in matches {
+                let from_dir = s.is_empty() || name.as_str() != s;
+                let rel = if s.is_empty() {
+                    name.as_str()
+                } else if from_dir {
+                    &name[s.len() + 1..]
+                } else {
+                    name.rsplit('/').next().unwrap_or(name)
+                };
+                let dst_abs = abs(&self.workdir, &dst);
+                let into_dir = dst.ends_with('/')
+                    || many
+                    || from_dir
+                    || container::host_path(&root, &dst_abs).is_ok_and(|p| p.is_dir());
+                let target = if into_dir {
+                    format!("{}/{rel}", dst_abs.trim_end_matches('/'))
+                } else {
+                    dst_abs
+                };
+                let host = container::host_path(&root, &target)
+                    .map_err(|e| vec![format!("ERROR: {target}: {e}\n")])?;
+                let mode = chmod.unwrap_or(if data.starts_with(b"\x7fELF") || data.starts_with(b"#!") {
+                    0o755
+                } else {
+                    0o644
+                });
+                let write = || -> std::io::Result<()> {
+                    if let Some(d) = host.parent() {
+                        std::fs::create_dir_all(d)?;
+                    }
+                    std::fs::write(&host, data)?;
+                    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode))
+                };
+                write().map_err(|e| vec![format!("ERROR: copy to {target}: {e}\n")])?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self, img: &Image, rest: &str) -> Result<(), StepError> {
+        let argv: Vec<String> = if rest.starts_with('[') {
+            serde_json::from_str(rest).map_err(|e| vec![format!("ERROR: bad JSON in `{rest}`: {e}\n")])?
+        } else {
+            vec!["/bin/sh".into(), "-c".into(), rest.to_string()]
+        };
+        let shown = if rest.starts_with('[') {
+            argv.join(" ")
+        } else {
+            format!("/bin/sh -c {rest}")
+        };
+        if !container::supported() {
+            return Err(vec![format!(
+                "ERROR: process \"{shown}\": fake-modal runs RUN steps in a container, which needs root here\n"
+            )]);
+        }
+        let root = self.materialize().await?;
+        let mut spec = container::Spec::new(root);
+        spec.workdir = self.workdir.clone();
+        let out = match container::command(&spec, &argv, &self.env) {
+            Ok(mut cmd) => {
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true);
+                cmd.output().await
+            }
+            Err(e) => Err(e),
+        };
+        let out = out.map_err(|e| {
+            vec![format!(
+                "ERROR: process \"{shown}\" did not complete successfully: exec: \"{}\": {e}\n",
+                argv.first().map(String::as_str).unwrap_or_default()
+            )]
+        })?;
+        for stream in [&out.stdout, &out.stderr] {
+            for l in String::from_utf8_lossy(stream).lines() {
+                img.log(format!("{l}\n"));
+            }
+        }
+        if !out.status.success() {
+            use std::os::unix::process::ExitStatusExt as _;
+            let code = out
+                .status
+                .code()
+                .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0));
+            return Err(vec![format!(
+                "ERROR: process \"{shown}\" did not complete successfully: exit code: {code}\n"
+            )]);
+        }
+        Ok(())
+    }
+
+    /// `ENV K=V K2="v 2"` or the legacy `ENV K value with spaces`.
+    fn set_env(&mut self, rest: &str) {
+        let first = rest.split_whitespace().next().unwrap_or_default();
+        if first.contains('=') {
+            for w in words(rest) {
+                if let Some((k, v)) = w.split_once('=') {
+                    self.env.insert(k.to_string(), v.to_string());
+                }
+            }
+        } else if let Some((k, v)) = rest.split_once(char::is_whitespace) {
+            self.env.insert(k.to_string(), v.trim().to_string());
+        }
+    }
+}
+
+/// A copy of a folder tree: files (with their modes), folders and symbolic links as they are.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let t = e.file_type()?;
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if t.is_dir() {
+            std::fs::create_dir_all(&dst)?;
+            std::fs::set_permissions(&dst, std::fs::metadata(&src)?.permissions())?;
+            copy_tree(&src, &dst)?;
+        } else if t.is_file() {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
 }
 
 fn write_exec(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -899,25 +1427,23 @@ fn write_exec(path: &Path, data: &[u8]) -> std::io::Result<()> {
 
 async fn run_sandbox(
     sb: Arc<Sandbox>,
+    spec: container::Spec,
     args: Vec<String>,
     env: BTreeMap<String, String>,
-    workdir: PathBuf,
     timeout_secs: u32,
     kill: Option<(GenericStatus, Duration)>,
 ) {
-    let _ = std::fs::create_dir_all(&workdir);
-    let mut cmd = tokio::process::Command::new(&args[0]);
-    cmd.args(&args[1..])
-        .envs(&env)
-        .current_dir(&workdir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
     sb.rec.lock().unwrap().scheduled = true;
     sb.changed.send_modify(|v| *v += 1);
-    let mut child = match cmd.spawn() {
+    let spawned = container::command(&spec, &args, &env).and_then(|mut cmd| {
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd.spawn()
+    });
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             sb.push(
@@ -1024,6 +1550,8 @@ pub struct FakeModalBuilder {
     port: u16,
     token: Option<(String, String)>,
     scenario: Scenario,
+    images: BTreeMap<String, PathBuf>,
+    nvml: Option<PathBuf>,
 }
 
 impl FakeModalBuilder {
@@ -1043,6 +1571,24 @@ impl FakeModalBuilder {
     }
     pub fn scenario(mut self, s: Scenario) -> Self {
         self.scenario = s;
+        self
+    }
+
+    /// A registry image (`FROM REFERENCE`, as `Image.from_registry` sends it; matched as
+    /// written, else by its normalized name: `debian:bookworm-slim` is
+    /// `docker.io/library/debian:bookworm-slim`) → its root folder on this host (see
+    /// [`crate::container::busybox_root`]). An image built `FROM` a reference with no root
+    /// fails to build, naming the reference, as an image that is not in the registry does.
+    /// Sandboxes never change the folder: each writes to a layer of its own.
+    pub fn image(mut self, reference: &str, root: impl Into<PathBuf>) -> Self {
+        self.images.insert(reference.to_string(), root.into());
+        self
+    }
+
+    /// The NVML library (`orch_testkit::gpu::nvml_stub()`, or any file) that GPU sandboxes
+    /// get at `libnvidia-ml.so.1`, with `NVIDIA_VISIBLE_DEVICES` naming their GPUs (`0..N-1`).
+    pub fn nvml_stub(mut self, lib: impl Into<PathBuf>) -> Self {
+        self.nvml = Some(lib.into());
         self
     }
 
@@ -1073,6 +1619,8 @@ impl FakeModalBuilder {
         let blob_url = format!("http://{}/blob", blob_listener.local_addr()?);
         let inner = Arc::new(Inner {
             root: root.clone(),
+            image_roots: self.images,
+            nvml: self.nvml,
             token: self.token,
             state: Mutex::new(State::default()),
             scenario: Mutex::new(self.scenario),
@@ -1135,9 +1683,13 @@ impl FakeModal {
             port: 0,
             token: None,
             scenario: Scenario::default(),
+            images: BTreeMap::new(),
+            nvml: None,
         }
     }
 
+    /// A server with the default builder: no registry image has a root, so only images built
+    /// `FROM scratch` run sandboxes (see [`FakeModalBuilder::image`]).
     pub fn start() -> FakeModal {
         Self::builder().start().expect("start the fake Modal server")
     }
@@ -1316,5 +1868,179 @@ fn serve_blobs(listener: std::net::TcpListener, inner: Arc<Inner>) {
                 "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
             );
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orch_backend_modal::ops::{self, ImageSpec, MountSource};
+    use orch_backend_modal::{Credentials, Modal, ModalError};
+
+    fn client(fake: &FakeModal) -> Modal {
+        Modal::connect(Credentials {
+            token_id: "ak-t".into(),
+            token_secret: "as-t".into(),
+            server_url: fake.url().into(),
+            environment: String::new(),
+            source: "test".into(),
+        })
+        .unwrap()
+    }
+
+    async fn build(m: &Modal, app: &str, spec: &ImageSpec) -> (Result<String, ModalError>, String) {
+        let mut log = String::new();
+        let r = ops::image(m, app, spec, "2025.06", |l| log.push_str(l)).await;
+        (r.map(|b| b.image_id), log)
+    }
+
+    /// Runs `sh -c SCRIPT` in a sandbox of `image`: (exit status, stdout).
+    async fn sandbox(
+        m: &Modal,
+        app: &str,
+        image: &str,
+        script: &str,
+        extra: proto::Sandbox,
+    ) -> (i32, String) {
+        let def = proto::Sandbox {
+            entrypoint_args: vec!["sh".into(), "-c".into(), script.into()],
+            image_id: image.into(),
+            timeout_secs: 60,
+            ..extra
+        };
+        let id = ops::sandbox_create(m, app, def, &[]).await.unwrap();
+        let mut out = String::new();
+        ops::sandbox_logs(m, &id, proto::FileDescriptor::Stdout, |c| out.push_str(c))
+            .await
+            .unwrap();
+        let r = ops::sandbox_wait(m, &id).await.unwrap();
+        (r.status, out)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn images_build_in_their_roots_and_sandboxes_see_only_them() {
+        if !container::available_or_skip("the fake Modal's sandboxes") {
+            return;
+        }
+        let busybox_bin = container::host_busybox().unwrap();
+        let lib = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(lib.path(), "stub-nvml").unwrap();
+        let fake = FakeModal::builder()
+            .image("debian:bookworm-slim", container::busybox_root().unwrap())
+            .nvml_stub(lib.path())
+            .start()
+            .unwrap();
+        let m = client(&fake);
+        let app = ops::app(&m, "t").await.unwrap();
+
+        // A registry image the fake has no root for does not build, naming the step.
+        let (r, log) = build(&m, &app, &ImageSpec::registry("nosuch/image:v9")).await;
+        match r {
+            Err(ModalError::ImageBuild { step, .. }) => {
+                assert_eq!(step.as_deref(), Some("FROM nosuch/image:v9"), "{log}")
+            }
+            other => panic!("{other:?}\n{log}"),
+        }
+        assert!(log.contains("docker.io/nosuch/image:v9: not found"), "{log}");
+
+        // A RUN step runs in the image: python is not in a busybox image.
+        let spec = ImageSpec::dockerfile("py", "FROM debian:bookworm-slim\nRUN python3 -c 1\n", vec![]);
+        let (r, log) = build(&m, &app, &spec).await;
+        assert!(matches!(r, Err(ModalError::ImageBuild { .. })), "{log}");
+        assert!(log.contains("exit code: 127"), "{log}");
+
+        // FROM scratch + COPY + RUN + ENV + WORKDIR, as containers/quickstart builds.
+        let ctx = tempfile::tempdir().unwrap();
+        std::fs::copy(&busybox_bin, ctx.path().join("busybox")).unwrap();
+        let spec = ImageSpec::dockerfile(
+            "qs",
+            "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin GREETING=\"hi there\"\nWORKDIR /work\n",
+            vec![("busybox".into(), ctx.path().join("busybox"))],
+        );
+        let (r, log) = build(&m, &app, &spec).await;
+        let qs = r.unwrap_or_else(|e| panic!("{e}\n{log}"));
+        assert!(log.contains("Step 3/5 : RUN"), "{log}");
+
+        let file = ctx.path().join("note.txt");
+        std::fs::write(&file, "mounted-file").unwrap();
+        let mount = ops::mount(
+            &m,
+            &app,
+            &[MountSource {
+                remote_path: "/orch/note.txt",
+                local: &file,
+                mode: 0o644,
+            }],
+        )
+        .await
+        .unwrap();
+        let vol = ops::volume(&m, "v", true).await.unwrap().unwrap();
+        std::fs::write(fake.volume_dir("v").join("in-volume"), "x").unwrap();
+        let script = "echo \"path=$PATH greet=$GREETING pwd=$(pwd) home=$HOME\"; cat /orch/note.txt; echo; ls /data; \
+            test -e /root/.cargo && echo LEAK; test -e /work/main && echo LEAK; echo \"gpu=${NVIDIA_VISIBLE_DEVICES-none}\"; \
+            echo w > /data/out; echo z > /orch/note.txt || echo read-only-mount";
+        let (status, out) = sandbox(
+            &m,
+            &app,
+            &qs,
+            script,
+            proto::Sandbox {
+                mount_ids: vec![mount],
+                volume_mounts: vec![proto::VolumeMount {
+                    volume_id: vol,
+                    mount_path: "/data".into(),
+                    allow_background_commits: false,
+                    read_only: false,
+                }],
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(status, GenericStatus::Success as i32, "{out}");
+        assert!(
+            out.starts_with("path=/bin greet=hi there pwd=/work home=/root\nmounted-file\nin-volume\n"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("LEAK") && out.contains("gpu=none") && out.contains("read-only-mount"),
+            "{out}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(fake.volume_dir("v").join("out")).unwrap(),
+            "w\n"
+        );
+
+        // A GPU sandbox: the library and its devices.
+        let deb = ops::image(
+            &m,
+            &app,
+            &ImageSpec::registry("debian:bookworm-slim"),
+            "2025.06",
+            |_| {},
+        )
+        .await
+        .unwrap()
+        .image_id;
+        let (status, out) = sandbox(
+            &m,
+            &app,
+            &deb,
+            "echo \"gpu=$NVIDIA_VISIBLE_DEVICES\"; cat /usr/lib64/libnvidia-ml.so.1",
+            proto::Sandbox {
+                resources: Some(proto::Resources {
+                    gpu_config: ops::gpu_config("H100:2", false),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(status, GenericStatus::Success as i32, "{out}");
+        assert_eq!(out, "gpu=0,1\nstub-nvml");
+        // The mapped root did not change.
+        assert!(!container::busybox_root()
+            .unwrap()
+            .join("usr/lib64/libnvidia-ml.so.1")
+            .exists());
     }
 }
