@@ -719,3 +719,48 @@ fn setup_fills_the_weights_pvc_from_a_job_in_the_cluster() {
     c.assert_nothing_left();
     assert!(c.fake.objects("secrets").is_empty());
 }
+
+/// The agent in images like real GPU images on a cluster: Debian roots of two
+/// glibc versions and a glibc-less one, a GPU node whose device plugin and
+/// container toolkit give a pod its GPUs (`NVIDIA_VISIBLE_DEVICES`) and the
+/// driver's NVML library (a stub reporting H100s) bound into the image's
+/// library folder. A GPU cell names the stub's GPUs with telemetry; a CPU
+/// cell succeeds (see `gpu_images.rs`).
+#[test]
+fn gpu_and_cpu_cells_in_real_images() {
+    if !ready() || !orch_testkit::rootfs::require_tooling(orch_testkit::rootfs::debootstrap_available()) {
+        return;
+    }
+    let stub = orch_testkit::gpu::nvml_stub().unwrap();
+    let mut images = Vec::new();
+    for release in ["bullseye", "trixie"] {
+        let root = orch_testkit::rootfs::debian_root(release).unwrap();
+        let glibc = orch_testkit::rootfs::glibc_version(&root);
+        images.push((format!("registry.local/debian:{release}"), root, glibc));
+    }
+    images.push((
+        "registry.local/static:busybox".to_string(),
+        orch_testkit::rootfs::static_root().unwrap(),
+        None,
+    ));
+    let c = cluster(
+        vec![FakeNode::h100("gpu-1", 8), FakeNode::cpu("cpu-1")],
+        |mut b| {
+            for (image, root, _) in &images {
+                b = b.image(image, root);
+            }
+            b.nvml_stub(&stub)
+        },
+    );
+    for (image, _, glibc) in &images {
+        let suite = crate::gpu_images::suite(c.tmp.path(), image);
+        let (out, v) = c.run(&suite, &[]);
+        assert!(
+            out.status.success(),
+            "{image}: {}\n{v:#}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        crate::gpu_images::check_record(&v, glibc.as_deref(), false, image);
+    }
+    c.assert_nothing_left();
+}

@@ -480,3 +480,45 @@ fn setup_fills_the_volume_from_a_sandbox_and_plan_sees_it() {
     assert_eq!(v["models"][0]["complete"], true, "{v}");
     assert_eq!(after.status.code(), Some(0));
 }
+
+/// The agent in images like real GPU images on Modal: Debian roots of two
+/// glibc versions and a glibc-less one as registry images, GPU sandboxes
+/// given the driver's NVML (a stub reporting H100s) in the image's library
+/// folder. A GPU cell names the stub's GPUs with telemetry; a CPU cell
+/// succeeds (see `gpu_images.rs`).
+#[test]
+fn gpu_and_cpu_cells_in_real_images() {
+    if !ready() || !orch_testkit::rootfs::require_tooling(orch_testkit::rootfs::debootstrap_available()) {
+        return;
+    }
+    let stub = orch_testkit::gpu::nvml_stub().unwrap();
+    let mut images = Vec::new();
+    for release in ["bullseye", "trixie"] {
+        let root = orch_testkit::rootfs::debian_root(release).unwrap();
+        let glibc = orch_testkit::rootfs::glibc_version(&root);
+        images.push((format!("registry.local/debian:{release}"), root, glibc));
+    }
+    images.push((
+        "registry.local/static:busybox".to_string(),
+        orch_testkit::rootfs::static_root().unwrap(),
+        None,
+    ));
+    let mut b = FakeModal::builder().nvml_stub(&stub);
+    for (image, root, _) in &images {
+        b = b.image(image, root);
+    }
+    let fake = b.start().unwrap();
+    for (image, _, glibc) in &images {
+        let tmp = tempfile::tempdir().unwrap();
+        let suite = crate::gpu_images::suite(tmp.path(), image);
+        let (out, rec) = run(&fake, tmp.path(), &suite, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{image}: {}\n{rec:#}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        crate::gpu_images::check_record(&rec, glibc.as_deref(), false, image);
+    }
+    assert!(fake.running().is_empty());
+}
