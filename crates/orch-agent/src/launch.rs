@@ -177,12 +177,7 @@ fn try_dynamic(args: &[String], flavor: Option<&str>) -> Result<Never, String> {
     let path = format!("/proc/self/fd/{fd}");
     // The probe: does the image's loader run it, and does NVML load? A crash
     // in the child costs nothing but this note.
-    let out = std::process::Command::new(&path)
-        .arg("probe")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .map_err(|e| format!("the dynamic agent could not start: {e}"))?;
+    let out = run_probe(&path, PROBE_LIMIT)?;
     let how = {
         use std::os::unix::process::ExitStatusExt as _;
         match (out.status.code(), out.status.signal()) {
@@ -260,6 +255,54 @@ fn try_dynamic(args: &[String], flavor: Option<&str>) -> Result<Never, String> {
         "exec of the dynamic agent failed: {}",
         std::io::Error::last_os_error()
     ))
+}
+
+/// How long the probe may take (NVML's init of eight GPUs without
+/// persistence mode takes seconds; a hung driver never returns).
+const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Run `PATH probe`, killed after `limit`.
+fn run_probe(path: &str, limit: std::time::Duration) -> Result<std::process::Output, String> {
+    use std::io::Read as _;
+    let mut child = std::process::Command::new(path)
+        .arg("probe")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("the dynamic agent could not start: {e}"))?;
+    // Its output is two short lines and a little stderr: no pipe fills up.
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the dynamic agent's probe (NVML's init) did not end within {} s",
+                    limit.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("waiting for the dynamic agent's probe: {e}")),
+        }
+    };
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_end(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut stderr);
+    }
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// The embedded agent in an executable memory file; its descriptor.
