@@ -167,7 +167,8 @@ fn the_official_python_client_runs_a_job_on_the_fake() {
     );
     assert!(
         reqs.iter()
-            .any(|r| r.starts_with("GET /api/v1/namespaces/proof/pods?") && r.contains("watch=true")),
+            .any(|r| r.starts_with("GET /api/v1/namespaces/proof/pods?")
+                && r.to_ascii_lowercase().contains("watch=true")),
         "{reqs:#?}"
     );
 }

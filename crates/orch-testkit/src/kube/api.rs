@@ -293,7 +293,7 @@ async fn collection(
     match cx.method {
         Method::GET => {
             let sel = Selector::from(&cx.q)?;
-            if matches!(cx.q.get("watch").map(String::as_str), Some("true" | "1")) {
+            if query_bool(&cx.q, "watch") {
                 return Ok(watch(cx, ri, ns, sel));
             }
             let st = cx.inner.lock();
@@ -609,7 +609,7 @@ fn delete_one(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: &str, name: &str) -> 
         .or_else(|| {
             match cx.body["orphanDependents"]
                 .as_bool()
-                .or_else(|| cx.q.get("orphanDependents").map(|v| v == "true"))
+                .or_else(|| cx.q.get("orphanDependents").map(String::as_str).map(parse_bool))
             {
                 Some(true) => Some("Orphan".to_string()),
                 Some(false) => Some("Background".to_string()),
@@ -643,7 +643,7 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
         cx.q.get("resourceVersion")
             .and_then(|r| r.parse().ok())
             .filter(|r| *r > 0);
-    let initial_events = cx.q.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let initial_events = query_bool(&cx.q, "sendInitialEvents");
     let timeout =
         cx.q.get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
@@ -750,7 +750,7 @@ async fn logs(cx: &Ctx<'_>, ns: &str, name: &str) -> Result<Response<Body>, ApiE
             "container {container} is not valid for pod {name}"
         )));
     }
-    if cx.q.get("previous").is_some_and(|p| p == "true") {
+    if query_bool(&cx.q, "previous") {
         return Err(ApiError::bad_request(format!(
             "previous terminated container \"{container}\" in pod \"{name}\" not found"
         )));
@@ -790,9 +790,9 @@ async fn logs(cx: &Ctx<'_>, ns: &str, name: &str) -> Result<Response<Body>, ApiE
     let since = num("sinceSeconds")
         .map(|s| SystemTime::now() - Duration::from_secs(s))
         .or_else(|| cx.q.get("sinceTime").and_then(|t| super::util::parse_rfc3339(t)));
-    let timestamps = cx.q.get("timestamps").is_some_and(|v| v == "true");
+    let timestamps = query_bool(&cx.q, "timestamps");
     let limit = num("limitBytes").map(|l| l as usize);
-    let follow = cx.q.get("follow").is_some_and(|v| v == "true");
+    let follow = query_bool(&cx.q, "follow");
     let (from, first, done) = {
         let d = lock(&log.data);
         let from = d.start(tail, since);
@@ -857,4 +857,15 @@ async fn logs(cx: &Ctx<'_>, ns: &str, name: &str) -> Result<Response<Body>, ApiE
         }
     });
     Ok(resp)
+}
+
+/// A boolean query parameter as the API server reads it (Go's
+/// `strconv.ParseBool`): `1`, `t`, `T`, `true`, `True`, `TRUE` are true;
+/// Python's client writes `watch=True`.
+fn parse_bool(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "true" | "True" | "TRUE")
+}
+
+fn query_bool(q: &BTreeMap<String, String>, key: &str) -> bool {
+    q.get(key).map(String::as_str).is_some_and(parse_bool)
 }

@@ -172,6 +172,40 @@ pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, device_nodes: bool,
     }
 }
 
+/// `orch run --backend docker --json` of [`suite`] in `image`, with `agent` as
+/// the container agent; the store in `dir`.
+fn run_docker(agent: &Path, env: &[(&str, &str)], dir: &Path, image: &str) -> Output {
+    let mut c = orch();
+    c.env("ORCH_AGENT_STATIC", agent);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.args(["run", "--backend", "docker", "--json", "-f"])
+        .arg(suite(dir, image))
+        .arg("--store")
+        .arg(dir.join("s"))
+        .output()
+        .unwrap()
+}
+
+/// The images as root folders, for the fakes: (`REGISTRY/debian:bullseye`,
+/// root, glibc), trixie, and `REGISTRY/static:busybox` (no glibc).
+pub(crate) fn image_roots(registry: &str) -> Vec<(String, PathBuf, Option<String>)> {
+    let mut images = Vec::new();
+    for release in ["bullseye", "trixie"] {
+        let root = rootfs::debian_root(release).expect("debootstrap");
+        let glibc = rootfs::glibc_version(&root);
+        assert!(glibc.is_some(), "{release}: no glibc version");
+        images.push((format!("{registry}/debian:{release}"), root, glibc));
+    }
+    images.push((
+        format!("{registry}/static:busybox"),
+        rootfs::static_root().expect("static root"),
+        None,
+    ));
+    images
+}
+
 fn docker_ready() -> Option<PathBuf> {
     if !rootfs::require_tooling(rootfs::docker_available())
         || !rootfs::require_tooling(rootfs::debootstrap_available())
@@ -195,14 +229,7 @@ fn docker_gpu_and_cpu_cells_in_real_images() {
     images.push((rootfs::static_image().expect("static image"), None));
     for (image, glibc) in images {
         let tmp = tempfile::tempdir().unwrap();
-        let out = orch()
-            .env("ORCH_AGENT_STATIC", &agent)
-            .args(["run", "--backend", "docker", "--json", "-f"])
-            .arg(suite(tmp.path(), &image))
-            .arg("--store")
-            .arg(tmp.path().join("s"))
-            .output()
-            .unwrap();
+        let out = run_docker(&agent, &[], tmp.path(), &image);
         assert_eq!(out.status.code(), Some(0), "{image}: {}", text(&out));
         let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
         check_record(&rec, glibc.as_deref(), true, &image);
@@ -237,14 +264,7 @@ fn docker_agent_crash_is_named() {
         .expect("cc");
     assert!(cc.status.success(), "{}", text(&cc));
     let image = rootfs::static_image().expect("static image");
-    let out = orch()
-        .env("ORCH_AGENT_STATIC", &crasher)
-        .args(["run", "--backend", "docker", "--json", "-f"])
-        .arg(suite(tmp.path(), &image))
-        .arg("--store")
-        .arg(tmp.path().join("s"))
-        .output()
-        .unwrap();
+    let out = run_docker(&crasher, &[], tmp.path(), &image);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
     for c in rec["cells"].as_array().unwrap() {
@@ -285,15 +305,7 @@ fn docker_without_gpu_runtime_runs_the_cell_and_says_so() {
         .output()
         .unwrap();
     assert!(built.status.success(), "{}", text(&built));
-    let out = orch()
-        .env("ORCH_AGENT_STATIC", &agent)
-        .env("ORCH_DOCKER_GPUS", "request")
-        .args(["run", "--backend", "docker", "--json", "-f"])
-        .arg(suite(tmp.path(), tag))
-        .arg("--store")
-        .arg(tmp.path().join("s"))
-        .output()
-        .unwrap();
+    let out = run_docker(&agent, &[("ORCH_DOCKER_GPUS", "request")], tmp.path(), tag);
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
     let g = rec["cells"]
         .as_array()

@@ -732,17 +732,7 @@ fn gpu_and_cpu_cells_in_real_images() {
         return;
     }
     let stub = orch_testkit::gpu::nvml_stub().unwrap();
-    let mut images = Vec::new();
-    for release in ["bullseye", "trixie"] {
-        let root = orch_testkit::rootfs::debian_root(release).unwrap();
-        let glibc = orch_testkit::rootfs::glibc_version(&root);
-        images.push((format!("registry.local/debian:{release}"), root, glibc));
-    }
-    images.push((
-        "registry.local/static:busybox".to_string(),
-        orch_testkit::rootfs::static_root().unwrap(),
-        None,
-    ));
+    let images = crate::gpu_images::image_roots("registry.local");
     let c = cluster(
         vec![FakeNode::h100("gpu-1", 8), FakeNode::cpu("cpu-1")],
         |mut b| {

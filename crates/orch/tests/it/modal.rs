@@ -492,17 +492,7 @@ fn gpu_and_cpu_cells_in_real_images() {
         return;
     }
     let stub = orch_testkit::gpu::nvml_stub().unwrap();
-    let mut images = Vec::new();
-    for release in ["bullseye", "trixie"] {
-        let root = orch_testkit::rootfs::debian_root(release).unwrap();
-        let glibc = orch_testkit::rootfs::glibc_version(&root);
-        images.push((format!("registry.local/debian:{release}"), root, glibc));
-    }
-    images.push((
-        "registry.local/static:busybox".to_string(),
-        orch_testkit::rootfs::static_root().unwrap(),
-        None,
-    ));
+    let images = crate::gpu_images::image_roots("registry.local");
     let mut b = FakeModal::builder().nvml_stub(&stub);
     for (image, root, _) in &images {
         b = b.image(image, root);
