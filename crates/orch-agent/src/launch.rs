@@ -307,8 +307,14 @@ fn run_probe(path: &str, limit: std::time::Duration) -> Result<std::process::Out
 
 /// The embedded agent in an executable memory file; its descriptor.
 fn memfd() -> Result<libc::c_int, String> {
-    // SAFETY: plain syscall with a NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"orch-agent".as_ptr(), libc::MFD_CLOEXEC) };
+    // MFD_EXEC: executable even where `vm.memfd_noexec = 1` makes memfds
+    // non-executable by default; kernels before 6.3 refuse the flag (EINVAL).
+    // SAFETY: plain syscalls with a NUL-terminated name.
+    let mut fd = unsafe { libc::memfd_create(c"orch-agent".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_EXEC) };
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(c"orch-agent".as_ptr(), libc::MFD_CLOEXEC) };
+    }
     if fd < 0 {
         return Err(format!(
             "memfd_create failed: {}",
