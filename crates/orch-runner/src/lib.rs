@@ -436,11 +436,22 @@ pub async fn execute(
                 secrets,
                 weights_dir,
                 image,
-                devices: devices.ids.clone(),
+                devices: devices.as_ref().map(|d| d.ids.clone()).unwrap_or_default(),
             };
-            let result = match backend.run_cell(launch, ev_tx, cell_stop).await {
-                Ok(r) => r,
-                Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+            let result = match &devices {
+                Err(total) => CellResult::failed(
+                    &cell.id,
+                    Status::Failed,
+                    "not_enough_gpus",
+                    format!(
+                        "the cell asks for {} GPUs and this host has {total}: it does not run on fewer or shared ones",
+                        cell.gpu.count
+                    ),
+                ),
+                Ok(_) => match backend.run_cell(launch, ev_tx, cell_stop).await {
+                    Ok(r) => r,
+                    Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+                },
             };
             let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
             if record.status == Status::Cancelled {
@@ -561,18 +572,23 @@ fn mark_budget(record: &mut CellRecord, message: String) {
     });
 }
 
-/// GPUs handed out to running cells, so that no two share one.
+/// GPUs handed out to running cells, so that no two share one. Where the
+/// host's GPUs are not known, GPU cells run one at a time: the backend gives
+/// each all it sees, and two such cells would share them.
 struct GpuPool {
     free: tokio::sync::Mutex<Vec<String>>,
     changed: tokio::sync::Notify,
     known: bool,
     total: usize,
+    /// Held by the one GPU cell running on unknown GPUs.
+    unknown: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// GPUs held by one cell; returned to the pool on drop.
 struct Lease {
     ids: Vec<String>,
     pool: Option<Arc<GpuPool>>,
+    _all: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Drop for Lease {
@@ -595,17 +611,31 @@ impl GpuPool {
             total: devices.as_ref().map(Vec::len).unwrap_or(0),
             free: tokio::sync::Mutex::new(devices.unwrap_or_default()),
             changed: tokio::sync::Notify::new(),
+            unknown: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
-    /// Wait until `n` GPUs are free and take them. With no known devices (or
-    /// more asked than exist) nothing is assigned and the backend decides.
-    async fn acquire(self: &Arc<Self>, n: usize) -> Lease {
-        if n == 0 || !self.known || n > self.total {
-            return Lease {
+    /// Wait until `n` GPUs are free and take them. `Err` (the host's count)
+    /// when the host has fewer than `n`: such a cell never runs on fewer GPUs
+    /// or on shared ones. With unknown devices nothing is assigned and GPU
+    /// cells take turns.
+    async fn acquire(self: &Arc<Self>, n: usize) -> Result<Lease, usize> {
+        if n == 0 {
+            return Ok(Lease {
                 ids: vec![],
                 pool: None,
-            };
+                _all: None,
+            });
+        }
+        if !self.known {
+            return Ok(Lease {
+                ids: vec![],
+                pool: None,
+                _all: Some(self.unknown.clone().lock_owned().await),
+            });
+        }
+        if n > self.total {
+            return Err(self.total);
         }
         loop {
             let notified = self.changed.notified();
@@ -613,10 +643,11 @@ impl GpuPool {
                 let mut free = self.free.lock().await;
                 if free.len() >= n {
                     let ids: Vec<String> = free.drain(..n).collect();
-                    return Lease {
+                    return Ok(Lease {
                         ids,
                         pool: Some(self.clone()),
-                    };
+                        _all: None,
+                    });
                 }
             }
             notified.await;

@@ -235,3 +235,74 @@ async fn cells_get_their_cost_without_a_budget() {
     let ledger = std::fs::read_to_string(run.ledger_path()).unwrap();
     assert_eq!(ledger.lines().count(), 2);
 }
+
+fn gpu_plan(spec: &str, n: usize) -> orch_manifest::Plan {
+    let values: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
+    let text = format!(
+        "name: t\ngpus: [\"{spec}\"]\nbenchmarks:\n  - name: a\n    workload: {{noop: true}}\n    matrix: {{i: [{}]}}\n",
+        values.join(", ")
+    );
+    load_str(&text, Path::new("t.yaml"), &ExpandOptions::default()).unwrap()
+}
+
+async fn run_gpu_plan(
+    plan: &orch_manifest::Plan,
+    devices: Option<Vec<String>>,
+) -> (
+    Arc<FakeBackend>,
+    orch_runner::Outcome,
+    Store,
+    String,
+    tempfile::TempDir,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::new(tmp.path());
+    let mut run = store
+        .create_run(plan, "", "fake", host_environment(Path::new("t.yaml"), vec![]))
+        .unwrap();
+    let id = run.id().to_string();
+    let fake = Arc::new(FakeBackend::new(Duration::from_millis(60)));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (_cancel_tx, cancel_rx) = watch::channel(false);
+    let mut o = opts(4);
+    o.gpu_devices = devices;
+    let outcome = execute(&mut run, fake.clone(), o, tx, cancel_rx).await.unwrap();
+    (fake, outcome, store, id, tmp)
+}
+
+#[tokio::test]
+async fn a_gpu_never_serves_two_cells_at_once() {
+    // Four GPUs known, cells of two each: two at a time, never more.
+    let (fake, outcome, ..) = run_gpu_plan(
+        &gpu_plan("H100:2", 4),
+        Some((0..4).map(|i| i.to_string()).collect()),
+    )
+    .await;
+    assert_eq!(outcome.counts.get(&Status::Succeeded), Some(&4));
+    assert_eq!(fake.max_parallel_seen(), 2);
+    // GPUs not known: the backend gives a cell every GPU it sees, so GPU
+    // cells take turns whatever the concurrency.
+    let (fake, outcome, ..) = run_gpu_plan(&gpu_plan("H100:2", 3), None).await;
+    assert_eq!(outcome.counts.get(&Status::Succeeded), Some(&3));
+    assert_eq!(fake.max_parallel_seen(), 1);
+}
+
+#[tokio::test]
+async fn a_cell_asking_for_more_gpus_than_the_host_has_never_runs() {
+    let (fake, outcome, store, id, _tmp) = run_gpu_plan(
+        &gpu_plan("H100:8", 1),
+        Some((0..4).map(|i| i.to_string()).collect()),
+    )
+    .await;
+    assert!(fake.launched().is_empty(), "{:?}", fake.launched());
+    assert_eq!(outcome.counts.get(&Status::Failed), Some(&1));
+    let run = store.open_run(&id).unwrap();
+    let rec = run.cell_record("a.h100x8.i-1").unwrap().expect("a record");
+    let f = rec.failure.as_ref().unwrap();
+    assert_eq!(f.kind, "not_enough_gpus");
+    assert!(
+        f.message.contains("asks for 8 GPUs and this host has 4"),
+        "{}",
+        f.message
+    );
+}

@@ -111,6 +111,8 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
         None => None,
     };
     let plan = orch_manifest::load(&args.file, &ExpandOptions { gpus })?;
+    // A cell that asks for more GPUs than this host has (local, docker) would be refused by `run`.
+    crate::commands::run::host_gpus(&args.backend, &plan)?;
     let weights_dir = match args.backend.as_str() {
         "slurm" => crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref()),
         _ => args

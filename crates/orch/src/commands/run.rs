@@ -130,6 +130,7 @@ pub async fn run(
                     crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref());
             }
             crate::commands::slurm::check_nodes(&plan, &args.backend)?;
+            host_gpus(&args.backend, &plan)?;
             preflight(&plan, &weights_dir, &args)?;
             // Everything a run needs is checked before its folder exists.
             prepared = make_backend(&args, &plan).await?;
@@ -158,11 +159,7 @@ pub async fn run(
     let (backend, images) = prepared;
     // The cluster assigns GPUs to jobs; jobs an earlier, killed invocation
     // of this run left in the queue go before the run resumes.
-    let gpu_devices = if matches!(args.backend.as_str(), "slurm" | "kubernetes") {
-        None
-    } else {
-        gpu_devices()
-    };
+    let gpu_devices = host_gpus(&args.backend, &run.plan)?;
     if matches!(args.backend.as_str(), "slurm" | "kubernetes") && args.resume.is_some() {
         backend.cleanup(run.id()).await?;
     }
@@ -343,6 +340,30 @@ async fn make_backend(
             Images::new(),
         ),
     })
+}
+
+/// The GPUs of this host that cells of `backend` share (local and docker
+/// only: elsewhere the platform assigns them). A cell that asks for more than
+/// the host has is a user error: it never runs on fewer or shared GPUs.
+pub fn host_gpus(backend: &str, plan: &orch_manifest::Plan) -> anyhow::Result<Option<Vec<String>>> {
+    if !matches!(backend, "local" | "docker") {
+        return Ok(None);
+    }
+    let devices = gpu_devices();
+    if let Some(devs) = &devices {
+        if let Some(cell) = plan.cells.iter().find(|c| c.gpu.count as usize > devs.len()) {
+            return Err(user(format!(
+                "cell `{}` asks for {} GPUs (`{}`) and this host has {} (`ORCH_GPUS` or `nvidia-smi`)\nhint: ask for at most {} with `--gpu`, or run it where a node has {} GPUs (`--backend kubernetes`, `slurm` or `modal`)",
+                cell.id,
+                cell.gpu.count,
+                cell.gpu,
+                devs.len(),
+                devs.len(),
+                cell.gpu.count
+            )));
+        }
+    }
+    Ok(devices)
 }
 
 /// GPUs of this host: `ORCH_GPUS=0,1,...`, else what `nvidia-smi` lists,

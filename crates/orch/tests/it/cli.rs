@@ -904,3 +904,42 @@ benchmarks:
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`H100:8`") && err.contains("hint:"), "{err}");
 }
+
+#[test]
+fn a_cell_asking_for_more_gpus_than_the_host_has_is_refused_before_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write_manifest(
+        tmp.path(),
+        "name: big\ngpus: [\"H100:8\", \"H100:2\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let store = tmp.path().join("store");
+    let out = orch()
+        .env("ORCH_GPUS", "0,1,2,3")
+        .args(["run", "-f"])
+        .arg(&m)
+        .arg("--store")
+        .arg(&store)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cell `hello.h100x8` asks for 8 GPUs"), "{err}");
+    assert!(err.contains("this host has 4"), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+    // Nothing ran and no run was made.
+    assert!(std::fs::read_dir(&store).map(|d| d.count() == 0).unwrap_or(true));
+    // `plan` says the same.
+    let out = orch()
+        .env("ORCH_GPUS", "0,1,2,3")
+        .args(["plan", "-f"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("asks for 8 GPUs"));
+}
