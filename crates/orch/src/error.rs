@@ -42,8 +42,11 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
         if let Some(b) = cause.downcast_ref::<orch_backend::BackendError>() {
             return if b.is_user_error() { 2 } else { 1 };
         }
-        if let Some(orch_runner::RunnerError::Backend(b)) = cause.downcast_ref::<orch_runner::RunnerError>() {
-            return if b.is_user_error() { 2 } else { 1 };
+        // `RunnerError` is transparent: its chain skips the error it wraps.
+        match cause.downcast_ref::<orch_runner::RunnerError>() {
+            Some(orch_runner::RunnerError::Backend(b)) => return if b.is_user_error() { 2 } else { 1 },
+            Some(orch_runner::RunnerError::Store(s)) => return if s.is_user_error() { 2 } else { 1 },
+            _ => {}
         }
     }
     1
@@ -60,4 +63,31 @@ pub fn render(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exit_code;
+
+    #[test]
+    fn a_store_user_error_during_a_run_exits_2() {
+        // A bucket the credentials may not write, found when a cell's record
+        // goes up mid-run: the user's to fix.
+        let store = orch_store::StoreError::Remote {
+            message: "access denied to `s3://team/results`".into(),
+            hint: "check the credentials".into(),
+            user: true,
+        };
+        let e = anyhow::Error::from(orch_runner::RunnerError::Store(store));
+        assert_eq!(exit_code(&e), 2);
+        let internal = orch_store::StoreError::Remote {
+            message: "the server answered 500".into(),
+            hint: String::new(),
+            user: false,
+        };
+        assert_eq!(
+            exit_code(&anyhow::Error::from(orch_runner::RunnerError::Store(internal))),
+            1
+        );
+    }
 }
