@@ -301,8 +301,8 @@ impl Backend for ModalBackend {
         if !self.agent.is_file() {
             return Err(BackendError::Unavailable {
                 backend: "modal",
-                message: format!("the static agent `{}` does not exist", self.agent.display()),
-                hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
+                message: format!("the agent for containers `{}` does not exist", self.agent.display()),
+                hint: "build it with `bash scripts/prepare-modal.sh`, or set `ORCH_AGENT_STATIC`".into(),
             });
         }
         // Credentials and reachability: the app is needed by every cell anyway.

@@ -64,11 +64,6 @@ pub enum BackendError {
         message: String,
         hint: String,
     },
-    /// The backend named is designed but not built yet.
-    #[error(
-        "backend `{0}` is not available in this version of orch\nhint: use `--backend local` (the default) or `--backend docker`"
-    )]
-    NotBuilt(String),
     #[error("unknown backend `{0}`\nhint: the backends are local, docker, kubernetes, modal and slurm")]
     Unknown(String),
     #[error("{action}: {source}")]
@@ -79,7 +74,7 @@ impl BackendError {
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            BackendError::Unavailable { .. } | BackendError::NotBuilt(_) | BackendError::Unknown(_)
+            BackendError::Unavailable { .. } | BackendError::Unknown(_)
         )
     }
 }
@@ -254,13 +249,12 @@ pub fn agent_crash(
     }
 }
 
-/// Check a backend name: `Ok` for those built, a clear error for the others.
+/// Check a backend name: `Ok` for the backends orch has, a clear error for others.
 pub fn check_name(name: &str) -> Result<(), BackendError> {
-    match name {
-        "local" | "docker" | "slurm" => Ok(()),
-        "modal" | "kubernetes" => Ok(()),
-        n if BACKENDS.contains(&n) => Err(BackendError::NotBuilt(n.to_string())),
-        n => Err(BackendError::Unknown(n.to_string())),
+    if BACKENDS.contains(&name) {
+        Ok(())
+    } else {
+        Err(BackendError::Unknown(name.to_string()))
     }
 }
 
