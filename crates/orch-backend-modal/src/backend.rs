@@ -301,7 +301,10 @@ impl Backend for ModalBackend {
         if !self.agent.is_file() {
             return Err(BackendError::Unavailable {
                 backend: "modal",
-                message: format!("the agent for containers `{}` does not exist", self.agent.display()),
+                message: format!(
+                    "the agent for containers `{}` does not exist",
+                    self.agent.display()
+                ),
                 hint: "build it with `bash scripts/prepare-modal.sh`, or set `ORCH_AGENT_STATIC`".into(),
             });
         }

@@ -220,7 +220,10 @@ impl Backend for DockerBackend {
         if !self.agent.is_file() {
             return Err(BackendError::Unavailable {
                 backend: "docker",
-                message: format!("the agent for containers `{}` does not exist", self.agent.display()),
+                message: format!(
+                    "the agent for containers `{}` does not exist",
+                    self.agent.display()
+                ),
                 hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
             });
         }

@@ -72,10 +72,7 @@ pub enum BackendError {
 
 impl BackendError {
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            BackendError::Unavailable { .. } | BackendError::Unknown(_)
-        )
+        matches!(self, BackendError::Unavailable { .. } | BackendError::Unknown(_))
     }
 }
 
