@@ -18,7 +18,6 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::repo;
 use orch_testkit::{gpu, rootfs};
 
 pub(crate) const STUB_UUIDS: [&str; 2] = [
@@ -45,10 +44,7 @@ fn text(out: &Output) -> String {
 
 /// The agent as shipped (`scripts/build-agent.sh`), or `None` (skip) outside CI.
 pub(crate) fn shipped_agent() -> Option<PathBuf> {
-    let agent = repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ));
+    let agent = crate::container_agent();
     let ok = agent.is_file()
         && Command::new(&agent)
             .arg("version")

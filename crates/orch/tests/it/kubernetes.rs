@@ -26,34 +26,12 @@ const TOKEN: &str = "hf_CANARY-k8s-NEVER-SHOWN-7731";
 
 use crate::repo;
 
-/// The static agent containers get (`bash scripts/prepare-docker.sh` builds it).
 fn static_agent() -> PathBuf {
-    repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ))
+    crate::container_agent()
 }
 
-/// Whether these tests can run here: containers (root) and the static agent.
-/// Outside CI a missing one skips the test with a note; under `CI=true` it fails.
 fn ready() -> bool {
-    if !orch_testkit::container::available_or_skip("kubernetes tests") {
-        return false;
-    }
-    let agent = static_agent();
-    if orch_testkit::container::is_static_elf(&agent) {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI needs the static agent `{}`: `.ci/run` must run `bash scripts/prepare-docker.sh`",
-        agent.display()
-    );
-    eprintln!(
-        "note: kubernetes tests skipped: no static agent at `{}` (run `bash scripts/prepare-docker.sh`)",
-        agent.display()
-    );
-    false
+    crate::containers_ready("kubernetes tests")
 }
 
 /// The agent image's file system, FROM scratch: the static agent at

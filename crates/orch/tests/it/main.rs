@@ -8,6 +8,37 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The agent containers get, as `scripts/build-agent.sh` (run by
+/// `scripts/prepare-docker.sh`) ships it.
+fn container_agent() -> PathBuf {
+    repo().join(format!(
+        "target/{}-unknown-linux-gnu/release/orch-agent",
+        std::env::consts::ARCH
+    ))
+}
+
+/// Whether tests of the fakes' containers can run here: root (chroot and
+/// mounts), the shipped agent and the quickstart image's busybox. Outside CI
+/// a missing one skips the test with a note; under `CI=true` it fails.
+fn containers_ready(what: &str) -> bool {
+    if !orch_testkit::container::available_or_skip(what) {
+        return false;
+    }
+    let agent = container_agent();
+    let busybox = repo().join("containers/quickstart/busybox");
+    if orch_testkit::container::is_static_elf(&agent) && busybox.is_file() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI needs the agent `{}` and `{}`: `.ci/run` must run `bash scripts/prepare-docker.sh`",
+        agent.display(),
+        busybox.display()
+    );
+    eprintln!("note: {what} skipped: run `bash scripts/prepare-docker.sh` first (agent, busybox)");
+    false
+}
+
 mod cli;
 mod cost;
 mod docker;

@@ -23,36 +23,12 @@ const TOKEN_SECRET: &str = "as-NEVER-PRINT-THIS-0042";
 
 use crate::repo;
 
-/// The static agent every sandbox gets (`bash scripts/prepare-docker.sh` builds it).
 fn static_agent() -> PathBuf {
-    repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ))
+    crate::container_agent()
 }
 
-/// Whether these tests can run here: containers (root), the static agent and
-/// the quickstart image's busybox. Outside CI a missing one skips the test
-/// with a note; under `CI=true` it fails.
 fn ready() -> bool {
-    if !orch_testkit::container::available_or_skip("modal tests") {
-        return false;
-    }
-    let agent = static_agent();
-    let busybox = repo().join("containers/quickstart/busybox");
-    if orch_testkit::container::is_static_elf(&agent) && busybox.is_file() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI needs the static agent `{}` and `{}`: `.ci/run` must run `bash scripts/prepare-docker.sh`",
-        agent.display(),
-        busybox.display()
-    );
-    eprintln!(
-        "note: modal tests skipped: run `bash scripts/prepare-docker.sh` first (static agent, busybox)"
-    );
-    false
+    crate::containers_ready("modal tests")
 }
 
 /// The fake, with the registry images these tests use.
