@@ -61,9 +61,9 @@ pub struct RunnerOptions {
     pub weights_dir: Option<std::path::PathBuf>,
     /// Resolved image per cell id (container backends).
     pub images: BTreeMap<String, String>,
-    /// GPU devices of this host (`0`, `1`, ...), when known: each GPU cell
-    /// gets its own, so no two running cells share a GPU.
-    pub gpu_devices: Option<Vec<String>>,
+    /// Who gives cells their GPUs: this host's (each GPU cell gets its
+    /// own, so no two running cells share a GPU), or the platform's.
+    pub gpu_devices: GpuDevices,
     /// Rules that name the cause of a failed cell (default: the built-in ones).
     pub diagnose_rules: Option<orch_diagnose::Rules>,
     /// Prices of the cells, and the budget.
@@ -572,13 +572,32 @@ fn mark_budget(record: &mut CellRecord, message: String) {
     });
 }
 
+/// Who assigns a cell's GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GpuDevices {
+    /// The platform (a cluster's scheduler, Modal): nothing to hand out here.
+    #[default]
+    Platform,
+    /// This host's, not known (no `nvidia-smi`): GPU cells take turns.
+    Unknown,
+    /// This host's (`0`, `1`, ...).
+    Known(Vec<String>),
+}
+
 /// GPUs handed out to running cells, so that no two share one. Where the
 /// host's GPUs are not known, GPU cells run one at a time: the backend gives
 /// each all it sees, and two such cells would share them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PoolMode {
+    Platform,
+    Unknown,
+    Known,
+}
+
 struct GpuPool {
     free: tokio::sync::Mutex<Vec<String>>,
     changed: tokio::sync::Notify,
-    known: bool,
+    mode: PoolMode,
     total: usize,
     /// Held by the one GPU cell running on unknown GPUs.
     unknown: Arc<tokio::sync::Mutex<()>>,
@@ -605,11 +624,16 @@ impl Drop for Lease {
 }
 
 impl GpuPool {
-    fn new(devices: Option<Vec<String>>) -> GpuPool {
+    fn new(devices: GpuDevices) -> GpuPool {
+        let (mode, devices) = match devices {
+            GpuDevices::Platform => (PoolMode::Platform, vec![]),
+            GpuDevices::Unknown => (PoolMode::Unknown, vec![]),
+            GpuDevices::Known(d) => (PoolMode::Known, d),
+        };
         GpuPool {
-            known: devices.is_some(),
-            total: devices.as_ref().map(Vec::len).unwrap_or(0),
-            free: tokio::sync::Mutex::new(devices.unwrap_or_default()),
+            mode,
+            total: devices.len(),
+            free: tokio::sync::Mutex::new(devices),
             changed: tokio::sync::Notify::new(),
             unknown: Arc::new(tokio::sync::Mutex::new(())),
         }
@@ -618,16 +642,16 @@ impl GpuPool {
     /// Wait until `n` GPUs are free and take them. `Err` (the host's count)
     /// when the host has fewer than `n`: such a cell never runs on fewer GPUs
     /// or on shared ones. With unknown devices nothing is assigned and GPU
-    /// cells take turns.
+    /// cells take turns; the platform's are not ours to count.
     async fn acquire(self: &Arc<Self>, n: usize) -> Result<Lease, usize> {
-        if n == 0 {
+        if n == 0 || self.mode == PoolMode::Platform {
             return Ok(Lease {
                 ids: vec![],
                 pool: None,
                 _all: None,
             });
         }
-        if !self.known {
+        if self.mode == PoolMode::Unknown {
             return Ok(Lease {
                 ids: vec![],
                 pool: None,

@@ -1,7 +1,7 @@
 use orch_backend::fake::FakeBackend;
 use orch_manifest::{load_str, ExpandOptions};
 use orch_protocol::Status;
-use orch_runner::{execute, Progress, RunnerOptions};
+use orch_runner::{execute, GpuDevices, Progress, RunnerOptions};
 use orch_store::{host_environment, RunState, Store};
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ fn opts(concurrency: usize) -> RunnerOptions {
         secrets: vec![],
         weights_dir: None,
         images: Default::default(),
-        gpu_devices: None,
+        gpu_devices: GpuDevices::Platform,
         diagnose_rules: None,
         cost: Default::default(),
     }
@@ -247,7 +247,7 @@ fn gpu_plan(spec: &str, n: usize) -> orch_manifest::Plan {
 
 async fn run_gpu_plan(
     plan: &orch_manifest::Plan,
-    devices: Option<Vec<String>>,
+    devices: GpuDevices,
 ) -> (
     Arc<FakeBackend>,
     orch_runner::Outcome,
@@ -275,23 +275,27 @@ async fn a_gpu_never_serves_two_cells_at_once() {
     // Four GPUs known, cells of two each: two at a time, never more.
     let (fake, outcome, ..) = run_gpu_plan(
         &gpu_plan("H100:2", 4),
-        Some((0..4).map(|i| i.to_string()).collect()),
+        GpuDevices::Known((0..4).map(|i| i.to_string()).collect()),
     )
     .await;
     assert_eq!(outcome.counts.get(&Status::Succeeded), Some(&4));
     assert_eq!(fake.max_parallel_seen(), 2);
     // GPUs not known: the backend gives a cell every GPU it sees, so GPU
     // cells take turns whatever the concurrency.
-    let (fake, outcome, ..) = run_gpu_plan(&gpu_plan("H100:2", 3), None).await;
+    let (fake, outcome, ..) = run_gpu_plan(&gpu_plan("H100:2", 3), GpuDevices::Unknown).await;
     assert_eq!(outcome.counts.get(&Status::Succeeded), Some(&3));
     assert_eq!(fake.max_parallel_seen(), 1);
+    // A cluster or Modal assigns GPUs itself: nothing waits here.
+    let (fake, outcome, ..) = run_gpu_plan(&gpu_plan("H100:8", 4), GpuDevices::Platform).await;
+    assert_eq!(outcome.counts.get(&Status::Succeeded), Some(&4));
+    assert_eq!(fake.max_parallel_seen(), 4);
 }
 
 #[tokio::test]
 async fn a_cell_asking_for_more_gpus_than_the_host_has_never_runs() {
     let (fake, outcome, store, id, _tmp) = run_gpu_plan(
         &gpu_plan("H100:8", 1),
-        Some((0..4).map(|i| i.to_string()).collect()),
+        GpuDevices::Known((0..4).map(|i| i.to_string()).collect()),
     )
     .await;
     assert!(fake.launched().is_empty(), "{:?}", fake.launched());

@@ -345,9 +345,9 @@ async fn make_backend(
 /// The GPUs of this host that cells of `backend` share (local and docker
 /// only: elsewhere the platform assigns them). A cell that asks for more than
 /// the host has is a user error: it never runs on fewer or shared GPUs.
-pub fn host_gpus(backend: &str, plan: &orch_manifest::Plan) -> anyhow::Result<Option<Vec<String>>> {
+pub fn host_gpus(backend: &str, plan: &orch_manifest::Plan) -> anyhow::Result<orch_runner::GpuDevices> {
     if !matches!(backend, "local" | "docker") {
-        return Ok(None);
+        return Ok(orch_runner::GpuDevices::Platform);
     }
     let devices = gpu_devices();
     if let Some(devs) = &devices {
@@ -363,7 +363,10 @@ pub fn host_gpus(backend: &str, plan: &orch_manifest::Plan) -> anyhow::Result<Op
             )));
         }
     }
-    Ok(devices)
+    Ok(match devices {
+        Some(d) => orch_runner::GpuDevices::Known(d),
+        None => orch_runner::GpuDevices::Unknown,
+    })
 }
 
 /// GPUs of this host: `ORCH_GPUS=0,1,...`, else what `nvidia-smi` lists,
