@@ -163,10 +163,18 @@ fn visible_positions(
             out.push(i as usize);
         } else if let Some(i) = (0..count).find(|&i| {
             uuid_of(i)
+                .filter(|u| !u.is_empty())
                 .map(|u| u == item || u.starts_with(item))
                 .unwrap_or(false)
         }) {
             out.push(i);
+        } else if item.starts_with("MIG-") || (0..count).all(|i| uuid_of(i).is_none_or(|u| u.is_empty())) {
+            // A MIG instance (its parent's UUID is not its own), or GPUs known
+            // without UUIDs (device nodes): one GPU, not none.
+            match (0..count).find(|i| !out.contains(i)) {
+                Some(i) => out.push(i),
+                None => break,
+            }
         } else {
             break;
         }
@@ -206,6 +214,7 @@ fn identify_without_nvml() -> Option<Identified> {
 
 /// Run a program for at most `limit`; its stdout when it exits 0.
 fn run_for(program: &str, args: &[&str], limit: Duration) -> Option<String> {
+    use std::io::Read as _;
     let mut child = std::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
@@ -213,38 +222,32 @@ fn run_for(program: &str, args: &[&str], limit: Duration) -> Option<String> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .ok()?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let mut out = String::new();
-                if let Some(mut o) = child.stdout.take() {
-                    use std::io::Read as _;
-                    let _ = o.read_to_string(&mut out);
-                }
-                return status.success().then_some(out);
-            }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
-    }
+    let mut pipe = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = pipe.read_to_string(&mut out);
+        out
+    });
+    let status = crate::launch::wait_until(&mut child, Instant::now() + limit)?;
+    let out = reader.join().ok()?;
+    status.success().then_some(out)
 }
 
 fn from_nvidia_smi() -> Option<Identified> {
-    const FIELDS: &str = "index,name,uuid,memory.total,pci.bus_id,power.limit,driver_version";
+    // `name` last: the only field that could hold a comma.
+    const FIELDS: &str = "index,uuid,memory.total,pci.bus_id,power.limit,driver_version";
     let limit = Duration::from_secs(15);
     // `compute_cap` is known to nvidia-smi of drivers 510 and later.
-    let with_cc = format!("--query-gpu={FIELDS},compute_cap");
+    let with_cc = format!("--query-gpu={FIELDS},compute_cap,name");
     let (out, with_cc) = match run_for("nvidia-smi", &[&with_cc, "--format=csv,noheader,nounits"], limit) {
         Some(o) => (o, true),
         None => (
             run_for(
                 "nvidia-smi",
-                &[&format!("--query-gpu={FIELDS}"), "--format=csv,noheader,nounits"],
+                &[
+                    &format!("--query-gpu={FIELDS},name"),
+                    "--format=csv,noheader,nounits",
+                ],
                 limit,
             )?,
             false,
@@ -254,29 +257,28 @@ fn from_nvidia_smi() -> Option<Identified> {
     (!parsed.gpus.is_empty()).then_some(parsed)
 }
 
+/// `index, uuid, memory.total, pci.bus_id, power.limit, driver_version[,
+/// compute_cap], name` lines.
 fn parse_nvidia_smi(out: &str, with_cc: bool) -> Identified {
     let mut gpus = Vec::new();
     let mut driver = None;
     let known = |v: &str| !(v.is_empty() || v.starts_with('[') || v.eq_ignore_ascii_case("N/A"));
+    let n = if with_cc { 8 } else { 7 };
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if f.len() < 7 {
+        let f: Vec<&str> = line.splitn(n, ',').map(str::trim).collect();
+        if f.len() < n {
             continue;
         }
-        let mib = f[3].parse::<f64>().unwrap_or(0.0);
-        driver = driver.or_else(|| known(f[6]).then(|| f[6].to_string()));
+        let mib = f[2].parse::<f64>().unwrap_or(0.0);
+        driver = driver.or_else(|| known(f[5]).then(|| f[5].to_string()));
         gpus.push(GpuInfo {
             index: f[0].parse().unwrap_or(gpus.len() as u32),
-            name: f[1].to_string(),
-            uuid: f[2].to_string(),
+            name: f[n - 1].to_string(),
+            uuid: f[1].to_string(),
             memory_bytes: (mib * 1024.0 * 1024.0) as u64,
-            pci_bus_id: known(f[4]).then(|| f[4].to_string()),
-            compute_capability: with_cc
-                .then(|| f.get(7).copied())
-                .flatten()
-                .filter(|v| known(v))
-                .map(String::from),
-            power_limit_w: f[5].parse::<f64>().ok(),
+            pci_bus_id: known(f[3]).then(|| f[3].to_string()),
+            compute_capability: with_cc.then(|| f[6]).filter(|v| known(v)).map(String::from),
+            power_limit_w: f[4].parse::<f64>().ok(),
         });
     }
     Identified {
@@ -1136,15 +1138,16 @@ mod tests {
 
     #[test]
     fn nvidia_smi_output_names_the_gpus() {
-        let out = "0, NVIDIA H100 80GB HBM3, GPU-aaaa-0, 81559, 00000000:18:00.0, 700.00, 580.95.05, 9.0\n\
-                   1, NVIDIA H100 80GB HBM3, GPU-bbbb-1, 81559, 00000000:2A:00.0, [N/A], 580.95.05, 9.0\n";
+        let out = "0, GPU-aaaa-0, 81559, 00000000:18:00.0, 700.00, 580.95.05, 9.0, NVIDIA H100 80GB HBM3\n\
+                   1, GPU-bbbb-1, 81559, 00000000:2A:00.0, [N/A], 580.95.05, 9.0, NVIDIA H100, 80GB, HBM3\n";
         let found = parse_nvidia_smi(out, true);
         assert_eq!(found.gpus.len(), 2);
         assert_eq!(found.driver_version.as_deref(), Some("580.95.05"));
         let g = &found.gpus[1];
+        // A comma in a name stays in the name.
         assert_eq!(
             (g.index, g.name.as_str(), g.uuid.as_str()),
-            (1, "NVIDIA H100 80GB HBM3", "GPU-bbbb-1")
+            (1, "NVIDIA H100, 80GB, HBM3", "GPU-bbbb-1")
         );
         assert_eq!(g.memory_bytes, 81559 * 1024 * 1024);
         assert_eq!(g.power_limit_w, None);
@@ -1152,7 +1155,7 @@ mod tests {
         assert_eq!(found.gpus[0].compute_capability.as_deref(), Some("9.0"));
         // Without `compute_cap` (drivers before 510).
         let old = parse_nvidia_smi(
-            "0, Tesla T4, GPU-cccc, 15360, 00000000:00:04.0, 70.00, 470.82.01\n",
+            "0, GPU-cccc, 15360, 00000000:00:04.0, 70.00, 470.82.01, Tesla T4\n",
             false,
         );
         assert_eq!(old.gpus[0].compute_capability, None);
@@ -1217,5 +1220,14 @@ mod tests {
         // CUDA stops at the first invalid entry.
         assert_eq!(visible_positions(3, uuid_of, Some("1,7,0")), [1]);
         assert!(visible_positions(3, uuid_of, Some("")).is_empty());
+        // A UUID that no GPU has: CUDA sees none from there on.
+        assert_eq!(visible_positions(3, uuid_of, Some("0,GPU-ffff")), [0]);
+        // A MIG instance, or GPUs without known UUIDs: counted, not lost.
+        assert_eq!(visible_positions(3, uuid_of, Some("MIG-1234")), [0]);
+        let unknown = |_: usize| Some(String::new());
+        assert_eq!(
+            visible_positions(2, unknown, Some("GPU-aa11,GPU-bb22,GPU-cc33")),
+            [0, 1]
+        );
     }
 }

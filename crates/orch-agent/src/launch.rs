@@ -173,7 +173,10 @@ fn try_dynamic(args: &[String], flavor: Option<&str>) -> Result<Never, String> {
     if !std::path::Path::new(LOADER).exists() {
         return Err(format!("the image has no glibc dynamic loader (`{LOADER}`)"));
     }
-    let fd = memfd()?;
+    // Closed on every way out but the exec (a static agent that stays must
+    // not keep the embedded binary in memory).
+    let memfile = memfd()?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&memfile);
     let path = format!("/proc/self/fd/{fd}");
     // The probe: does the image's loader run it, and does NVML load? A crash
     // in the child costs nothing but this note.
@@ -261,7 +264,9 @@ fn try_dynamic(args: &[String], flavor: Option<&str>) -> Result<Never, String> {
 /// persistence mode takes seconds; a hung driver never returns).
 const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Run `PATH probe`, killed after `limit`.
+/// Run `PATH probe`, killed after `limit`. Its output is read while it runs
+/// (a chatty NVML or `LD_DEBUG` must not block it on a full pipe); a child
+/// that does not die when killed (stuck in the driver) is left behind.
 fn run_probe(path: &str, limit: std::time::Duration) -> Result<std::process::Output, String> {
     use std::io::Read as _;
     let mut child = std::process::Command::new(path)
@@ -271,42 +276,72 @@ fn run_probe(path: &str, limit: std::time::Duration) -> Result<std::process::Out
         .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| format!("the dynamic agent could not start: {e}"))?;
-    // Its output is two short lines and a little stderr: no pipe fills up.
-    let deadline = std::time::Instant::now() + limit;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(5))
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
             }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "the dynamic agent's probe (NVML's init) did not end within {} s",
-                    limit.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("waiting for the dynamic agent's probe: {e}")),
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let status = match wait_until(&mut child, std::time::Instant::now() + limit) {
+        Some(status) => status,
+        None => {
+            return Err(format!(
+                "the dynamic agent's probe (NVML's init) did not end within {} s",
+                limit.as_secs()
+            ))
         }
     };
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_end(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_end(&mut stderr);
-    }
     Ok(std::process::Output {
         status,
-        stdout,
-        stderr,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     })
 }
 
-/// The embedded agent in an executable memory file; its descriptor.
-fn memfd() -> Result<libc::c_int, String> {
+/// Wait for `child` until `deadline`; then kill it and wait 2 s more. `None`
+/// when it did not end by the deadline (a child stuck in the kernel that even
+/// SIGKILL does not end yet is left to whoever reaps it).
+pub(crate) fn wait_until(
+    child: &mut std::process::Child,
+    deadline: std::time::Instant,
+) -> Option<std::process::ExitStatus> {
+    let poll = std::time::Duration::from_millis(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(poll),
+            _ => break,
+        }
+    }
+    let _ = child.kill();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < give_up {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(poll);
+    }
+    None
+}
+
+/// The embedded agent in an executable memory file.
+fn memfd() -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::FromRawFd as _;
     // MFD_EXEC: executable even where `vm.memfd_noexec = 1` makes memfds
     // non-executable by default; kernels before 6.3 refuse the flag (EINVAL).
     // SAFETY: plain syscalls with a NUL-terminated name.
@@ -317,7 +352,7 @@ fn memfd() -> Result<libc::c_int, String> {
     }
     if fd < 0 {
         return Err(format!(
-            "memfd_create failed: {}",
+            "`memfd_create` failed: {}",
             std::io::Error::last_os_error()
         ));
     }
@@ -337,7 +372,8 @@ fn memfd() -> Result<libc::c_int, String> {
         }
         written += n as usize;
     }
-    Ok(fd)
+    // SAFETY: fd was just created and is owned by nothing else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// `orch-agent probe`: one JSON line of what this agent finds: its libc and

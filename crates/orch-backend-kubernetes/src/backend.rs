@@ -889,10 +889,15 @@ impl Backend for KubernetesBackend {
                     let (status, mut failure) = end.clone();
                     // The container's exit code names the agent's own crash
                     // (136: SIGFPE); the note goes into agent.log here.
-                    let crashed = failure.kind == "agent_died";
+                    // Only a signal the agent died of (not SIGKILL: a kill
+                    // from outside; not 126-128: it never started) is its crash.
+                    let crashed = failure.kind == "agent_died"
+                        && orch_backend::crash_signal(failure.exit_code).is_some();
                     if crashed {
+                        let platform = failure.message.clone();
                         failure =
                             orch_backend::agent_crash(&dir, "the cell's container", failure.exit_code, None);
+                        failure.message.push_str(&format!(" ({platform})"));
                     }
                     if let Err(e) = &stream {
                         failure.message.push_str(&format!(" ({e})"));

@@ -610,9 +610,14 @@ impl Backend for ModalBackend {
                 let (status, mut failure) = ended_without_result(&end, by_host);
                 // The sandbox failed with the agent's own exit status (136:
                 // SIGFPE): the agent crashed; the note goes into agent.log.
-                let crashed = failure.kind == "sandbox_failed";
+                // Only a signal the agent died of (not SIGKILL: a kill from
+                // outside) is its crash; Modal's own words are kept.
+                let crashed = failure.kind == "sandbox_failed"
+                    && orch_backend::crash_signal(failure.exit_code).is_some();
                 if crashed {
+                    let platform = failure.message.clone();
                     failure = orch_backend::agent_crash(&dir, "the sandbox", failure.exit_code, None);
+                    failure.message.push_str(&format!(" ({platform})"));
                 }
                 if let Some(Err(e)) = stream {
                     failure

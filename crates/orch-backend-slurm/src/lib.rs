@@ -787,7 +787,7 @@ fn judge(
                     .signal
                     .filter(|s| *s > 0)
                     .or_else(|| end.exit_code.and_then(orch_protocol::signal_of_exit_code));
-                failed(
+                let mut r = failed(
                     Status::Failed,
                     "agent_crashed",
                     format!(
@@ -800,7 +800,11 @@ fn judge(
                             .unwrap_or_default(),
                         if tail.is_empty() { String::new() } else { format!(": {tail}") }
                     ),
-                )
+                );
+                if let Some(f) = r.failure.as_mut() {
+                    f.signal = signal;
+                }
+                r
             }
         },
     }

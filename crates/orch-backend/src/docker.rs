@@ -309,8 +309,9 @@ impl Backend for DockerBackend {
                 } else {
                     launch.devices.clone()
                 };
+                // NVIDIA_DRIVER_CAPABILITIES stays the image's (its default
+                // is `compute,utility`; NGC images add `video`).
                 env.push(format!("NVIDIA_VISIBLE_DEVICES={}", ids.join(",")));
-                env.push("NVIDIA_DRIVER_CAPABILITIES=compute,utility".into());
             } else {
                 // `--gpus`: the engine's NVIDIA device driver (the toolkit's hook).
                 host.device_requests = Some(vec![DeviceRequest {
@@ -338,6 +339,11 @@ impl Backend for DockerBackend {
         if let Some(limit) = launch.task.memory_limit_bytes {
             host.memory = Some(limit as i64);
             host.memory_swap = Some(limit as i64); // no swap: over the limit is an OOM kill
+        }
+        if !wants_gpu && self.has_nvidia_runtime().await {
+            // A CPU cell gets no GPU, also where `nvidia` is the default
+            // runtime and the image says `NVIDIA_VISIBLE_DEVICES=all`.
+            env.push("NVIDIA_VISIBLE_DEVICES=void".into());
         }
         let labels: HashMap<String, String> = [
             ("orch.run".to_string(), run_id.clone()),
@@ -397,9 +403,9 @@ impl Backend for DockerBackend {
             let msg = e.to_string();
             let h = body.host_config.get_or_insert_with(Default::default);
             let note = if msg.contains(NO_GPU_DRIVER) && h.device_requests.take().is_some() {
-                format!("the Docker engine cannot attach GPUs ({msg}); the cell ran without GPU devices; hint: install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker`")
+                format!("the Docker engine cannot attach GPUs ({msg}); the cell runs without GPU devices; hint: install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker`")
             } else if msg.contains("setting rlimit") && h.ulimits.take().is_some() {
-                format!("the Docker daemon may not raise the container's memlock/stack limits ({msg}); the cell ran with the daemon's limits (NCCL may need them raised)")
+                format!("the Docker daemon may not raise the container's memlock/stack limits ({msg}); the cell runs with the daemon's limits (NCCL may need them raised)")
             } else {
                 return Ok(CellResult::failed(
                     &cell_id,

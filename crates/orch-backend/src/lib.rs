@@ -191,10 +191,20 @@ pub fn note_agent_log(cell_dir: &std::path::Path, line: &str) {
     }
 }
 
+/// The signal a container's exit code says its entrypoint died of, when it
+/// is one the process could have died of by itself (SIGKILL is a kill from
+/// outside: the OOM killer, a grace period's end, a preemption).
+pub fn crash_signal(exit_code: Option<i32>) -> Option<i32> {
+    exit_code
+        .and_then(orch_protocol::signal_of_exit_code)
+        .filter(|s| *s != 9)
+}
+
 /// The last few lines the agent itself wrote (its stderr, `agent.log`), not
 /// orch's own notes: evidence for a crash.
 pub fn agent_log_tail(cell_dir: &std::path::Path, lines: usize) -> Vec<String> {
-    let log = std::fs::read_to_string(cell_dir.join("agent.log")).unwrap_or_default();
+    let log = std::fs::read(cell_dir.join("agent.log")).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
     let mut tail: Vec<String> = log
         .lines()
         .rev()
