@@ -87,21 +87,21 @@ pub fn docker_available() -> Result<(), String> {
     }
 }
 
+/// The folders of programs, sbin ones included (not on a non-root `PATH`).
+const SYSTEM_DIRS: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
 /// `name` on `PATH` or in the sbin folders (not on a non-root `PATH`).
 fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(
-            [
-                "/usr/local/sbin",
-                "/usr/local/bin",
-                "/usr/sbin",
-                "/usr/bin",
-                "/sbin",
-                "/bin",
-            ]
-            .map(PathBuf::from),
-        )
+        .chain(SYSTEM_DIRS.map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
@@ -110,14 +110,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
 fn tool_path() -> std::ffi::OsString {
     let mut dirs: Vec<PathBuf> =
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect();
-    for d in [
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-    ] {
+    for d in SYSTEM_DIRS {
         if !dirs.iter().any(|x| x == Path::new(d)) {
             dirs.push(d.into());
         }
