@@ -23,7 +23,7 @@ if [ -z "${ORCH:-}" ]; then
   cargo build --release --locked -p orch >&2
   ORCH=$ROOT/target/release/orch
 fi
-cargo build --locked -p orch-compare --example methods >&2
+cargo build --locked -p orch-stats --example methods >&2
 METHODS=$ROOT/target/debug/examples/methods
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-compare.XXXXXX")

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# What `--backend modal` needs on this machine, made locally:
+# What the remote backends need on this machine, made locally:
 #  - the agent for containers (scripts/build-agent.sh: static, carrying the
-#    glibc 2.17 dynamic agent; mounted into every cell's sandbox, content-addressed);
-#  - a static `orch` (run inside the sandbox of `orch setup --backend modal`).
+#    glibc 2.17 dynamic agent; mounted into every modal sandbox, content-addressed,
+#    and put into the kubernetes agent image by `orch build --agent`);
+#  - a static `orch`, run where weights are set up remotely: inside the sandbox of
+#    `orch setup --backend modal`, and in the Job of `orch setup --backend kubernetes`
+#    (`orch build --agent` puts it into the agent image beside the agent).
 #   bash scripts/prepare-modal.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

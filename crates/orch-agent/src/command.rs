@@ -177,7 +177,7 @@ pub fn run_with_logs(
         ));
     }
     // On a GPU cell the cell ends when the GPU memory they held is free.
-    if !task.gpu.trim().eq_ignore_ascii_case("none") && !task.gpu.trim().is_empty() {
+    if !task.gpu.is_cpu() {
         leftovers.push(pgid);
         crate::reaper::wait_gpu_released(&leftovers, Duration::from_secs(60));
     }
@@ -317,7 +317,7 @@ pub(crate) fn supervised(
         .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
         .env("ORCH_CELL_ID", &task.cell_id)
         .env("ORCH_RUN_ID", &task.run_id)
-        .env("ORCH_GPU", &task.gpu)
+        .env("ORCH_GPU", task.gpu.as_str())
         .env(crate::reaper::TOKEN_ENV, crate::reaper::spawn_token())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

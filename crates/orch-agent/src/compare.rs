@@ -14,13 +14,13 @@
 //! rounds are added until every pair's primary-metric interval is within the
 //! noise threshold, `max_rounds` is reached, or another round would not fit
 //! in the cell timeout; `info.stopped_by` says which. At the end every pair
-//! is compared per metric (`orch_compare::compare_pair`: paired log-ratios,
+//! is compared per metric (`orch_stats::compare_pair`: paired log-ratios,
 //! Student-t 95% interval, the primary metric's verdict, Holm-corrected
 //! secondary verdicts) into `info.comparison`.
 
 use crate::ctx::Ctx;
-use orch_compare::Options;
 use orch_protocol::{CellResult, CompareWorkload, Failure, Phase, Status, TaskSpec, Variant};
+use orch_stats::Options;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -147,7 +147,7 @@ fn should_stop(
                 live.iter().skip(i + 1).all(|b| {
                     let v = paired(a, b);
                     v.get(p)
-                        .and_then(|(x, y)| orch_compare::precision(x, y, orch_compare::CONFIDENCE))
+                        .and_then(|(x, y)| orch_stats::precision(x, y, orch_stats::CONFIDENCE))
                         .is_some_and(|h| h <= cmp.noise)
                 })
             });
@@ -267,7 +267,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 continue;
             }
             match &primary {
-                None => primary = orch_compare::default_primary(r.metrics.keys().map(String::as_str)),
+                None => primary = orch_stats::default_primary(r.metrics.keys().map(String::as_str)),
                 Some(p) if !r.metrics.contains_key(p) => {
                     primary_missing = Some(format!(
                         "the primary metric `{p}` is not among the metrics the rounds report ({}); hint: set `primary_metric` to one of them",
@@ -346,11 +346,11 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
                     continue;
                 }
-                for c in orch_compare::compare_pair(&paired(a, b), p, &opts) {
+                for c in orch_stats::compare_pair(&paired(a, b), p, &opts) {
                     let mut v = serde_json::to_value(&c).unwrap_or(Value::Null);
                     v["base"] = json!(a.name);
                     v["other"] = json!(b.name);
-                    if c.role == orch_compare::Role::Primary {
+                    if c.role == orch_stats::Role::Primary {
                         pairs.push(json!({
                             "base": a.name,
                             "other": b.name,
@@ -393,10 +393,10 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     result.info.insert("primary_metric".into(), json!(primary));
     result
         .info
-        .insert("method".into(), json!(orch_compare::Method::StudentT));
+        .insert("method".into(), json!(orch_stats::Method::StudentT));
     result
         .info
-        .insert("confidence".into(), json!(orch_compare::CONFIDENCE));
+        .insert("confidence".into(), json!(orch_stats::CONFIDENCE));
     result.info.insert("seed".into(), json!(seed));
     result.info.insert("order".into(), json!(orders));
     let failed: Vec<String> = variants

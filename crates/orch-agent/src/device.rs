@@ -66,7 +66,7 @@ pub fn parse_device(s: &str, workload: &str) -> Result<DeviceKind, String> {
 
 /// CUDA when the cell asks for a GPU and the agent can use one, else the CPU.
 pub fn default_device(task: &TaskSpec) -> DeviceKind {
-    let wants_gpu = !task.gpu.trim().is_empty() && !task.gpu.trim().eq_ignore_ascii_case("none");
+    let wants_gpu = !task.gpu.is_cpu();
     if wants_gpu && cfg!(feature = "cuda") {
         DeviceKind::Cuda(0)
     } else {

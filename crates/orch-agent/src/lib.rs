@@ -5,6 +5,43 @@
 //! output folder, prints [`orch_protocol::Event`]s as JSON lines on its own
 //! stdout and ends with a [`orch_protocol::CellResult`] (as the last event and as
 //! `result.json` in the output folder).
+//!
+//! ## What is where
+//!
+//! What is where: `run.rs`: CLI (`orch-agent run --task F --out D`), task checks, signal
+//! flags, panic → failed cell; `ctx.rs`: phase timing and events; `command.rs`:
+//! supervised process group, markers, metrics file, timeout/stop, exit code/signal;
+//! `server.rs`: server start, readiness (http/tcp/log) polled with the process every 50
+//! ms (a dead server fails the cell at once), client, group teardown until the port is
+//! free; `loadgen.rs`: OpenAI-compatible load (threads, gamma arrivals, SSE) with vllm
+//! bench serve field names; `compare.rs`: variants (git checkout, `git apply --check`
+//! with git's report in `patch.log`, install), rounds of the server workload in a seeded
+//! per-round shuffled order, `rounds: auto` (until the primary metric's interval is
+//! within the noise threshold, `max_rounds` or the cell timeout), pairwise comparisons
+//! through `orch-stats`; `capture.rs`: head+tail log capture; `ship.rs`: `--ship`, the
+//! output folder and events as numbered frames on stdout; `transformer/`: candle-core
+//! decoder-only transformer (fused by default: forward from the fused ops, backward
+//! written out op by op; `ORCH_TRANSFORMER_KERNELS=autograd|unfused` for A/B), memory
+//! preflight fitted to the fused path, oom; `fused/`: the fused ops with their backward
+//! (`kernels.cu`: causal softmax, layer norm, bias+GELU, column sums, cross-entropy,
+//! embedding, head layout; `cuda.rs`: NVRTC compile cached per process and launches on
+//! candle's storages; `cpu.rs`: the f32 reference; `mod.rs`: tensor-level
+//! forward/backward functions and candle `CustomOp`s whose `bwd` calls them; `check.rs`:
+//! gradient checks against the unfused composition, run by the tests on the CPU and by
+//! `orch-agent check-kernels` on a GPU); `calibrate.rs`: matmul TFLOP/s per dtype and
+//! copy bandwidth, judged against the GPU model's expected figures (`degraded_gpu`);
+//! `device.rs`: CPU/CUDA device choice, dtypes, and the CUDA memory-pool release
+//! threshold; `launch.rs`: which build runs (the static file `exec`s its embedded glibc
+//! 2.17 build from a memfd where the image has a loader, after a probe in a child;
+//! `probe` subcommand); `gpu.rs`: NVML loaded at run time by the dynamic build only, else
+//! GPUs named by `nvidia-smi`, procfs or device nodes (hardware identity narrowed by
+//! `CUDA_VISIBLE_DEVICES`, requested-vs-present matching for `hardware_mismatch`, the
+//! telemetry sampler thread told of phase changes through a `Ctx` hook); `stats.rs`:
+//! mean/median/p95/p99/std/CV; `secrets.rs`: the agent's masker (task's `secret_env`,
+//! known credentials, the Hub token file) and the sweep of the cell folder's other files;
+//! `reaper.rs`: subreaper, workload marks, `/proc` walks, the guard process, waiting for
+//! GPU memory; `sysmem.rs`: RSS, total and available memory. It does not: depend on
+//! tokio, clap or any cloud SDK; link CUDA unless built with `--features cuda`.
 
 pub mod calibrate;
 pub mod capture;

@@ -52,7 +52,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     });
     ctx.enter(Phase::Start);
     let (gpus, mut hardware, probe) = gpu::detect();
-    hardware.mismatch = gpu::mismatch(&task.gpu, &hardware);
+    hardware.mismatch = gpu::mismatch(task.gpu.as_str(), &hardware);
     if let Some(m) = &hardware.mismatch {
         ctx.message(format!("hardware mismatch: {m}"));
     }
@@ -135,10 +135,10 @@ fn builtin_without_cuda(task: &TaskSpec, hw: &orch_protocol::Hardware) -> Option
     if cfg!(feature = "cuda") || hw.gpus.is_empty() {
         return None;
     }
-    let gpu = task.gpu.trim();
-    if gpu.is_empty() || gpu.eq_ignore_ascii_case("none") {
+    if task.gpu.is_cpu() {
         return None;
     }
+    let gpu = &task.gpu;
     let (name, device) = match &task.workload {
         Workload::Builtin(BuiltinWorkload::Transformer(c)) => ("transformer", c.device.as_deref()),
         Workload::Builtin(BuiltinWorkload::Calibrate(c)) => ("calibrate", c.device.as_deref()),
@@ -478,8 +478,7 @@ fn teardown(task: &TaskSpec, result: &mut CellResult, ctx: &mut Ctx) {
     result
         .info
         .insert("leftover_processes_killed".into(), killed.len().into());
-    let gpu = task.gpu.trim();
-    if !gpu.is_empty() && !gpu.eq_ignore_ascii_case("none") {
+    if !task.gpu.is_cpu() {
         crate::reaper::wait_gpu_released(&killed, std::time::Duration::from_secs(60));
     }
 }

@@ -15,16 +15,16 @@
 //! pod) when the cell ends, on cancel and on timeout.
 
 use crate::spec::{self, KubeSettings};
-use crate::watch::{self, PodState};
+use crate::watch::{self, Action, Pending, PendingLimits, PodState, Seen};
 use crate::{KubeError, CELL_CONTAINER, JOB_LABEL};
 use async_trait::async_trait;
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
-use orch_backend::home::Home;
+use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
-use orch_protocol::{CellResult, Failure, Phase, Status};
+use orch_protocol::{CellResult, Failure, Status};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch as tokio_watch, Mutex};
@@ -53,6 +53,13 @@ impl KubernetesBackend {
 
     pub fn settings(&self) -> &KubeSettings {
         &self.settings
+    }
+
+    fn limits(&self) -> PendingLimits {
+        PendingLimits {
+            max_pending: self.settings.max_pending,
+            unschedulable_grace: self.settings.unschedulable_grace,
+        }
     }
 
     fn api<K>(&self) -> Api<K>
@@ -485,494 +492,44 @@ impl Backend for KubernetesBackend {
         &self,
         launch: CellLaunch,
         events: mpsc::UnboundedSender<CellEvent>,
-        mut cancel: tokio_watch::Receiver<bool>,
+        cancel: tokio_watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
-        let cell_id = launch.task.cell_id.clone();
-        let run_id = launch.task.run_id.clone();
-        let dir = launch.cell_dir.clone();
-        let launched = Instant::now();
-        let mut home = Home::new(&cell_id, &dir, events).map_err(|e| BackendError::Io {
-            action: "open the cell folder".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let Some(image) = launch.image.clone() else {
-            return Ok(CellResult::failed(
-                &cell_id,
+        let cell = Cell::with_frames(launch, events)?;
+        let Some(image) = cell.launch.image.clone() else {
+            let mut r = cell.failed(
                 Status::Failed,
                 "no_image",
                 "the cell names no `image`; the kubernetes backend needs one (`image: REF`)",
-            ));
+            );
+            r.timings.insert(orch_protocol::Phase::Provision, 0.0);
+            return Ok(r);
         };
-        self.ensure_secret(&run_id, &launch.secrets).await?;
         // With an existing Secret, every name the suite lists is a key of
         // it (the host need not hold the values); else the values at hand.
         let names: Vec<String> = if self.settings.secret_name.is_some() {
             self.settings.secret_keys.clone()
         } else {
-            launch.secrets.iter().map(|(k, _)| k.clone()).collect()
+            cell.launch.secrets.iter().map(|(k, _)| k.clone()).collect()
         };
-        let job = spec::cell_job(&launch.task, &image, &names, &self.settings);
-        let job_name = job.metadata.name.clone().unwrap_or_default();
-        let mut klog = std::fs::File::create(dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
+        let job = spec::cell_job(&cell.task, &image, &names, &self.settings);
+        let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
         })?;
-        let job_uid = self.create_job(&job).await?;
-        let _ = writeln!(
+        let mut platform = JobCell {
+            backend: self,
+            job_name: job.metadata.name.clone().unwrap_or_default(),
+            job,
+            job_uid: None,
+            image,
             klog,
-            "orch: job {job_name} created in namespace {} (image {image}, gpu {})",
-            self.settings.namespace, launch.task.gpu
-        );
-
-        let pods: Api<Pod> = self.api();
-        let grace = launch.task.measure.kill_grace_s.max(1.0);
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_secs_f64(launch.task.measure.timeout_s + grace)
-            + self.settings.max_pending
-            + Duration::from_secs(60);
-        let mut pod_name: Option<String> = None;
-        let mut node: Option<String> = None;
-        let mut follower: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
-        let (line_tx, mut line_rx) = mpsc::unbounded_channel::<String>();
-        let mut line_tx = Some(line_tx);
-        let mut last_state = String::new();
-        let mut unschedulable_since: Option<Instant> = None;
-        let mut trouble_since: Option<Instant> = None;
-        let mut last_progress = Instant::now();
-        let mut fits_cache: Option<Option<bool>> = None;
-        let mut by_host: Option<Status> = None;
-        let mut stop_by: Option<tokio::time::Instant> = None;
-        let mut early: Option<(Status, Failure)> = None;
-        let mut result: Option<CellResult> = None;
-        let mut ticker = tokio::time::interval(self.poll);
-
-        loop {
-            tokio::select! {
-                line = line_rx.recv(), if follower.is_some() => match line {
-                    Some(line) => {
-                        if let Ok(Some(r)) = home.line(&line) {
-                            result = Some(r);
-                        }
-                    }
-                    None => break,
-                },
-                _ = orch_backend::wait_cancel(&mut cancel), if by_host.is_none() => {
-                    by_host = Some(Status::Cancelled);
-                    let _ = writeln!(klog, "orch: cancelled; deleting job {job_name}");
-                    self.delete_job(&job_name).await;
-                    if follower.is_none() {
-                        early = Some((Status::Cancelled, Failure {
-                            kind: "cancelled".into(),
-                            message: "cancelled before the cell's container started".into(),
-                            exit_code: None,
-                            signal: None,
-                        }));
-                        break;
-                    }
-                    stop_by = Some(tokio::time::Instant::now() + Duration::from_secs_f64(grace + 30.0));
-                }
-                _ = tokio::time::sleep_until(deadline), if by_host.is_none() => {
-                    by_host = Some(Status::Timeout);
-                    let _ = writeln!(klog, "orch: the cell passed its deadline; deleting job {job_name}");
-                    self.delete_job(&job_name).await;
-                    if follower.is_none() {
-                        early = Some((Status::Timeout, Failure {
-                            kind: "timeout".into(),
-                            message: "the cell's container did not start before the cell's deadline".into(),
-                            exit_code: None,
-                            signal: None,
-                        }));
-                        break;
-                    }
-                    stop_by = Some(tokio::time::Instant::now() + Duration::from_secs_f64(grace + 30.0));
-                }
-                _ = async { match stop_by { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
-                    let _ = writeln!(klog, "orch: the pod did not end in time after being deleted");
-                    break;
-                }
-                _ = ticker.tick(), if follower.is_none() => {
-                    let Some(pod) = self.find_pod(&job_name, &job_uid).await else {
-                        // No pod: the Job controller may be refused one
-                        // (quota, Pod Security, a webhook): its events say.
-                        if launched.elapsed() > Duration::from_secs(5) {
-                            let refused = self.job_refusals(&job_name).await;
-                            if let Some(last) = refused.last() {
-                                let shown = format!("job refused a pod: {last}");
-                                if shown != last_state {
-                                    let _ = writeln!(klog, "orch: {shown}");
-                                    last_state = shown;
-                                    last_progress = Instant::now();
-                                }
-                                // Quota may free up; other refusals are final.
-                                if !last.contains("exceeded quota") || last_progress.elapsed() > self.settings.max_pending {
-                                    early = Some((Status::Failed, Failure {
-                                        kind: "pod_rejected".into(),
-                                        message: format!("the cluster refused to create the cell's pod: {last}"),
-                                        exit_code: None,
-                                        signal: None,
-                                    }));
-                                    break;
-                                }
-                            }
-                        }
-                        if last_progress.elapsed() > self.settings.max_pending {
-                            early = Some((Status::Failed, Failure {
-                                kind: "pending_too_long".into(),
-                                message: format!("the Job made no pod within {:.0}s", self.settings.max_pending.as_secs_f64()),
-                                exit_code: None,
-                                signal: None,
-                            }));
-                            break;
-                        }
-                        continue;
-                    };
-                    let pname = pod.metadata.name.clone().unwrap_or_default();
-                    if pod_name.is_none() {
-                        let _ = writeln!(klog, "orch: pod {pname}");
-                    }
-                    pod_name = Some(pname.clone());
-                    node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).or(node);
-                    let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
-                    let state = watch::pod_state(&pod);
-                    let shown = format!("{state:?}{}", nominated.as_ref().map(|n| format!(" (nominated node {n})")).unwrap_or_default());
-                    if shown != last_state {
-                        let _ = writeln!(klog, "orch: {shown}");
-                        last_state = shown;
-                        last_progress = Instant::now();
-                    }
-                    let stalled = last_progress.elapsed() > self.settings.max_pending;
-                    match state {
-                        PodState::Started => {
-                            let Some(tx) = line_tx.take() else { continue };
-                            follower = Some(tokio::spawn(follow_log(pods.clone(), pname, tx)));
-                        }
-                        PodState::Unschedulable { message } => {
-                            let since = *unschedulable_since.get_or_insert_with(Instant::now);
-                            let (evs, scaling) = self.pod_events(&pname).await;
-                            // Final when no node could ever take it and no
-                            // autoscaler is adding one; a busy cluster is a
-                            // queue (up to `max_pending`); unknown (nodes not
-                            // listable) gets a minute.
-                            let waiting = scaling || nominated.is_some();
-                            let fits = if waiting { Some(true) } else {
-                                if fits_cache.is_none() {
-                                    fits_cache = Some(self.fits_some_node(&pod).await);
-                                }
-                                fits_cache.flatten()
-                            };
-                            let limit = match fits {
-                                Some(false) => self.settings.unschedulable_grace,
-                                None => self.settings.unschedulable_grace.max(Duration::from_secs(60)),
-                                Some(true) => self.settings.max_pending,
-                            };
-                            if since.elapsed() >= limit || stalled {
-                                for e in &evs {
-                                    let _ = writeln!(klog, "event: {e}");
-                                }
-                                let why = match fits {
-                                    Some(false) => "no node of the cluster can ever run it",
-                                    None => "it stayed unschedulable",
-                                    Some(true) => "it waited for a node its whole `max_pending`",
-                                };
-                                early = Some((Status::Failed, Failure {
-                                    kind: "unschedulable".into(),
-                                    message: format!(
-                                        "no node can run the pod ({} `{}`; {why}, {:.0}s): {message}",
-                                        if launch.task.gpu == "none" { "CPU cell" } else { "GPU" },
-                                        launch.task.gpu,
-                                        since.elapsed().as_secs_f64()
-                                    ),
-                                    exit_code: None,
-                                    signal: None,
-                                }));
-                                break;
-                            }
-                        }
-                        PodState::Stuck { kind, message, .. } => {
-                            let (evs, _) = self.pod_events(&pname).await;
-                            for e in &evs {
-                                let _ = writeln!(klog, "event: {e}");
-                            }
-                            early = Some((Status::Failed, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
-                            break;
-                        }
-                        PodState::EndedEarly { status, kind, message } => {
-                            early = Some((Status::Failed, Failure { kind: kind.into(), message, exit_code: None, signal: None }));
-                            if status != Status::Failed {
-                                if let Some((s, _)) = early.as_mut() {
-                                    *s = status;
-                                }
-                            }
-                            break;
-                        }
-                        PodState::Pending { reason, message } => {
-                            unschedulable_since = None;
-                            // Errors the kubelet retries: failed when they last.
-                            let (limit, kind) = match reason.as_str() {
-                                "ErrImagePull" | "ImagePullBackOff" | "RegistryUnavailable" | "ImageInspectError" => {
-                                    (Some(Duration::from_secs(90)), "image_pull_failed")
-                                }
-                                "CreateContainerError" | "RunContainerError" => (Some(Duration::from_secs(30)), "container_config_error"),
-                                _ => (None, "pending_too_long"),
-                            };
-                            match limit {
-                                Some(limit) => {
-                                    let since = *trouble_since.get_or_insert_with(Instant::now);
-                                    if since.elapsed() > limit {
-                                        early = Some((Status::Failed, Failure {
-                                            kind: kind.into(),
-                                            message: format!("{reason} for {:.0}s: {message}", limit.as_secs_f64()),
-                                            exit_code: None,
-                                            signal: None,
-                                        }));
-                                        break;
-                                    }
-                                }
-                                None => trouble_since = None,
-                            }
-                            if stalled {
-                                let (evs, _) = self.pod_events(&pname).await;
-                                for e in &evs {
-                                    let _ = writeln!(klog, "event: {e}");
-                                }
-                                early = Some((Status::Failed, Failure {
-                                    kind: "pending_too_long".into(),
-                                    message: format!(
-                                        "the pod made no progress for {:.0}s (still {reason}{}){}",
-                                        self.settings.max_pending.as_secs_f64(),
-                                        if message.is_empty() { String::new() } else { format!(": {message}") },
-                                        evs.last().map(|e| format!("; last event: {e}")).unwrap_or_default()
-                                    ),
-                                    exit_code: None,
-                                    signal: None,
-                                }));
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // Lines the follower sent that the loop did not take (a stop by deadline).
-        while let Ok(line) = line_rx.try_recv() {
-            if let Ok(Some(r)) = home.line(&line) {
-                result = Some(r);
-            }
-        }
-
-        let mut info: Vec<(&str, serde_json::Value)> = vec![
-            ("kubernetes_namespace", self.settings.namespace.clone().into()),
-            ("kubernetes_job", job_name.clone().into()),
-            ("container_image", image.clone().into()),
-        ];
-        if let Some(p) = &pod_name {
-            info.push(("kubernetes_pod", p.clone().into()));
-        }
-
-        let mut result = if let Some((status, failure)) = early {
-            // The container never ran: the Job goes now.
-            self.delete_job(&job_name).await;
-            if let Some(f) = follower.take() {
-                f.abort();
-            }
-            orch_backend::note_agent_log(&dir, &note_line(&failure));
-            let _ = writeln!(klog, "orch: {}", note_line(&failure));
-            let mut r = home.finish_without_result(&cell_id, status, failure);
-            r.timings
-                .insert(Phase::Provision, launched.elapsed().as_secs_f64());
-            r
-        } else {
-            let stream = match follower.take() {
-                Some(mut f) => match tokio::time::timeout(Duration::from_secs(5), &mut f).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => {
-                        f.abort();
-                        Err("the log follower did not end".into())
-                    }
-                },
-                None => Ok(()),
-            };
-            let pod = match &pod_name {
-                Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(p))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok())
-                    .flatten(),
-                None => None,
-            };
-            // The termination message may hold the log's last lines (frames,
-            // even the result) when the agent could not write its summary.
-            if let Some(msg) = pod.as_ref().and_then(watch::termination_message) {
-                for line in msg.lines() {
-                    if let Ok(Some(r)) = home.line(line) {
-                        result = Some(r);
-                    }
-                }
-            }
-            // Frames missing (a stream cut mid-way): the whole log once more.
-            if result.is_none() || home.gaps() {
-                if let Some(p) = &pod_name {
-                    if let Some(text) = read_log(&pods, p).await {
-                        for line in text.lines() {
-                            if let Ok(Some(r)) = home.line(line) {
-                                result = Some(r);
-                            }
-                        }
-                    }
-                }
-            }
-            if let Err(e) = &stream {
-                let _ = writeln!(klog, "orch: {e}");
-            }
-            let mut end = watch::pod_end(pod.as_ref());
-            // The Job's own deadline deletes its pod: the Job says so.
-            if result.is_none() || !matches!(end.1.kind.as_str(), "oom" | "evicted") {
-                if let Some(reason) = self.job_failed_reason(&job_name).await {
-                    if reason == "DeadlineExceeded" && by_host.is_none() {
-                        end = (
-                            Status::Timeout,
-                            Failure {
-                                kind: "timeout".into(),
-                                message: "the Job's activeDeadlineSeconds passed and its pod was stopped"
-                                    .into(),
-                                exit_code: None,
-                                signal: None,
-                            },
-                        );
-                    }
-                }
-            }
-            let summary = pod
-                .as_ref()
-                .and_then(watch::termination_message)
-                .and_then(|m| summary_result(&cell_id, &m))
-                .filter(|_| end.0 != Status::Oom);
-            let mut result = match (result, by_host, summary) {
-                (Some(r), _, _) => r,
-                (None, Some(Status::Cancelled), _) => home.finish_without_result(
-                    &cell_id,
-                    Status::Cancelled,
-                    Failure {
-                        kind: "cancelled".into(),
-                        message: "the cell's Job was deleted by orch (cancel)".into(),
-                        exit_code: None,
-                        signal: None,
-                    },
-                ),
-                (None, _, Some(s)) => {
-                    // The agent's own summary: its status and failure.
-                    let failure = s.failure.clone().unwrap_or(Failure {
-                        kind: "stream_lost".into(),
-                        message: "the log stream did not bring the agent's result".into(),
-                        exit_code: None,
-                        signal: None,
-                    });
-                    let mut r = home.finish_without_result(&cell_id, s.status, failure);
-                    if s.failure.is_none() {
-                        r.failure = None;
-                    }
-                    r.info.extend(s.info);
-                    r
-                }
-                (None, Some(Status::Timeout), None) => home.finish_without_result(
-                    &cell_id,
-                    Status::Timeout,
-                    Failure {
-                        kind: "timeout".into(),
-                        message: "the cell passed its deadline and its Job was deleted".into(),
-                        exit_code: None,
-                        signal: None,
-                    },
-                ),
-                (None, _, None) => {
-                    let (status, mut failure) = end.clone();
-                    // The container's exit code names the agent's own crash
-                    // (136: SIGFPE); the note goes into agent.log here.
-                    // Only a signal the agent died of (not SIGKILL: a kill
-                    // from outside; not 126-128: it never started) is its crash.
-                    let crashed = failure.kind == "agent_died"
-                        && orch_backend::crash_signal(failure.exit_code).is_some();
-                    if crashed {
-                        let platform = failure.message.clone();
-                        failure =
-                            orch_backend::agent_crash(&dir, "the cell's container", failure.exit_code, None);
-                        failure.message.push_str(&format!(" ({platform})"));
-                    }
-                    if let Err(e) = &stream {
-                        failure.message.push_str(&format!(" ({e})"));
-                    }
-                    if let Some(msg) = pod.as_ref().and_then(watch::termination_message) {
-                        let tail: Vec<&str> = msg
-                            .lines()
-                            .filter(|l| orch_protocol::ship::Frame::parse(l).is_none())
-                            .rev()
-                            .take(5)
-                            .collect();
-                        let tail: Vec<&str> = tail.into_iter().rev().collect();
-                        failure
-                            .message
-                            .push_str(&format!("; its last output:\n{}", tail.join("\n")));
-                    }
-                    if !crashed {
-                        orch_backend::note_agent_log(&dir, &note_line(&failure));
-                    }
-                    home.finish_without_result(&cell_id, status, failure)
-                }
-            };
-            // What the cluster did to the pod (OOM kill, eviction, the Job's
-            // deadline, a lost node) names the end, whatever the agent managed
-            // to say while it was being stopped.
-            let cluster_ended_it = match end.1.kind.as_str() {
-                "oom" => !matches!(result.status, Status::Succeeded | Status::Cancelled),
-                "evicted" | "node_lost" | "timeout" => {
-                    by_host.is_none() && result.status != Status::Succeeded
-                }
-                _ => false,
-            };
-            if cluster_ended_it
-                && result.failure.as_ref().map(|f| f.kind.as_str()) != Some(end.1.kind.as_str())
-            {
-                orch_backend::note_agent_log(&dir, &note_line(&end.1));
-                result.status = end.0;
-                result.failure = Some(end.1.clone());
-            }
-            if let Some(n) = pod
-                .as_ref()
-                .and_then(|p| p.spec.as_ref())
-                .and_then(|s| s.node_name.clone())
-            {
-                node = Some(n);
-            }
-            // Every file whole? (A stream that lost frames for good, e.g. to
-            // the kubelet's log rotation, leaves a file short of its digest.)
-            match home.verify() {
-                Ok(true) => {}
-                Ok(false) | Err(_) => {
-                    let why = match home.verify() {
-                        Err(e) => e,
-                        _ => "the agent's file digests never came home".to_string(),
-                    };
-                    let _ = writeln!(klog, "orch: the cell's files are incomplete: {why}");
-                    result
-                        .info
-                        .insert("kubernetes_files_incomplete".into(), why.into());
-                }
-            }
-            self.delete_job(&job_name).await;
-            result
+            pod_name: None,
+            node: None,
+            follower: None,
+            lines: None,
+            deleted: false,
         };
-        if let Some(n) = node {
-            info.push(("kubernetes_node", n.into()));
-        }
-        for (k, v) in info {
-            result.info.insert(k.into(), v);
-        }
-        result
-            .timings
-            .entry(Phase::Provision)
-            .or_insert(launched.elapsed().as_secs_f64());
-        Ok(result)
+        Ok(lifecycle::drive(&mut platform, cell, cancel).await)
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
@@ -1007,6 +564,325 @@ impl Backend for KubernetesBackend {
         j.map_err(KubeError::api("delete the run's jobs"))?;
         p.map_err(KubeError::api("delete the run's pods"))?;
         Ok(())
+    }
+}
+
+/// One cell's Job: the kubernetes backend's platform.
+struct JobCell<'a> {
+    backend: &'a KubernetesBackend,
+    job: Job,
+    job_name: String,
+    job_uid: Option<String>,
+    image: String,
+    klog: std::fs::File,
+    pod_name: Option<String>,
+    node: Option<String>,
+    follower: Option<tokio::task::JoinHandle<Result<(), String>>>,
+    lines: Option<mpsc::UnboundedReceiver<String>>,
+    deleted: bool,
+}
+
+impl JobCell<'_> {
+    fn log(&mut self, line: &str) {
+        let _ = writeln!(self.klog, "{line}");
+    }
+
+    async fn delete(&mut self) {
+        if !self.deleted {
+            self.deleted = true;
+            self.backend.delete_job(&self.job_name).await;
+        }
+    }
+
+    /// One look at the Job's pod.
+    async fn look(
+        &mut self,
+        pending: &Pending,
+        fits_cache: &mut Option<Option<bool>>,
+    ) -> (Seen, Option<Pod>) {
+        let backend = self.backend;
+        let uid = self.job_uid.clone().unwrap_or_default();
+        let Some(pod) = backend.find_pod(&self.job_name, &uid).await else {
+            let refusals = if pending.stalled(Instant::now(), &backend.limits()) || self.pod_name.is_none() {
+                backend.job_refusals(&self.job_name).await
+            } else {
+                vec![]
+            };
+            return (Seen::NoPod { refusals }, None);
+        };
+        let pname = pod.metadata.name.clone().unwrap_or_default();
+        if self.pod_name.is_none() {
+            self.log(&format!("orch: pod {pname}"));
+        }
+        self.pod_name = Some(pname.clone());
+        self.node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .or(self.node.take());
+        let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
+        let state = watch::pod_state(&pod);
+        let wants_events = matches!(state, PodState::Unschedulable { .. } | PodState::Stuck { .. })
+            || pending.stalled(Instant::now(), &backend.limits());
+        let (events, scaling) = if wants_events {
+            backend.pod_events(&pname).await
+        } else {
+            (vec![], false)
+        };
+        let mut fits = None;
+        if matches!(state, PodState::Unschedulable { .. }) && !scaling && nominated.is_none() {
+            if fits_cache.is_none() {
+                *fits_cache = Some(backend.fits_some_node(&pod).await);
+            }
+            fits = fits_cache.flatten();
+        }
+        (
+            Seen::Pod {
+                state,
+                nominated,
+                events,
+                scaling,
+                fits,
+            },
+            Some(pod),
+        )
+    }
+}
+
+#[async_trait]
+impl Platform for JobCell<'_> {
+    fn what(&self) -> &'static str {
+        "the cell's container"
+    }
+
+    async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        let backend = self.backend;
+        let err = |e: KubeError| Early::failed("backend", BackendError::from(e).to_string());
+        backend
+            .ensure_secret(&cell.task.run_id, &cell.launch.secrets)
+            .await
+            .map_err(err)?;
+        self.job_uid = Some(backend.create_job(&self.job).await.map_err(err)?);
+        let line = format!(
+            "orch: job {} created in namespace {} (image {}, gpu {})",
+            self.job_name, backend.settings.namespace, self.image, cell.task.gpu
+        );
+        self.log(&line);
+        let limits = backend.limits();
+        let mut pending = Pending::new(Instant::now());
+        let mut fits_cache = None;
+        let mut ticker = tokio::time::interval(backend.poll);
+        loop {
+            ticker.tick().await;
+            let (seen, pod) = self.look(&pending, &mut fits_cache).await;
+            let (line, action) = pending.decide(&seen, Instant::now(), &limits, cell.task.gpu.as_str());
+            if let Some(line) = line {
+                self.log(&format!("orch: {line}"));
+            }
+            match action {
+                Action::Wait => {}
+                Action::Follow => {
+                    let (Some(pod), Some(_)) = (pod, self.pod_name.as_ref()) else {
+                        continue;
+                    };
+                    let pname = pod.metadata.name.clone().unwrap_or_default();
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    self.lines = Some(rx);
+                    self.follower = Some(tokio::spawn(follow_log(backend.api(), pname, tx)));
+                    return Ok(());
+                }
+                Action::Fail(status, failure) => {
+                    if let Seen::Pod { events, .. } = &seen {
+                        for e in events {
+                            self.log(&format!("event: {e}"));
+                        }
+                    }
+                    let line = format!("orch: {}", note_line(&failure));
+                    self.log(&line);
+                    return Err(Early { status, failure });
+                }
+            }
+        }
+    }
+
+    async fn next_line(&mut self, _cell: &mut Cell) -> Option<String> {
+        self.lines.as_mut()?.recv().await
+    }
+
+    async fn stop(&mut self, _cell: &mut Cell, why: Stop, kill: bool) {
+        if kill {
+            // Past the grace: the pod goes without one.
+            if let Some(p) = self.pod_name.clone() {
+                let pods: Api<Pod> = self.backend.api();
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                let _ = tokio::time::timeout(API_TIMEOUT, pods.delete(&p, &dp)).await;
+            }
+            self.delete().await;
+            return;
+        }
+        let line = match why {
+            Stop::Cancelled => format!("orch: cancelled; deleting job {}", self.job_name),
+            Stop::Timeout => format!(
+                "orch: the cell passed its deadline; deleting job {}",
+                self.job_name
+            ),
+        };
+        self.log(&line);
+        self.delete().await;
+    }
+
+    async fn end(&mut self, cell: &mut Cell, stopped: Option<Stop>) -> PlatformEnd {
+        let backend = self.backend;
+        let pods: Api<Pod> = backend.api();
+        let stream = match self.follower.take() {
+            Some(mut f) => match tokio::time::timeout(Duration::from_secs(5), &mut f).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => {
+                    f.abort();
+                    Err("the log follower did not end".into())
+                }
+            },
+            None => Ok(()),
+        };
+        // Lines the follower sent that were not taken (a stop by deadline).
+        if let (Some(rx), Some(home)) = (self.lines.as_mut(), cell.stream.home()) {
+            while let Ok(line) = rx.try_recv() {
+                let _ = home.line(&line);
+            }
+        }
+        let pod = match &self.pod_name {
+            Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(p))
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .flatten(),
+            None => None,
+        };
+        let message = pod.as_ref().and_then(watch::termination_message);
+        if let Some(home) = cell.stream.home() {
+            // The termination message may hold the log's last lines (frames,
+            // even the result) when the agent could not write its summary.
+            for line in message.iter().flat_map(|m| m.lines()) {
+                let _ = home.line(line);
+            }
+            // Frames missing (a stream cut mid-way): the whole log once more.
+            if home.result().is_none() || home.gaps() {
+                if let Some(p) = &self.pod_name {
+                    if let Some(text) = read_log(&pods, p).await {
+                        for line in text.lines() {
+                            let _ = home.line(line);
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(e) = &stream {
+            self.log(&format!("orch: {e}"));
+        }
+        if let Some(n) = pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone())
+        {
+            self.node = Some(n);
+        }
+        let (status, mut failure) = watch::pod_end(pod.as_ref());
+        // The Job's own deadline deletes its pod: the Job says so.
+        if stopped.is_none() && !matches!(failure.kind.as_str(), "oom" | "evicted") {
+            if let Some(reason) = backend.job_failed_reason(&self.job_name).await {
+                if reason == "DeadlineExceeded" {
+                    failure = Failure::new(
+                        "timeout",
+                        "the Job's activeDeadlineSeconds passed and its pod was stopped",
+                    );
+                }
+            }
+        }
+        let status = if failure.kind == "timeout" {
+            Status::Timeout
+        } else {
+            status
+        };
+        let recovered = cell.stream.home().and_then(|h| h.result().cloned()).or_else(|| {
+            // The agent's own summary: its status and failure.
+            message
+                .as_deref()
+                .and_then(|m| summary_result(&cell.id, m))
+                .filter(|_| failure.kind != "oom")
+        });
+        // The container's exit code is the agent's own only where the
+        // container ended by itself.
+        let exit_code = failure.exit_code.filter(|_| failure.kind == "agent_died");
+        if let Err(e) = &stream {
+            failure.message.push_str(&format!(" ({e})"));
+        }
+        if let Some(msg) = &message {
+            let tail: Vec<&str> = msg
+                .lines()
+                .filter(|l| orch_protocol::ship::Frame::parse(l).is_none())
+                .rev()
+                .take(5)
+                .collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            if failure.kind == "agent_died" || failure.kind == "pod_failed" {
+                failure
+                    .message
+                    .push_str(&format!("; its last output:\n{}", tail.join("\n")));
+            }
+        }
+        // What the cluster did to the pod (OOM kill, eviction, the Job's
+        // deadline, a lost node) names the end.
+        PlatformEnd::named(
+            recovered,
+            exit_code,
+            (status, failure),
+            &["oom", "evicted", "node_lost", "timeout"],
+        )
+    }
+
+    fn note_line(&self, f: &Failure) -> Option<String> {
+        Some(note_line(f))
+    }
+
+    async fn finish(&mut self, cell: &mut Cell, result: &mut CellResult) {
+        // Every file whole? (A stream that lost frames for good, e.g. to the
+        // kubelet's log rotation, leaves a file short of its digest.)
+        if self.follower.is_none() && self.lines.is_some() {
+            if let Some(home) = cell.stream.home() {
+                if !matches!(home.verify(), Ok(true)) {
+                    let why = match home.verify() {
+                        Err(e) => e,
+                        _ => "the agent's file digests never came home".to_string(),
+                    };
+                    self.log(&format!("orch: the cell's files are incomplete: {why}"));
+                    result
+                        .info
+                        .insert("kubernetes_files_incomplete".into(), why.into());
+                }
+            }
+        }
+        if self.job_uid.is_some() {
+            self.delete().await;
+        }
+        let info: [(&str, Option<String>); 5] = [
+            (
+                "kubernetes_namespace",
+                Some(self.backend.settings.namespace.clone()),
+            ),
+            ("kubernetes_job", Some(self.job_name.clone())),
+            ("container_image", Some(self.image.clone())),
+            ("kubernetes_pod", self.pod_name.clone()),
+            ("kubernetes_node", self.node.clone()),
+        ];
+        for (k, v) in info {
+            if let Some(v) = v {
+                result.info.insert(k.into(), v.into());
+            }
+        }
     }
 }
 

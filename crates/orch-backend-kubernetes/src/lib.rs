@@ -14,13 +14,32 @@
 //! `emptyDir` (`orch-agent install /orch/bin/orch-agent`), and the cell's
 //! container runs it from there. The agent's stdout is the frame stream of
 //! the way home; the pod log carries it to the host.
+//!
+//! ## What is where
+//!
+//! What is where: `--backend kubernetes`: `spec.rs` (the cell's Job and the run's Secret
+//! without IO: labels, deadlines, GPU limits and node affinity by GFD/GKE/Karpenter
+//! labels, tolerations, `/dev/shm`, the weights PVC, `secretKeyRef` env, the agent's init
+//! container; `--dry-run` YAML); `watch.rs` (a pod's status read without IO: pending,
+//! unschedulable, stuck on an image or a Secret, started, how it ended); `backend.rs`
+//! (Secret, Job, the pod watched every 0.5 s, its log followed into `Home` with
+//! reconnects, the termination message as the fallback result, OOMKilled/evicted/deadline
+//! named, Job deleted on end/cancel/timeout, `cleanup` by the run's labels); `weights.rs`
+//! (the weights PVC checked by a probe Job: refs and completeness markers);
+//! `spec::setup_job` + `run_setup` (`orch setup --backend kubernetes`: the static `orch`
+//! from the agent image runs `orch setup` in the cluster with the PVC read-write);
+//! `lib.rs` (`connect` like `kubectl`: `KUBECONFIG`, context, in-cluster). Its host side
+//! (`host.rs`): settings from the suite and the flags, each cell's image, the weights
+//! check, `orch setup` run remotely, `orch down`.
 
 pub mod backend;
+pub mod host;
 pub mod spec;
 pub mod watch;
 pub mod weights;
 
 pub use backend::KubernetesBackend;
+pub use host::KubernetesHost;
 pub use spec::{KubeSettings, Toleration};
 
 /// Label every object orch creates carries.
@@ -142,4 +161,10 @@ pub async fn connect(
         hint: "check the kubeconfig's cluster entry (server URL, certificate)".into(),
     })?;
     Ok((client, ns))
+}
+
+impl orch_protocol::ErrorClass for KubeError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
+    }
 }

@@ -239,18 +239,6 @@ fn known_gpu_labels(gpu_type: &str) -> [(&'static str, Vec<&'static str>); 3] {
     ]
 }
 
-/// `H100:8` → (`H100`, 8); `none` → None.
-pub fn parse_gpu(gpu: &str) -> Option<(String, u32)> {
-    if gpu.is_empty() || gpu == "none" {
-        return None;
-    }
-    let (t, n) = match gpu.split_once(':') {
-        Some((t, n)) => (t, n.parse().unwrap_or(1)),
-        None => (gpu, 1),
-    };
-    Some((t.trim_end_matches('!').to_string(), n))
-}
-
 /// The node affinity that picks nodes of a GPU type: one term per label
 /// that knows the type (a node needs to match any one of them).
 pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Affinity {
@@ -369,13 +357,13 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
     let mut annotations = BTreeMap::new();
     annotations.insert("orch.dev/run-id".to_string(), task.run_id.clone());
     annotations.insert("orch.dev/cell-id".to_string(), task.cell_id.clone());
-    annotations.insert("orch.dev/gpu".to_string(), task.gpu.clone());
+    annotations.insert("orch.dev/gpu".to_string(), task.gpu.to_string());
 
     let mut task = task.clone();
     if s.weights_pvc.is_some() {
         task.weights_dir = Some(WEIGHTS_MOUNT.to_string());
     }
-    let gpu = parse_gpu(&task.gpu);
+    let gpu = task.gpu.type_name().map(|t| (t.to_string(), task.gpu.count()));
 
     // The secrets: names only, values in the Secret.
     let secret = s.secret_name.clone().unwrap_or_else(|| secret_name(&task.run_id));
@@ -949,8 +937,5 @@ mod tests {
             (e.key.as_str(), e.values.clone().unwrap()),
             ("example.com/gpu", vec!["h100-sxm".to_string()])
         );
-        assert_eq!(parse_gpu("H100:8"), Some(("H100".into(), 8)));
-        assert_eq!(parse_gpu("H100!:2"), Some(("H100".into(), 2)));
-        assert_eq!(parse_gpu("none"), None);
     }
 }

@@ -6,6 +6,7 @@
 use crate::{AGENT_CONTAINER, CELL_CONTAINER};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use orch_protocol::{Failure, Status};
+use std::time::{Duration, Instant};
 
 /// Where a pod is before the cell's container runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -470,5 +471,364 @@ mod tests {
         ));
         assert_eq!(pod_end(Some(&p)).1.kind, "evicted");
         assert_eq!(pod_end(None).1.kind, "pod_lost");
+    }
+}
+
+/// What one look at a cell's Job found, before its container runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Seen {
+    /// No pod yet, and the Job controller's refusals (`FailedCreate`
+    /// events: quota, Pod Security, a webhook), if any.
+    NoPod { refusals: Vec<String> },
+    /// The Job's pod.
+    Pod {
+        state: PodState,
+        nominated: Option<String>,
+        /// The pod's events (`TYPE REASON: MESSAGE`), read when it is
+        /// unschedulable, stuck or has made no progress for long.
+        events: Vec<String>,
+        /// An autoscaler is adding a node for it (`TriggeredScaleUp`,
+        /// `Nominated`).
+        scaling: bool,
+        /// Could any node of the cluster ever run it? `None`: the nodes
+        /// cannot be listed (asked only while it is unschedulable).
+        fits: Option<bool>,
+    },
+}
+
+/// What to do after a look.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Look again later.
+    Wait,
+    /// The cell's container runs: follow its log.
+    Follow,
+    /// The cell ends before its container ran.
+    Fail(Status, Failure),
+}
+
+/// The limits of a cell's wait for its container (from the suite's
+/// `kubernetes:` section).
+#[derive(Debug, Clone, Copy)]
+pub struct PendingLimits {
+    /// No progress (no change of state) for this long fails the cell.
+    pub max_pending: Duration,
+    /// Unschedulable on a cluster no node of which could ever run it.
+    pub unschedulable_grace: Duration,
+}
+
+/// The wait for a cell's container, as a pure state machine: each look
+/// ([`Seen`]) at a time (`now`) gives a line for `kubernetes.log` when the
+/// state changed, and an [`Action`]. Tested without a server.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    created: Instant,
+    last_state: String,
+    last_progress: Instant,
+    unschedulable_since: Option<Instant>,
+    trouble_since: Option<Instant>,
+}
+
+impl Pending {
+    /// The Job was created at `now`.
+    pub fn new(now: Instant) -> Pending {
+        Pending {
+            created: now,
+            last_state: String::new(),
+            last_progress: now,
+            unschedulable_since: None,
+            trouble_since: None,
+        }
+    }
+
+    /// Has nothing changed for `max_pending`? (The caller then reads the
+    /// pod's events for the message.)
+    pub fn stalled(&self, now: Instant, limits: &PendingLimits) -> bool {
+        now.duration_since(self.last_progress) > limits.max_pending
+    }
+
+    /// Is the pod unschedulable (so far)?
+    pub fn unschedulable(&self) -> bool {
+        self.unschedulable_since.is_some()
+    }
+
+    /// One look. `gpu` is the cell's request (`H100:8`, `none`), for messages.
+    pub fn decide(
+        &mut self,
+        seen: &Seen,
+        now: Instant,
+        limits: &PendingLimits,
+        gpu: &str,
+    ) -> (Option<String>, Action) {
+        let mut line = None;
+        let mut shown = |this: &mut Pending, text: String| {
+            if text != this.last_state {
+                line = Some(text.clone());
+                this.last_state = text;
+                this.last_progress = now;
+            }
+        };
+        let fail = |kind: &str, message: String| Action::Fail(Status::Failed, Failure::new(kind, message));
+        let action = match seen {
+            Seen::NoPod { refusals } => {
+                let mut action = Action::Wait;
+                // The Job controller may be refused a pod: its events say.
+                if now.duration_since(self.created) > Duration::from_secs(5) {
+                    if let Some(last) = refusals.last() {
+                        shown(self, format!("job refused a pod: {last}"));
+                        // Quota may free up; other refusals are final.
+                        if !last.contains("exceeded quota") || self.stalled(now, limits) {
+                            action = fail(
+                                "pod_rejected",
+                                format!("the cluster refused to create the cell's pod: {last}"),
+                            );
+                        }
+                    }
+                }
+                if action == Action::Wait && self.stalled(now, limits) {
+                    action = fail(
+                        "pending_too_long",
+                        format!(
+                            "the Job made no pod within {:.0}s",
+                            limits.max_pending.as_secs_f64()
+                        ),
+                    );
+                }
+                action
+            }
+            Seen::Pod {
+                state,
+                nominated,
+                events,
+                scaling,
+                fits,
+            } => {
+                shown(
+                    self,
+                    format!(
+                        "{state:?}{}",
+                        nominated
+                            .as_ref()
+                            .map(|n| format!(" (nominated node {n})"))
+                            .unwrap_or_default()
+                    ),
+                );
+                let stalled = self.stalled(now, limits);
+                match state {
+                    PodState::Started => Action::Follow,
+                    PodState::Unschedulable { message } => {
+                        let since = *self.unschedulable_since.get_or_insert(now);
+                        // Final when no node could ever take it and no
+                        // autoscaler is adding one; a busy cluster is a
+                        // queue (up to `max_pending`); unknown (nodes not
+                        // listable) gets a minute.
+                        let fits = if *scaling || nominated.is_some() {
+                            Some(true)
+                        } else {
+                            *fits
+                        };
+                        let limit = match fits {
+                            Some(false) => limits.unschedulable_grace,
+                            None => limits.unschedulable_grace.max(Duration::from_secs(60)),
+                            Some(true) => limits.max_pending,
+                        };
+                        let waited = now.duration_since(since);
+                        if waited >= limit || stalled {
+                            let why = match fits {
+                                Some(false) => "no node of the cluster can ever run it",
+                                None => "it stayed unschedulable",
+                                Some(true) => "it waited for a node its whole `max_pending`",
+                            };
+                            fail(
+                                "unschedulable",
+                                format!(
+                                    "no node can run the pod ({} `{gpu}`; {why}, {:.0}s): {message}",
+                                    if gpu == "none" { "CPU cell" } else { "GPU" },
+                                    waited.as_secs_f64()
+                                ),
+                            )
+                        } else {
+                            Action::Wait
+                        }
+                    }
+                    PodState::Stuck { kind, message, .. } => fail(kind, message.clone()),
+                    PodState::EndedEarly {
+                        status,
+                        kind,
+                        message,
+                    } => Action::Fail(*status, Failure::new(kind, message.clone())),
+                    PodState::Pending { reason, message } => {
+                        self.unschedulable_since = None;
+                        // Errors the kubelet retries: failed when they last.
+                        let (limit, kind) = match reason.as_str() {
+                            "ErrImagePull"
+                            | "ImagePullBackOff"
+                            | "RegistryUnavailable"
+                            | "ImageInspectError" => (Some(Duration::from_secs(90)), "image_pull_failed"),
+                            "CreateContainerError" | "RunContainerError" => {
+                                (Some(Duration::from_secs(30)), "container_config_error")
+                            }
+                            _ => (None, "pending_too_long"),
+                        };
+                        let mut action = Action::Wait;
+                        match limit {
+                            Some(limit) => {
+                                let since = *self.trouble_since.get_or_insert(now);
+                                if now.duration_since(since) > limit {
+                                    action = fail(
+                                        kind,
+                                        format!("{reason} for {:.0}s: {message}", limit.as_secs_f64()),
+                                    );
+                                }
+                            }
+                            None => self.trouble_since = None,
+                        }
+                        if action == Action::Wait && stalled {
+                            action = fail(
+                                "pending_too_long",
+                                format!(
+                                    "the pod made no progress for {:.0}s (still {reason}{}){}",
+                                    limits.max_pending.as_secs_f64(),
+                                    if message.is_empty() {
+                                        String::new()
+                                    } else {
+                                        format!(": {message}")
+                                    },
+                                    events
+                                        .last()
+                                        .map(|e| format!("; last event: {e}"))
+                                        .unwrap_or_default()
+                                ),
+                            );
+                        }
+                        action
+                    }
+                }
+            }
+        };
+        (line, action)
+    }
+}
+
+#[cfg(test)]
+mod decide_tests {
+    use super::*;
+
+    const LIMITS: PendingLimits = PendingLimits {
+        max_pending: Duration::from_secs(600),
+        unschedulable_grace: Duration::from_secs(10),
+    };
+
+    fn pod(state: PodState) -> Seen {
+        Seen::Pod {
+            state,
+            nominated: None,
+            events: vec![],
+            scaling: false,
+            fits: Some(false),
+        }
+    }
+
+    fn unschedulable() -> PodState {
+        PodState::Unschedulable {
+            message: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.".into(),
+        }
+    }
+
+    #[test]
+    fn a_pod_no_node_can_ever_run_fails_after_the_grace_and_an_autoscaler_makes_it_wait() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        let (line, a) = p.decide(&pod(unschedulable()), t0, &LIMITS, "H100:8");
+        assert!(line.unwrap().starts_with("Unschedulable"));
+        assert_eq!(a, Action::Wait);
+        let (line, a) = p.decide(
+            &pod(unschedulable()),
+            t0 + Duration::from_secs(11),
+            &LIMITS,
+            "H100:8",
+        );
+        assert_eq!(line, None);
+        let Action::Fail(Status::Failed, f) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(f.kind, "unschedulable");
+        assert!(
+            f.message
+                .contains("GPU `H100:8`; no node of the cluster can ever run it"),
+            "{}",
+            f.message
+        );
+        // The cluster-autoscaler's `TriggeredScaleUp`: a queue, up to `max_pending`.
+        let mut p = Pending::new(t0);
+        let scaling = Seen::Pod {
+            state: unschedulable(),
+            nominated: None,
+            events: vec!["Normal TriggeredScaleUp: pod triggered scale-up".into()],
+            scaling: true,
+            fits: None,
+        };
+        assert_eq!(p.decide(&scaling, t0, &LIMITS, "H100:8").1, Action::Wait);
+        assert_eq!(
+            p.decide(&scaling, t0 + Duration::from_secs(300), &LIMITS, "H100:8")
+                .1,
+            Action::Wait
+        );
+        assert!(matches!(
+            p.decide(&scaling, t0 + Duration::from_secs(601), &LIMITS, "H100:8")
+                .1,
+            Action::Fail(..)
+        ));
+    }
+
+    #[test]
+    fn image_pull_errors_fail_when_they_last_and_progress_resets_the_wait() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        let pulling = |reason: &str| {
+            pod(PodState::Pending {
+                reason: reason.into(),
+                message: "pull access denied".into(),
+            })
+        };
+        assert_eq!(
+            p.decide(&pulling("ErrImagePull"), t0, &LIMITS, "none").1,
+            Action::Wait
+        );
+        let (_, a) = p.decide(
+            &pulling("ImagePullBackOff"),
+            t0 + Duration::from_secs(91),
+            &LIMITS,
+            "none",
+        );
+        let Action::Fail(_, f) = a else { panic!("{a:?}") };
+        assert_eq!(f.kind, "image_pull_failed");
+        // Started: follow.
+        let mut p = Pending::new(t0);
+        assert_eq!(
+            p.decide(&pod(PodState::Started), t0, &LIMITS, "none").1,
+            Action::Follow
+        );
+        // No pod, a quota refusal: waits (quota may free up), until max_pending.
+        let mut p = Pending::new(t0);
+        let quota = Seen::NoPod {
+            refusals: vec!["exceeded quota: gpu-quota".into()],
+        };
+        assert_eq!(
+            p.decide(&quota, t0 + Duration::from_secs(6), &LIMITS, "none").1,
+            Action::Wait
+        );
+        assert!(matches!(
+            p.decide(&quota, t0 + Duration::from_secs(700), &LIMITS, "none").1,
+            Action::Fail(..)
+        ));
+        let mut p = Pending::new(t0);
+        let denied = Seen::NoPod {
+            refusals: vec!["violates PodSecurity \"restricted:latest\"".into()],
+        };
+        let Action::Fail(_, f) = p.decide(&denied, t0 + Duration::from_secs(6), &LIMITS, "none").1 else {
+            panic!()
+        };
+        assert_eq!(f.kind, "pod_rejected");
     }
 }

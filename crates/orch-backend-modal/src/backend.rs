@@ -20,9 +20,9 @@ use crate::ops::{self, ImageSpec, MountSource, Scheduled};
 use crate::proto::{self, generic_result::GenericStatus, GenericResult};
 use crate::{ModalError, AGENT_PATH, APP_NAME, WEIGHTS_MOUNT};
 use async_trait::async_trait;
-use orch_backend::home::Home;
+use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
-use orch_protocol::{CellResult, Failure, Phase, Status};
+use orch_protocol::{CellResult, Failure, Status};
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -190,7 +190,7 @@ impl ModalBackend {
 }
 
 /// The GPU alternatives of a task, in order: its `gpu`, then `gpu_fallback`.
-fn gpu_choices(task: &orch_protocol::TaskSpec) -> Vec<String> {
+fn gpu_choices(task: &orch_protocol::TaskSpec) -> Vec<orch_protocol::GpuRequest> {
     let mut v = vec![task.gpu.clone()];
     for g in &task.gpu_fallback {
         if !v.contains(g) {
@@ -210,11 +210,6 @@ fn note_line(f: &Failure) -> String {
         _ => "modal sandbox failed",
     };
     format!("{what}: {}", f.message)
-}
-
-/// A failure of the cell before any agent ran, as a result.
-fn failed(cell: &str, kind: &str, message: impl Into<String>) -> CellResult {
-    CellResult::failed(cell, Status::Failed, kind, message)
 }
 
 /// What a sandbox's end says, when the agent sent no result.
@@ -317,350 +312,28 @@ impl Backend for ModalBackend {
         &self,
         launch: CellLaunch,
         events: mpsc::UnboundedSender<CellEvent>,
-        mut cancel: watch::Receiver<bool>,
+        cancel: watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
-        let cell_id = launch.task.cell_id.clone();
-        let run_id = launch.task.run_id.clone();
-        let dir = launch.cell_dir.clone();
-        let launched = Instant::now();
-        let mut info: Vec<(&str, serde_json::Value)> = Vec::new();
-
-        let Some(spec) = launch.image.as_ref().and_then(|k| self.images.get(k)).cloned() else {
-            return Ok(failed(
-                &cell_id,
-                "no_image",
-                "the cell names no `image`; the modal backend needs one (`image: REF` or `image: {build: NAME}`)",
-            ));
-        };
-        let app_id = self.app_id().await?;
-        let (image_id, build_s) = match self.image(&spec, &dir.join("image-build.log")).await {
-            Ok(v) => v,
-            Err(ModalError::ImageBuild { image, step, message }) => {
-                let tail: Vec<String> = std::fs::read_to_string(dir.join("image-build.log"))
-                    .unwrap_or_default()
-                    .lines()
-                    .rev()
-                    .take(20)
-                    .map(String::from)
-                    .collect();
-                orch_backend::note_agent_log(
-                    &dir,
-                    &format!(
-                        "modal image build failed{}: {message}\n{}",
-                        step.as_ref()
-                            .map(|s| format!(" at step `{s}`"))
-                            .unwrap_or_default(),
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    ),
-                );
-                let mut r = failed(
-                    &cell_id,
-                    "image_build_failed",
-                    format!(
-                        "the image `{image}` did not build{}: {message}",
-                        step.as_ref()
-                            .map(|s| format!(" at step `{s}`"))
-                            .unwrap_or_default()
-                    ),
-                );
-                r.timings
-                    .insert(Phase::Provision, launched.elapsed().as_secs_f64());
-                if let Some(s) = step {
-                    r.info.insert("image_build_failed_step".into(), s.into());
-                }
-                return Ok(r);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        info.push(("modal_image_id", image_id.clone().into()));
-        info.push(("modal_image_build_s", build_s.into()));
-        let mount_id = self.agent_mount(&app_id).await?;
-        let secret_ids = if launch.secrets.is_empty() {
-            vec![]
-        } else {
-            vec![ops::secret(&self.modal, &app_id, &launch.secrets).await?]
-        };
-        let volume = self.volume().await?;
-
-        let out_dir = format!("/tmp/orch/{run_id}/{cell_id}");
-        let mut home = Home::new(&cell_id, &dir, events).map_err(|e| BackendError::Io {
-            action: "open the cell folder".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let mut sandbox_log =
-            std::fs::File::create(dir.join("sandbox.log")).map_err(|e| BackendError::Io {
+        let cell = Cell::with_frames(launch, events)?;
+        let sandbox_log =
+            std::fs::File::create(cell.dir.join("sandbox.log")).map_err(|e| BackendError::Io {
                 action: "create sandbox.log".into(),
                 source: e,
             })?;
-
-        // Try the GPU alternatives in order until one is scheduled.
-        let mut tried: Vec<String> = Vec::new();
-        let mut running: Option<(String, String, f64)> = None; // (sandbox, gpu, scheduling s)
-        for gpu in gpu_choices(&launch.task) {
-            let mut task = launch.task.clone();
-            task.gpu = gpu.clone();
-            task.weights_dir = volume.as_ref().map(|_| WEIGHTS_MOUNT.to_string());
-            let b64 = orch_backend::home::task_b64(&task);
-            let definition = proto::Sandbox {
-                entrypoint_args: vec![
-                    AGENT_PATH.into(),
-                    "run".into(),
-                    "--task-b64".into(),
-                    b64,
-                    "--out".into(),
-                    out_dir.clone(),
-                    "--ship".into(),
-                ],
-                mount_ids: vec![mount_id.clone()],
-                image_id: image_id.clone(),
-                secret_ids: secret_ids.clone(),
-                resources: Some(proto::Resources {
-                    memory_mb: self
-                        .opts
-                        .memory_mb
-                        .or(task.memory_limit_bytes.map(|b| (b >> 20) as u32))
-                        .unwrap_or(0),
-                    milli_cpu: self.opts.cpu.map(|c| (c * 1000.0) as u32).unwrap_or(0),
-                    gpu_config: ops::gpu_config(&gpu, task.strict_hardware),
-                    memory_mb_max: task.memory_limit_bytes.map(|b| (b >> 20) as u32).unwrap_or(0),
-                    milli_cpu_max: 0,
-                }),
-                timeout_secs: (task.measure.timeout_s + task.measure.kill_grace_s.max(1.0) + 120.0).ceil()
-                    as u32,
-                workdir: String::new(),
-                volume_mounts: volume
-                    .iter()
-                    .map(|v| proto::VolumeMount {
-                        volume_id: v.clone(),
-                        mount_path: WEIGHTS_MOUNT.into(),
-                        allow_background_commits: false,
-                        read_only: true,
-                    })
-                    .collect(),
-                name: String::new(),
-            };
-            let tags = [("orch.run", run_id.as_str()), ("orch.cell", cell_id.as_str())];
-            let asked = Instant::now();
-            let id = match ops::sandbox_create(&self.modal, &app_id, definition, &tags).await {
-                Ok(id) => id,
-                Err(s) if gpu_refused(&s) => {
-                    let _ = writeln!(sandbox_log, "orch: GPU `{gpu}` refused by Modal: {}", s.message());
-                    tried.push(format!("{gpu} (refused: {})", s.message()));
-                    continue;
-                }
-                Err(s) => return Err(ModalError::rpc("SandboxCreate")(s).into()),
-            };
-            let _ = writeln!(sandbox_log, "orch: sandbox {id} asks for GPU `{gpu}`");
-            let wait = tokio::select! {
-                w = ops::sandbox_scheduled(&self.modal, &id, self.opts.schedule_timeout) => w,
-                _ = orch_backend::wait_cancel(&mut cancel) => {
-                    let _ = ops::sandbox_terminate(&self.modal, &id).await;
-                    let mut r = home.finish_without_result(&cell_id, Status::Cancelled, Failure {
-                        kind: "cancelled".into(), message: "cancelled while waiting for a GPU".into(), exit_code: None, signal: None,
-                    });
-                    r.info.insert("modal_sandbox_id".into(), id.into());
-                    return Ok(r);
-                }
-            };
-            match wait? {
-                Scheduled::Running | Scheduled::Ended(_) => {
-                    running = Some((id, gpu, asked.elapsed().as_secs_f64()));
-                    break;
-                }
-                Scheduled::NotScheduled => {
-                    let _ = ops::sandbox_terminate(&self.modal, &id).await;
-                    let _ = writeln!(
-                        sandbox_log,
-                        "orch: no `{gpu}` within {:.0}s; sandbox {id} terminated",
-                        self.opts.schedule_timeout.as_secs_f64()
-                    );
-                    tried.push(format!(
-                        "{gpu} (not scheduled within {:.0}s)",
-                        self.opts.schedule_timeout.as_secs_f64()
-                    ));
-                }
-            }
-        }
-        let Some((sandbox_id, gpu, scheduling_s)) = running else {
-            orch_backend::note_agent_log(
-                &dir,
-                &format!("no GPU could be had on modal: {}", tried.join(", ")),
-            );
-            let mut r = home.finish_without_result(
-                &cell_id,
-                Status::Failed,
-                Failure {
-                    kind: "gpu_unavailable".into(),
-                    message: format!("no GPU could be had on Modal: {}", tried.join(", ")),
-                    exit_code: None,
-                    signal: None,
-                },
-            );
-            r.timings
-                .insert(Phase::Provision, launched.elapsed().as_secs_f64());
-            r.info.insert("modal_gpus_tried".into(), tried.into());
-            return Ok(r);
+        let mut sandbox = Sandbox {
+            backend: self,
+            log: Some(sandbox_log),
+            id: None,
+            label: None,
+            info: Vec::new(),
+            lines: None,
+            out_task: None,
+            err_task: None,
+            waited: false,
+            end_status: GenericStatus::Unspecified,
+            end_code: 0,
         };
-        info.push(("modal_sandbox_id", sandbox_id.clone().into()));
-        info.push(("modal_gpu", gpu.clone().into()));
-        info.push(("modal_scheduling_s", scheduling_s.into()));
-        if !tried.is_empty() {
-            info.push(("modal_gpus_tried", tried.clone().into()));
-        }
-
-        // Stderr (the agent's own) into sandbox.log, in the background.
-        let err_task = {
-            let modal = self.modal.clone();
-            let id = sandbox_id.clone();
-            let mut f = sandbox_log;
-            tokio::spawn(async move {
-                let _ = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stderr, |t| {
-                    let _ = f.write_all(t.as_bytes());
-                })
-                .await;
-                let _ = f.flush();
-            })
-        };
-
-        let grace = launch.task.measure.kill_grace_s.max(1.0);
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_secs_f64(launch.task.measure.timeout_s + grace)
-            + Duration::from_secs(60);
-        let (line_tx, mut line_rx) = mpsc::unbounded_channel::<String>();
-        let out_task = {
-            let modal = self.modal.clone();
-            let id = sandbox_id.clone();
-            tokio::spawn(async move {
-                let mut pending = String::new();
-                let r = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stdout, |t| {
-                    pending.push_str(t);
-                    while let Some(nl) = pending.find('\n') {
-                        let line: String = pending.drain(..=nl).collect();
-                        let _ = line_tx.send(line);
-                    }
-                })
-                .await;
-                if !pending.is_empty() {
-                    let _ = line_tx.send(pending);
-                }
-                r
-            })
-        };
-        let mut result: Option<CellResult> = None;
-        let mut by_host: Option<Status> = None;
-        loop {
-            tokio::select! {
-                line = line_rx.recv() => match line {
-                    Some(line) => match home.line(&line) {
-                        Ok(Some(r)) => result = Some(r),
-                        Ok(None) => {}
-                        Err(e) => {
-                            let _ = e;
-                        }
-                    },
-                    None => break,
-                },
-                _ = orch_backend::wait_cancel(&mut cancel), if by_host.is_none() => {
-                    by_host = Some(Status::Cancelled);
-                    let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
-                }
-                _ = tokio::time::sleep_until(deadline), if by_host.is_none() => {
-                    by_host = Some(Status::Timeout);
-                    let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
-                }
-            }
-        }
-        let stream = out_task.await.ok();
-        // Frames missing in the middle (a stream resumed past them): read the
-        // whole log again; frames already seen are dropped by number.
-        if result.is_none() && home.gaps() {
-            let mut all = String::new();
-            let _ = ops::sandbox_logs(&self.modal, &sandbox_id, proto::FileDescriptor::Stdout, |t| {
-                all.push_str(t)
-            })
-            .await;
-            for line in all.lines() {
-                if let Ok(Some(r)) = home.line(line) {
-                    result = Some(r);
-                }
-            }
-        }
-        let end = match tokio::time::timeout(
-            Duration::from_secs(120),
-            ops::sandbox_wait(&self.modal, &sandbox_id),
-        )
-        .await
-        {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                let _ = e;
-                GenericResult::default()
-            }
-            Err(_) => {
-                let _ = ops::sandbox_terminate(&self.modal, &sandbox_id).await;
-                GenericResult::default()
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(10), err_task).await;
-        let end_status = GenericStatus::try_from(end.status).unwrap_or(GenericStatus::Unspecified);
-
-        let mut result = match result {
-            Some(r) => r,
-            None => {
-                let (status, mut failure) = ended_without_result(&end, by_host);
-                // The sandbox failed with the agent's own exit status (136:
-                // SIGFPE): the agent crashed; the note goes into agent.log.
-                // Only a signal the agent died of (not SIGKILL: a kill from
-                // outside) is its crash; Modal's own words are kept.
-                let crashed = failure.kind == "sandbox_failed"
-                    && orch_backend::crash_signal(failure.exit_code).is_some();
-                if crashed {
-                    let platform = failure.message.clone();
-                    failure = orch_backend::agent_crash(&dir, "the sandbox", failure.exit_code, None);
-                    failure.message.push_str(&format!(" ({platform})"));
-                }
-                if let Some(Err(e)) = stream {
-                    failure
-                        .message
-                        .push_str(&format!(" (the log stream failed: {e})"));
-                }
-                if !crashed {
-                    orch_backend::note_agent_log(&dir, &note_line(&failure));
-                }
-                home.finish_without_result(&cell_id, status, failure)
-            }
-        };
-        // Modal's OOM kill is `oom`, whatever the agent managed to say.
-        if matches!(
-            end_status,
-            GenericStatus::KernelOomKill
-                | GenericStatus::MemoryManagerEviction
-                | GenericStatus::MemoryThrashingEviction
-        ) && result.status != Status::Succeeded
-            && result.status != Status::Cancelled
-        {
-            let (status, failure) = ended_without_result(&end, None);
-            orch_backend::note_agent_log(&dir, &note_line(&failure));
-            result.status = status;
-            result.failure = Some(failure);
-        }
-        for (k, v) in info {
-            result.info.insert(k.into(), v);
-        }
-        result
-            .info
-            .insert("modal_exit_status".into(), end_status.as_str_name().into());
-        result.info.insert("modal_exit_code".into(), end.exitcode.into());
-        result
-            .info
-            .insert("container_image".into(), spec.label.clone().into());
-        // Provision covers image build and scheduling: stamped by `Home`
-        // when the agent started; when it never did, up to now.
-        result
-            .timings
-            .entry(Phase::Provision)
-            .or_insert(launched.elapsed().as_secs_f64());
-        Ok(result)
+        Ok(lifecycle::drive(&mut sandbox, cell, cancel).await)
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
@@ -676,6 +349,310 @@ impl Backend for ModalBackend {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
+    }
+}
+
+/// One cell's sandbox: the modal backend's platform.
+struct Sandbox<'a> {
+    backend: &'a ModalBackend,
+    log: Option<std::fs::File>,
+    /// Once created (the one that runs, or the one waiting for a GPU).
+    id: Option<String>,
+    /// The image's label, for the record.
+    label: Option<String>,
+    info: Vec<(&'static str, serde_json::Value)>,
+    lines: Option<mpsc::UnboundedReceiver<String>>,
+    out_task: Option<tokio::task::JoinHandle<Result<(), ModalError>>>,
+    err_task: Option<tokio::task::JoinHandle<()>>,
+    /// The sandbox's end was waited for.
+    waited: bool,
+    end_status: GenericStatus,
+    end_code: i32,
+}
+
+impl Sandbox<'_> {
+    fn log(&mut self, line: &str) {
+        if let Some(f) = self.log.as_mut() {
+            let _ = writeln!(f, "orch: {line}");
+        }
+    }
+
+    /// Build (or find) the image, the agent's mount, the secret and the
+    /// volume, then try the GPU alternatives in order until one is scheduled.
+    async fn create(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        let backend = self.backend;
+        let modal = &backend.modal;
+        let backend_err = |e: ModalError| Early::failed("backend", BackendError::from(e).to_string());
+        let Some(spec) = cell
+            .launch
+            .image
+            .as_ref()
+            .and_then(|k| backend.images.get(k))
+            .cloned()
+        else {
+            return Err(Early::failed(
+                "no_image",
+                "the cell names no `image`; the modal backend needs one (`image: REF` or `image: {build: NAME}`)",
+            ));
+        };
+        self.label = Some(spec.label.clone());
+        let app_id = backend.app_id().await.map_err(backend_err)?;
+        let build_log = cell.dir.join("image-build.log");
+        let (image_id, build_s) = match backend.image(&spec, &build_log).await {
+            Ok(v) => v,
+            Err(ModalError::ImageBuild { image, step, message }) => {
+                let tail: Vec<String> = std::fs::read_to_string(&build_log)
+                    .unwrap_or_default()
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .map(String::from)
+                    .collect();
+                let at = step
+                    .as_ref()
+                    .map(|s| format!(" at step `{s}`"))
+                    .unwrap_or_default();
+                cell.note(&format!(
+                    "modal image build failed{at}: {message}\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+                if let Some(s) = step {
+                    self.info.push(("image_build_failed_step", s.into()));
+                }
+                return Err(Early::failed(
+                    "image_build_failed",
+                    format!("the image `{image}` did not build{at}: {message}"),
+                ));
+            }
+            Err(e) => return Err(backend_err(e)),
+        };
+        self.info.push(("modal_image_id", image_id.clone().into()));
+        self.info.push(("modal_image_build_s", build_s.into()));
+        let mount_id = backend.agent_mount(&app_id).await.map_err(backend_err)?;
+        let secret_ids = if cell.launch.secrets.is_empty() {
+            vec![]
+        } else {
+            vec![ops::secret(modal, &app_id, &cell.launch.secrets)
+                .await
+                .map_err(backend_err)?]
+        };
+        let volume = backend.volume().await.map_err(backend_err)?;
+        let out_dir = format!("/tmp/orch/{}/{}", cell.task.run_id, cell.id);
+        let mut tried: Vec<String> = Vec::new();
+        for gpu in gpu_choices(&cell.task) {
+            let mut task = cell.task.clone();
+            task.gpu = gpu.clone();
+            task.weights_dir = volume.as_ref().map(|_| WEIGHTS_MOUNT.to_string());
+            let definition = proto::Sandbox {
+                entrypoint_args: vec![
+                    AGENT_PATH.into(),
+                    "run".into(),
+                    "--task-b64".into(),
+                    orch_backend::home::task_b64(&task),
+                    "--out".into(),
+                    out_dir.clone(),
+                    "--ship".into(),
+                ],
+                mount_ids: vec![mount_id.clone()],
+                image_id: image_id.clone(),
+                secret_ids: secret_ids.clone(),
+                resources: Some(proto::Resources {
+                    memory_mb: backend
+                        .opts
+                        .memory_mb
+                        .or(task.memory_limit_bytes.map(|b| (b >> 20) as u32))
+                        .unwrap_or(0),
+                    milli_cpu: backend.opts.cpu.map(|c| (c * 1000.0) as u32).unwrap_or(0),
+                    gpu_config: ops::gpu_config(&gpu, task.strict_hardware),
+                    memory_mb_max: task.memory_limit_bytes.map(|b| (b >> 20) as u32).unwrap_or(0),
+                    milli_cpu_max: 0,
+                }),
+                // The platform's limit, and a minute for the image's start.
+                timeout_secs: (lifecycle::platform_limit(&task.measure).as_secs_f64() + 60.0).ceil() as u32,
+                workdir: String::new(),
+                volume_mounts: volume
+                    .iter()
+                    .map(|v| proto::VolumeMount {
+                        volume_id: v.clone(),
+                        mount_path: WEIGHTS_MOUNT.into(),
+                        allow_background_commits: false,
+                        read_only: true,
+                    })
+                    .collect(),
+                name: String::new(),
+            };
+            let tags = [
+                ("orch.run", task.run_id.as_str()),
+                ("orch.cell", cell.id.as_str()),
+            ];
+            let asked = Instant::now();
+            let id = match ops::sandbox_create(modal, &app_id, definition, &tags).await {
+                Ok(id) => id,
+                Err(s) if gpu_refused(&s) => {
+                    self.log(&format!("GPU `{gpu}` refused by Modal: {}", s.message()));
+                    tried.push(format!("{gpu} (refused: {})", s.message()));
+                    continue;
+                }
+                Err(s) => return Err(backend_err(ModalError::rpc("SandboxCreate")(s))),
+            };
+            self.id = Some(id.clone());
+            self.log(&format!("sandbox {id} asks for GPU `{gpu}`"));
+            match ops::sandbox_scheduled(modal, &id, backend.opts.schedule_timeout)
+                .await
+                .map_err(backend_err)?
+            {
+                Scheduled::Running | Scheduled::Ended(_) => {
+                    self.info.push(("modal_sandbox_id", id.into()));
+                    self.info.push(("modal_gpu", gpu.to_string().into()));
+                    self.info
+                        .push(("modal_scheduling_s", asked.elapsed().as_secs_f64().into()));
+                    if !tried.is_empty() {
+                        self.info.push(("modal_gpus_tried", tried.into()));
+                    }
+                    return Ok(());
+                }
+                Scheduled::NotScheduled => {
+                    let _ = ops::sandbox_terminate(modal, &id).await;
+                    self.id = None;
+                    let wait = backend.opts.schedule_timeout.as_secs_f64();
+                    self.log(&format!("no `{gpu}` within {wait:.0}s; sandbox {id} terminated"));
+                    tried.push(format!("{gpu} (not scheduled within {wait:.0}s)"));
+                }
+            }
+        }
+        cell.note(&format!("no GPU could be had on modal: {}", tried.join(", ")));
+        self.info.push(("modal_gpus_tried", tried.clone().into()));
+        Err(Early::failed(
+            "gpu_unavailable",
+            format!("no GPU could be had on Modal: {}", tried.join(", ")),
+        ))
+    }
+}
+
+#[async_trait]
+impl Platform for Sandbox<'_> {
+    fn what(&self) -> &'static str {
+        "the sandbox"
+    }
+
+    async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        self.create(cell).await?;
+        let Some(id) = self.id.clone() else {
+            return Err(Early::failed("backend", "no sandbox was created"));
+        };
+        let modal = self.backend.modal.clone();
+        // Stderr (the agent's own) into sandbox.log, in the background.
+        if let Some(mut f) = self.log.take() {
+            let (modal, id) = (modal.clone(), id.clone());
+            self.err_task = Some(tokio::spawn(async move {
+                let _ = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stderr, |t| {
+                    let _ = f.write_all(t.as_bytes());
+                })
+                .await;
+                let _ = f.flush();
+            }));
+        }
+        // Stdout, the agent's frames, line by line.
+        let (line_tx, line_rx) = mpsc::unbounded_channel::<String>();
+        self.lines = Some(line_rx);
+        self.out_task = Some(tokio::spawn(async move {
+            let mut pending = String::new();
+            let r = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stdout, |t| {
+                pending.push_str(t);
+                while let Some(nl) = pending.find('\n') {
+                    let line: String = pending.drain(..=nl).collect();
+                    let _ = line_tx.send(line);
+                }
+            })
+            .await;
+            if !pending.is_empty() {
+                let _ = line_tx.send(pending);
+            }
+            r
+        }));
+        Ok(())
+    }
+
+    async fn next_line(&mut self, _cell: &mut Cell) -> Option<String> {
+        self.lines.as_mut()?.recv().await
+    }
+
+    async fn stop(&mut self, _cell: &mut Cell, _why: Stop, _kill: bool) {
+        // Terminating is Modal's SIGTERM then SIGKILL after its grace.
+        if let Some(id) = &self.id {
+            let _ = ops::sandbox_terminate(&self.backend.modal, id).await;
+        }
+    }
+
+    async fn end(&mut self, cell: &mut Cell, stopped: Option<Stop>) -> PlatformEnd {
+        let modal = &self.backend.modal;
+        let Some(id) = self.id.clone() else {
+            return PlatformEnd::default();
+        };
+        let stream = match self.out_task.take() {
+            Some(t) => t.await.ok(),
+            None => None,
+        };
+        // Frames missing in the middle (a stream resumed past them): read
+        // the whole log again; frames already seen are dropped by number.
+        if let Some(home) = cell.stream.home() {
+            if home.result().is_none() && home.gaps() {
+                let mut all = String::new();
+                let _ =
+                    ops::sandbox_logs(modal, &id, proto::FileDescriptor::Stdout, |t| all.push_str(t)).await;
+                for line in all.lines() {
+                    let _ = home.line(line);
+                }
+            }
+        }
+        let recovered = cell.stream.home().and_then(|h| h.result().cloned());
+        let end = match tokio::time::timeout(Duration::from_secs(120), ops::sandbox_wait(modal, &id)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => GenericResult::default(),
+            Err(_) => {
+                let _ = ops::sandbox_terminate(modal, &id).await;
+                GenericResult::default()
+            }
+        };
+        if let Some(t) = self.err_task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        self.waited = true;
+        self.end_status = GenericStatus::try_from(end.status).unwrap_or(GenericStatus::Unspecified);
+        self.end_code = end.exitcode;
+        let (status, mut failure) = ended_without_result(&end, stopped.map(Stop::status));
+        if let Some(Err(e)) = stream {
+            failure
+                .message
+                .push_str(&format!(" (the log stream failed: {e})"));
+        }
+        // The exit status is the agent's own only where the sandbox failed by
+        // itself (not terminated, timed out or killed for memory).
+        let exit_code = failure.exit_code.filter(|_| failure.kind == "sandbox_failed");
+        // Modal's OOM kill is `oom`, whatever the agent managed to say;
+        // other ends are Modal's words (a signal in the exit code of a
+        // failed sandbox is the agent's crash).
+        PlatformEnd::named(recovered, exit_code, (status, failure), &["oom"])
+    }
+
+    fn note_line(&self, f: &Failure) -> Option<String> {
+        // Noted with their own words when they happened.
+        (!matches!(f.kind.as_str(), "image_build_failed" | "gpu_unavailable")).then(|| note_line(f))
+    }
+
+    async fn finish(&mut self, _cell: &mut Cell, result: &mut CellResult) {
+        for (k, v) in self.info.drain(..) {
+            result.info.insert(k.into(), v);
+        }
+        if self.waited {
+            result
+                .info
+                .insert("modal_exit_status".into(), self.end_status.as_str_name().into());
+            result.info.insert("modal_exit_code".into(), self.end_code.into());
+        }
+        if let Some(label) = &self.label {
+            result.info.insert("container_image".into(), label.clone().into());
+        }
     }
 }
 

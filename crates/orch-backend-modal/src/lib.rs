@@ -13,10 +13,26 @@
 //! - [`backend`]: the [`orch_backend::Backend`] for `--backend modal`;
 //! - [`setup`]: `orch setup --backend modal`, the download run inside a sandbox
 //!   with the weights volume mounted read-write.
+//!
+//! ## What is where
+//!
+//! What is where: `--backend modal`: `proto/modal_api.proto` (our subset of
+//! `modal.client.ModalClient`, compiled by protox in `build.rs`: no system `protoc`;
+//! `tests/proto_matches_official.rs` checks it against the official wheel's descriptor);
+//! `config.rs` (token from env or `~/.modal.toml`, never shown); `client.rs` (Modal's
+//! headers, `AuthTokenGet`, retries with one idempotency key per call); `ops.rs`
+//! (environment, app, image build with streamed log and failing step, content-addressed
+//! mounts with blob upload, secrets, volumes, sandbox create/schedule/logs from the last
+//! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, GPU fallback, ends
+//! mapped to `oom`/`sandbox_terminated`/`timeout`, `cleanup` by tag); `setup.rs` (setup
+//! in a sandbox, weights check from the volume). Its host side (`host.rs`): settings from
+//! the suite and the flags, each cell's image, the weights check, `orch setup` run
+//! remotely, `orch down`.
 
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod host;
 pub mod ops;
 pub mod setup;
 
@@ -116,5 +132,11 @@ impl From<ModalError> for orch_backend::BackendError {
                 source: std::io::Error::other(other.to_string()),
             },
         }
+    }
+}
+
+impl orch_protocol::ErrorClass for ModalError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
     }
 }

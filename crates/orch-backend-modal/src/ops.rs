@@ -710,16 +710,9 @@ pub async fn sandbox_logs(
 }
 
 /// `H100:8` → (`H100`, 8); `H100!` (pinned) stays as written; `none` → `None`.
-pub fn gpu_config(spec: &str, pin: bool) -> Option<proto::GpuConfig> {
-    let spec = spec.trim();
-    if spec.is_empty() || spec.eq_ignore_ascii_case("none") || spec.eq_ignore_ascii_case("cpu") {
-        return None;
-    }
-    let (ty, count) = match spec.rsplit_once(':') {
-        Some((t, c)) => (t, c.parse().unwrap_or(1)),
-        None => (spec, 1),
-    };
-    let mut ty = ty.to_string();
+pub fn gpu_config(gpu: &orch_protocol::GpuRequest, pin: bool) -> Option<proto::GpuConfig> {
+    let count = gpu.count();
+    let mut ty = gpu.kind()?.to_string();
     if pin && !ty.ends_with('!') {
         ty.push('!');
     }
@@ -750,13 +743,13 @@ mod tests {
 
     #[test]
     fn gpu_specs_become_gpu_configs() {
-        let g = gpu_config("H100:8", false).unwrap();
+        let g = gpu_config(&"H100:8".into(), false).unwrap();
         assert_eq!((g.gpu_type.as_str(), g.count), ("H100", 8));
-        let g = gpu_config("H100", true).unwrap();
+        let g = gpu_config(&"H100".into(), true).unwrap();
         assert_eq!((g.gpu_type.as_str(), g.count), ("H100!", 1));
-        let g = gpu_config("A100-80GB:2", false).unwrap();
+        let g = gpu_config(&"A100-80GB:2".into(), false).unwrap();
         assert_eq!((g.gpu_type.as_str(), g.count), ("A100-80GB", 2));
-        assert!(gpu_config("none", false).is_none());
+        assert!(gpu_config(&"none".into(), false).is_none());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// The image setup sandboxes use when none is given
 /// (`ORCH_MODAL_SETUP_IMAGE`): any image with CA certificates will do.
-pub const DEFAULT_SETUP_IMAGE: &str = "python:3.11-slim";
+pub use orch_backend::host::DEFAULT_SETUP_IMAGE;
 
 pub struct SetupJob {
     pub app_name: String,

@@ -5,8 +5,8 @@
 //! upstream protocol change fails this test, not our users.
 //!
 //! Needs `python3` with `modal` installed (`.ci/run` installs it). Under
-//! `CI=true` a missing `modal` fails the test; elsewhere it is skipped with
-//! the reason printed.
+//! CI a missing `modal` fails the test; elsewhere it is skipped with the
+//! reason printed (`orch_testkit::skip`).
 
 use prost::Message;
 use prost_types::{DescriptorProto, EnumDescriptorProto, FileDescriptorProto, FileDescriptorSet};
@@ -25,10 +25,12 @@ fn official() -> Option<FileDescriptorProto> {
             Ok(o) => String::from_utf8_lossy(&o.stderr).to_string(),
             Err(e) => e.to_string(),
         };
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("the official `modal` client is needed (pip install modal): {why}");
-        }
-        eprintln!("skipped: python3 with `modal` is not installed here ({why})");
+        orch_testkit::skip::skip_or_fail(
+            &orch_testkit::skip::current_test(),
+            &format!(
+                "python3 with the official `modal` client is not installed here (pip install modal): {why}"
+            ),
+        );
         return None;
     }
     let text = String::from_utf8(out.unwrap().stdout).unwrap();

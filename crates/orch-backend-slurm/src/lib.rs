@@ -25,14 +25,29 @@
 //!   which `cleanup` (`orch down RUN`) cancels by.
 //!
 //! No scheduler library: the commands every Slurm login node has.
+//!
+//! ## What is where
+//!
+//! What is where: the `slurm` backend: `script.rs` (the cell's `job.sh` with its
+//! `#SBATCH` options and rendezvous variables, the per-node `node.sh` that starts the
+//! agent into the job folder or `nodes/<rank>/`), `sched.rs` (`sbatch`, one `squeue` for
+//! every watched job, `scontrol`/`sacct` for a finished job, `scancel`, jobs of a run by
+//! name/comment), `follow.rs` (the event stream's new lines, a mirror of a job folder on
+//! `shared_dir` into the store), `lib.rs` (`SlurmBackend`: submission, live pending
+//! reasons, `max_pending`, never-startable reasons, cancel, job end → status
+//! (`OUT_OF_MEMORY`/`TIMEOUT`/`NODE_FAIL`/`PREEMPTED`), every node's record into
+//! `info.nodes`; `run_job` for `orch setup --as-job`). It does not: link a Slurm library
+//! or talk to `slurmrestd`: the commands every login node has.
 
 pub mod follow;
+pub mod host;
 pub mod sched;
 pub mod script;
 
 use async_trait::async_trait;
 use follow::{Mirror, Tail};
-use orch_backend::{Backend, BackendError, CellEvent, CellLaunch, EventRelay};
+use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
+use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
 use orch_protocol::{CellResult, Event, Failure, Status};
 use sched::{JobEnd, Scheduler, UNSATISFIABLE};
 use script::{GpuFlag, JobSpec};
@@ -41,6 +56,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
+pub use host::SlurmHost;
 pub use script::GpuFlag as GpuRequest;
 
 /// How a suite runs on the cluster (the manifest's `slurm:` section).
@@ -299,23 +315,16 @@ impl SlurmBackend {
 
     fn job_spec(&self, launch: &CellLaunch, job_dir: &Path) -> JobSpec {
         let task = &launch.task;
-        let gpu = match task.gpu.as_str() {
-            "none" | "" => None,
-            g => {
-                let (ty, n) = match g.rsplit_once(':') {
-                    Some((t, n)) => (t, n.parse().unwrap_or(1)),
-                    None => (g, 1),
-                };
-                let gres = self
-                    .cfg
-                    .gpu_types
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(ty))
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_else(|| ty.to_ascii_lowercase());
-                Some((gres, n))
-            }
-        };
+        let gpu = task.gpu.type_name().map(|ty| {
+            let gres = self
+                .cfg
+                .gpu_types
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(ty))
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| ty.to_ascii_lowercase());
+            (gres, task.gpu.count())
+        });
         JobSpec {
             run_id: task.run_id.clone(),
             cell_id: task.cell_id.clone(),
@@ -334,16 +343,6 @@ impl SlurmBackend {
             agent: self.agent.clone(),
         }
     }
-}
-
-/// Why the host ended a job.
-#[derive(Debug, Clone, PartialEq)]
-enum ByHost {
-    Cancelled,
-    /// Pending for a reason that no wait can lift (`PartitionNodeLimit`...).
-    Unsatisfiable(String),
-    PendingTooLong(String),
-    LostController(String),
 }
 
 #[async_trait]
@@ -374,17 +373,8 @@ impl Backend for SlurmBackend {
         &self,
         launch: CellLaunch,
         events: mpsc::UnboundedSender<CellEvent>,
-        mut cancel: watch::Receiver<bool>,
+        cancel: watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
-        let cell_id = launch.task.cell_id.clone();
-        let notes = events.clone();
-        let note = |text: String| {
-            let _ = notes.send(CellEvent {
-                cell_id: cell_id.clone(),
-                event: Event::Message { text },
-            });
-        };
-        let mut relay = EventRelay::new(&cell_id, events);
         let (job_dir, mirrored) = self.job_dir(&launch);
         if mirrored {
             // A folder left by an earlier attempt of this cell goes first.
@@ -413,205 +403,30 @@ impl Backend for SlurmBackend {
                 .await
                 .map_err(io_err(format!("write `{}`", p.display())))?;
         }
-        let mut mirror = mirrored.then(|| Mirror::new(job_dir.clone(), launch.cell_dir.clone()));
-        let sync = |m: Option<Mirror>, full: bool| async move {
-            match m {
-                Some(mut m) => tokio::task::spawn_blocking(move || {
-                    let _ = m.sync(full);
-                    m
-                })
-                .await
-                .ok(),
-                None => None,
-            }
+        let mirror = mirrored.then(|| Mirror::new(job_dir.clone(), launch.cell_dir.clone()));
+        // The agent writes `events.jsonl` into the job folder itself.
+        let cell = Cell::with_agent_events(launch, events)?;
+        let mut job = SlurmJob {
+            backend: self,
+            tail: Tail::new(job_dir.join("events.jsonl")),
+            spec,
+            job_dir,
+            mirror,
+            job: None,
+            lines: Default::default(),
+            submitted: Instant::now(),
+            last_reason: String::new(),
+            last_query: None,
+            failing_since: None,
+            state_seen: None,
+            running: false,
+            done: false,
+            result_at: None,
+            stopped: false,
+            gave_up: None,
+            end: None,
         };
-
-        let cwd = std::env::current_dir().ok();
-        let job = match self
-            .sched
-            .submit(&job_dir.join("job.sh"), &launch.secrets, cwd.as_deref())
-            .await
-        {
-            Ok(id) => id,
-            Err(e) => {
-                let said = e.stderr().to_string();
-                let _ = tokio::fs::write(job_dir.join("agent.log"), format!("orch: sbatch: {e}\n")).await;
-                sync(mirror.take(), true).await;
-                let (kind, message) = if said.contains(UNSATISFIABLE) {
-                    (
-                        "unsatisfiable",
-                        format!(
-                            "slurm refused the job: no node can ever run it ({}); asked: {}",
-                            UNSATISFIABLE,
-                            request_text(&spec)
-                        ),
-                    )
-                } else {
-                    ("submit", format!("slurm refused the job: {e}"))
-                };
-                let mut r = CellResult::failed(&cell_id, Status::Failed, kind, message);
-                r.info.insert("slurm_request".into(), request_text(&spec).into());
-                return Ok(r);
-            }
-        };
-        note(format!("slurm job {job} submitted"));
-
-        let mut tail = Tail::new(job_dir.join("events.jsonl"));
-        let submitted = Instant::now();
-        let mut result: Option<CellResult> = None;
-        let mut by_host: Option<ByHost> = None;
-        let mut last_reason = String::new();
-        let mut last_query = None::<Instant>;
-        let mut result_at = None::<Instant>;
-        let mut failing_since = None::<Instant>;
-        let mut state_seen = None::<sched::JobState>;
-        let mut started = false;
-        loop {
-            // A stop asked before this loop began is not a change to wait for.
-            if by_host.is_none() && *cancel.borrow() {
-                by_host = Some(ByHost::Cancelled);
-                let _ = self.sched.cancel(std::slice::from_ref(&job)).await;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(FILE_POLL) => {}
-                changed = cancel.changed(), if by_host.is_none() => {
-                    if changed.is_err() || *cancel.borrow() {
-                        by_host = Some(ByHost::Cancelled);
-                        let _ = self.sched.cancel(std::slice::from_ref(&job)).await;
-                    }
-                }
-            }
-            for line in tail.lines() {
-                if let Some(r) = relay.line(&line) {
-                    result = Some(r);
-                    result_at.get_or_insert_with(Instant::now);
-                }
-            }
-            mirror = sync(mirror.take(), false).await;
-            // Once the result is in (or the job was told to stop), ask often
-            // until the job has left; otherwise at the configured pace.
-            let pace = if result.is_some() || by_host.is_some() {
-                FILE_POLL
-            } else {
-                self.poll()
-            };
-            if last_query.is_some_and(|t| t.elapsed() < pace) {
-                continue;
-            }
-            last_query = Some(Instant::now());
-            match self.sched.state(&job, pace).await {
-                Ok(Some(s)) => {
-                    failing_since = None;
-                    if s.is_pending() {
-                        if s.reason != last_reason && s.reason != "None" {
-                            note(format!("slurm job {job} pending: {}", s.reason));
-                            last_reason = s.reason.clone();
-                        }
-                        if by_host.is_none() && NEVER_REASONS.contains(&s.reason.as_str()) {
-                            by_host = Some(ByHost::Unsatisfiable(s.reason.clone()));
-                            let _ = self.sched.cancel(std::slice::from_ref(&job)).await;
-                        }
-                        if let (Some(max), None) = (self.cfg.max_pending, &by_host) {
-                            if submitted.elapsed() > max {
-                                by_host = Some(ByHost::PendingTooLong(s.reason.clone()));
-                                let _ = self.sched.cancel(std::slice::from_ref(&job)).await;
-                            }
-                        }
-                    } else if !started && !s.is_done() {
-                        started = true;
-                        note(format!("slurm job {job} running on {}", s.nodes));
-                    }
-                    let done = s.is_done();
-                    state_seen = Some(s);
-                    if done {
-                        break;
-                    }
-                }
-                // The controller no longer lists it: it ended a while ago.
-                Ok(None) => break,
-                Err(e) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > LOST_CONTROLLER {
-                        let _ = self.sched.cancel(std::slice::from_ref(&job)).await;
-                        by_host = Some(ByHost::LostController(e.to_string()));
-                        break;
-                    }
-                }
-            }
-            if result_at.is_some_and(|t| t.elapsed() > END_WAIT) {
-                break;
-            }
-        }
-        for line in tail.lines() {
-            if let Some(r) = relay.line(&line) {
-                result = Some(r);
-            }
-        }
-        let end = self.sched.end(&job).await.unwrap_or_else(|| JobEnd {
-            state: state_seen.as_ref().map(|s| s.state.clone()).unwrap_or_default(),
-            reason: state_seen.as_ref().map(|s| s.reason.clone()).unwrap_or_default(),
-            ..Default::default()
-        });
-        self.sched.forget(&job).await;
-        if result.is_none() {
-            if let Ok(bytes) = tokio::fs::read(job_dir.join("result.json")).await {
-                result = serde_json::from_slice(&bytes).ok().map(|r| relay.stamp(r));
-            }
-        }
-        let slurm_log = tokio::fs::read_to_string(job_dir.join("slurm.log"))
-            .await
-            .unwrap_or_default();
-        let mut result = judge(&cell_id, result, &end, &slurm_log, by_host.as_ref(), &spec);
-        if result.status != Status::Succeeded {
-            // The scheduler's side of the story, where `orch logs` and the
-            // diagnosis read it.
-            let mut text = format!(
-                "orch: slurm job {job} ended {} (reason {}, exit code {}:{})\n",
-                if end.state.is_empty() {
-                    "UNKNOWN"
-                } else {
-                    &end.state
-                },
-                if end.reason.is_empty() {
-                    "None"
-                } else {
-                    &end.reason
-                },
-                end.exit_code.unwrap_or(0),
-                end.signal.unwrap_or(0)
-            );
-            if let Some(ByHost::Unsatisfiable(reason)) = &by_host {
-                text.push_str(&format!(
-                    "orch: slurm job {job} cannot run as asked (pending reason {reason})\n"
-                ));
-            }
-            if let Some(ByHost::PendingTooLong(reason)) = &by_host {
-                text.push_str(&format!(
-                    "orch: slurm job {job} pending longer than `max_pending` (last reason: {reason})\n"
-                ));
-            }
-            if let Some(f) = result.failure.as_ref().filter(|f| f.kind == "agent_crashed") {
-                text.push_str(&format!("orch: {}\n", f.message));
-            }
-            text.push_str(&slurm_log);
-            let log = job_dir.join("agent.log");
-            let mut old = tokio::fs::read_to_string(&log).await.unwrap_or_default();
-            if !old.is_empty() && !old.ends_with('\n') {
-                old.push('\n');
-            }
-            let _ = tokio::fs::write(&log, old + &text).await;
-        }
-        node_results(&job_dir, &mut result).await;
-        result.info.insert("slurm_job_id".into(), job.clone().into());
-        if !end.nodes.is_empty() {
-            result.info.insert("slurm_nodes".into(), end.nodes.clone().into());
-        }
-        result.info.insert("slurm_state".into(), end.state.clone().into());
-        result
-            .info
-            .insert("slurm_request".into(), request_text(&spec).into());
-        sync(mirror.take(), true).await;
-        Ok(relay.stamp(result))
+        Ok(lifecycle::drive(&mut job, cell, cancel).await)
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
@@ -662,152 +477,397 @@ fn killed_for_memory(end: &JobEnd, log: &str) -> bool {
         || log.contains("oom-kill event")
 }
 
-/// The cell's result from the agent's (if any) and the job's end.
-fn judge(
-    cell_id: &str,
-    result: Option<CellResult>,
-    end: &JobEnd,
-    log: &str,
-    by_host: Option<&ByHost>,
-    spec: &JobSpec,
-) -> CellResult {
-    let state = end.state.as_str();
-    let mem = || {
-        format!(
-            "slurm killed the job for using more memory than it asked for ({})",
-            spec.mem_mib
-                .map(|m| format!("--mem={m}M"))
-                .unwrap_or_else(|| "the partition's default memory".into())
-        )
-    };
-    let failed = |status: Status, kind: &str, message: String| {
-        let mut r = CellResult::failed(cell_id, status, kind, message);
-        if let Some(f) = r.failure.as_mut() {
-            f.exit_code = end.exit_code;
-            f.signal = end.signal;
+/// Why the host gave a job up before it ran.
+#[derive(Debug, Clone, PartialEq)]
+enum GaveUp {
+    /// Pending for a reason that no wait can lift (`PartitionNodeLimit`...).
+    Unsatisfiable(String),
+    PendingTooLong(String),
+    LostController(String),
+}
+
+impl GaveUp {
+    fn early(&self, spec: &JobSpec) -> Early {
+        match self {
+            GaveUp::PendingTooLong(reason) => Early::failed(
+                "pending_too_long",
+                format!(
+                    "the job waited in the queue longer than `max_pending` (last reason: {reason}) and was cancelled"
+                ),
+            ),
+            GaveUp::Unsatisfiable(reason) => Early::failed(
+                "unsatisfiable",
+                format!(
+                    "slurm cannot run the job as asked (pending reason {reason}: the partition has fewer nodes, or limits lower than asked); asked: {}",
+                    request_text(spec)
+                ),
+            ),
+            GaveUp::LostController(e) => Early::failed(
+                "scheduler_unreachable",
+                format!("the Slurm controller did not answer for {}s: {e}", LOST_CONTROLLER.as_secs()),
+            ),
         }
-        r
-    };
-    let preempted = || {
-        failed(
-            Status::Cancelled,
-            "preempted",
-            "slurm preempted the job (a higher-priority job took its nodes); `orch run --resume RUN` runs the cell again"
-                .into(),
-        )
-    };
-    let node_failure = || {
-        failed(
-            Status::Failed,
-            "node_failure",
-            format!(
-                "a node of the job failed ({state} on {}); the cell did not finish",
-                if end.nodes.is_empty() { "?" } else { &end.nodes }
-            ),
-        )
-    };
-    let time_limit = || {
-        failed(
-            Status::Timeout,
-            "timeout",
-            format!("slurm's time limit ({} min) ended the job", spec.time_minutes),
-        )
-    };
-    match (result, by_host) {
-        (_, Some(ByHost::PendingTooLong(reason))) => failed(
-            Status::Failed,
-            "pending_too_long",
-            format!(
-                "the job waited in the queue longer than `max_pending` (last reason: {reason}) and was cancelled"
-            ),
-        ),
-        (_, Some(ByHost::Unsatisfiable(reason))) => failed(
-            Status::Failed,
-            "unsatisfiable",
-            format!(
-                "slurm cannot run the job as asked (pending reason {reason}: the partition has fewer nodes, or limits lower than asked); asked: {}",
-                request_text(spec)
-            ),
-        ),
-        (_, Some(ByHost::LostController(e))) => failed(
-            Status::Failed,
-            "scheduler_unreachable",
-            format!("the Slurm controller did not answer for {}s: {e}", LOST_CONTROLLER.as_secs()),
-        ),
-        (Some(r), _) if r.status == Status::Succeeded => r,
-        // `scancel` signals every process of the job, the workload too:
-        // whatever the agent saw, the cell was stopped.
-        (Some(r), Some(ByHost::Cancelled)) => CellResult {
-            status: Status::Cancelled,
-            failure: Some(Failure {
-                kind: "cancelled".into(),
-                message: "the job was cancelled (`scancel`)".into(),
-                exit_code: r.failure.as_ref().and_then(|f| f.exit_code),
-                signal: r.failure.as_ref().and_then(|f| f.signal),
-            }),
-            ..r
-        },
-        (Some(r), _) if killed_for_memory(end, log) && r.status != Status::Cancelled => {
-            let mut o = failed(Status::Oom, "oom", mem());
-            o.metrics = r.metrics;
-            o.timings = r.timings;
-            o.hardware = r.hardware;
-            o.info = r.info;
-            o
-        }
-        (Some(r), _) if state == "PREEMPTED" => CellResult { failure: preempted().failure, ..r },
-        (Some(r), _) if state == "TIMEOUT" && r.status == Status::Cancelled => CellResult {
-            status: Status::Timeout,
-            failure: time_limit().failure,
-            ..r
-        },
-        (Some(r), _) if matches!(state, "NODE_FAIL" | "BOOT_FAIL") => CellResult {
-            status: Status::Failed,
-            failure: node_failure().failure,
-            ..r
-        },
-        (Some(r), _) => r,
-        (None, Some(ByHost::Cancelled)) => failed(Status::Cancelled, "cancelled", "the job was cancelled".into()),
-        (None, None) if killed_for_memory(end, log) => failed(Status::Oom, "oom", mem()),
-        (None, None) => match state {
-            "TIMEOUT" | "DEADLINE" => time_limit(),
-            "PREEMPTED" => preempted(),
-            "NODE_FAIL" | "BOOT_FAIL" => node_failure(),
-            "CANCELLED" => failed(
-                Status::Failed,
-                "cancelled_outside",
-                "the job was cancelled outside orch (`scancel`, an administrator or a reservation's end)".into(),
-            ),
-            _ => {
-                let tail: Vec<&str> = log.lines().rev().filter(|l| !l.trim().is_empty()).take(3).collect();
-                let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
-                // Slurm's `exit code N:S`: S is the signal that ended the
-                // step, or N is a shell's 128 + signal.
-                let signal = end
-                    .signal
-                    .filter(|s| *s > 0)
-                    .or_else(|| end.exit_code.and_then(orch_protocol::signal_of_exit_code));
-                let mut r = failed(
-                    Status::Failed,
-                    "agent_crashed",
-                    format!(
-                        "the agent crashed: the job ended without a result ({}, exit code {}:{}{}){}",
-                        if state.is_empty() { "state unknown" } else { state },
-                        end.exit_code.unwrap_or(0),
-                        end.signal.unwrap_or(0),
-                        signal
-                            .map(|s| format!(", killed by {}", orch_protocol::describe_signal(s)))
-                            .unwrap_or_default(),
-                        if tail.is_empty() { String::new() } else { format!(": {tail}") }
-                    ),
-                );
-                if let Some(f) = r.failure.as_mut() {
-                    f.signal = signal;
-                }
-                r
-            }
-        },
     }
+}
+
+/// One cell's batch job: the slurm backend's platform.
+struct SlurmJob<'a> {
+    backend: &'a SlurmBackend,
+    spec: JobSpec,
+    job_dir: PathBuf,
+    mirror: Option<Mirror>,
+    job: Option<String>,
+    tail: Tail,
+    /// Lines read and not handed out yet.
+    lines: std::collections::VecDeque<String>,
+    submitted: Instant,
+    last_reason: String,
+    last_query: Option<Instant>,
+    failing_since: Option<Instant>,
+    state_seen: Option<sched::JobState>,
+    running: bool,
+    done: bool,
+    result_at: Option<Instant>,
+    stopped: bool,
+    gave_up: Option<GaveUp>,
+    end: Option<JobEnd>,
+}
+
+impl SlurmJob<'_> {
+    async fn sync(&mut self, full: bool) {
+        if let Some(mut m) = self.mirror.take() {
+            self.mirror = tokio::task::spawn_blocking(move || {
+                let _ = m.sync(full);
+                m
+            })
+            .await
+            .ok();
+        }
+    }
+
+    async fn cancel_job(&self) {
+        if let Some(job) = &self.job {
+            let _ = self.backend.sched.cancel(std::slice::from_ref(job)).await;
+        }
+    }
+
+    /// New lines of the event file, the mirror, and (at the pace) the
+    /// scheduler's state. Returns once something may have changed.
+    async fn poll(&mut self, cell: &Cell) {
+        tokio::time::sleep(FILE_POLL).await;
+        for line in self.tail.lines() {
+            if matches!(Event::from_line(&line), Ok(Event::Result { .. })) {
+                self.result_at.get_or_insert_with(Instant::now);
+            }
+            self.lines.push_back(line);
+        }
+        self.sync(false).await;
+        let Some(job) = self.job.clone() else {
+            self.done = true;
+            return;
+        };
+        // Once the result is in (or the job was told to stop), ask often
+        // until the job has left; otherwise at the configured pace.
+        let pace = if self.result_at.is_some() || self.stopped {
+            FILE_POLL
+        } else {
+            self.backend.poll()
+        };
+        if self.last_query.is_some_and(|t| t.elapsed() < pace) {
+            return;
+        }
+        self.last_query = Some(Instant::now());
+        match self.backend.sched.state(&job, pace).await {
+            Ok(Some(s)) => {
+                self.failing_since = None;
+                if s.is_pending() {
+                    if s.reason != self.last_reason && s.reason != "None" {
+                        cell.message(&format!("slurm job {job} pending: {}", s.reason));
+                        self.last_reason = s.reason.clone();
+                    }
+                    if !self.stopped && self.gave_up.is_none() {
+                        if NEVER_REASONS.contains(&s.reason.as_str()) {
+                            self.gave_up = Some(GaveUp::Unsatisfiable(s.reason.clone()));
+                        } else if self
+                            .backend
+                            .cfg
+                            .max_pending
+                            .is_some_and(|max| self.submitted.elapsed() > max)
+                        {
+                            self.gave_up = Some(GaveUp::PendingTooLong(s.reason.clone()));
+                        }
+                        if self.gave_up.is_some() {
+                            self.cancel_job().await;
+                        }
+                    }
+                } else if !self.running && !s.is_done() {
+                    self.running = true;
+                    cell.message(&format!("slurm job {job} running on {}", s.nodes));
+                }
+                self.done = s.is_done();
+                self.state_seen = Some(s);
+            }
+            // The controller no longer lists it: it ended a while ago.
+            Ok(None) => self.done = true,
+            Err(e) => {
+                let since = *self.failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > LOST_CONTROLLER {
+                    self.cancel_job().await;
+                    self.gave_up = Some(GaveUp::LostController(e.to_string()));
+                    self.done = true;
+                }
+            }
+        }
+        if self.result_at.is_some_and(|t| t.elapsed() > END_WAIT) {
+            self.done = true;
+        }
+    }
+
+    /// The job's end as the scheduler tells it (asked once).
+    async fn job_end(&mut self) -> JobEnd {
+        if let Some(e) = &self.end {
+            return e.clone();
+        }
+        let Some(job) = self.job.clone() else {
+            return JobEnd::default();
+        };
+        let seen = self.state_seen.as_ref();
+        let end = self.backend.sched.end(&job).await.unwrap_or_else(|| JobEnd {
+            state: seen.map(|s| s.state.clone()).unwrap_or_default(),
+            reason: seen.map(|s| s.reason.clone()).unwrap_or_default(),
+            ..Default::default()
+        });
+        self.backend.sched.forget(&job).await;
+        self.end = Some(end.clone());
+        end
+    }
+}
+
+#[async_trait]
+impl Platform for SlurmJob<'_> {
+    fn what(&self) -> &'static str {
+        "the job"
+    }
+
+    fn limit(&self, _m: &orch_protocol::Measure) -> Duration {
+        // Slurm's `--time`, in whole minutes.
+        Duration::from_secs(self.spec.time_minutes * 60)
+    }
+
+    async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        let cwd = std::env::current_dir().ok();
+        let submitted = self
+            .backend
+            .sched
+            .submit(&self.job_dir.join("job.sh"), &cell.launch.secrets, cwd.as_deref())
+            .await;
+        let job = match submitted {
+            Ok(id) => id,
+            Err(e) => {
+                let said = e.stderr().to_string();
+                let _ =
+                    tokio::fs::write(self.job_dir.join("agent.log"), format!("orch: sbatch: {e}\n")).await;
+                return Err(if said.contains(UNSATISFIABLE) {
+                    Early::failed(
+                        "unsatisfiable",
+                        format!(
+                            "slurm refused the job: no node can ever run it ({UNSATISFIABLE}); asked: {}",
+                            request_text(&self.spec)
+                        ),
+                    )
+                } else {
+                    Early::failed("submit", format!("slurm refused the job: {e}"))
+                });
+            }
+        };
+        cell.message(&format!("slurm job {job} submitted"));
+        self.job = Some(job);
+        self.submitted = Instant::now();
+        while !self.running && !self.done {
+            self.poll(cell).await;
+            if let Some(g) = &self.gave_up {
+                return Err(g.early(&self.spec));
+            }
+        }
+        Ok(())
+    }
+
+    async fn next_line(&mut self, cell: &mut Cell) -> Option<String> {
+        loop {
+            if let Some(line) = self.lines.pop_front() {
+                return Some(line);
+            }
+            if self.done {
+                // The last lines written before the job left.
+                self.lines.extend(self.tail.lines());
+                return self.lines.pop_front();
+            }
+            self.poll(cell).await;
+        }
+    }
+
+    async fn stop(&mut self, _cell: &mut Cell, _why: Stop, _kill: bool) {
+        // `scancel` signals every process of the job, the workload too.
+        self.stopped = true;
+        self.cancel_job().await;
+    }
+
+    async fn end(&mut self, cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {
+        let end = self.job_end().await;
+        let log = tokio::fs::read_to_string(self.job_dir.join("slurm.log"))
+            .await
+            .unwrap_or_default();
+        let (verdict, words) = job_end(&end, &log, &self.spec);
+        // Slurm's `exit code N:S`: S is the signal that ended the step, or
+        // N is a shell's 128 + signal.
+        let signal = end
+            .signal
+            .filter(|s| *s > 0)
+            .or_else(|| end.exit_code.and_then(orch_protocol::signal_of_exit_code));
+        let _ = cell;
+        PlatformEnd {
+            result: Cell::result_file(&self.job_dir),
+            exit_code: end.exit_code,
+            signal,
+            verdict,
+            words,
+        }
+    }
+
+    fn note_line(&self, _f: &Failure) -> Option<String> {
+        None
+    }
+
+    async fn finish(&mut self, _cell: &mut Cell, result: &mut CellResult) {
+        let end = self.job_end().await;
+        if let Some(job) = self.job.clone() {
+            if result.status != Status::Succeeded {
+                // The scheduler's side of the story, where `orch logs` and
+                // the diagnosis read it.
+                let or = |s: &str, d: &'static str| {
+                    if s.is_empty() {
+                        d.to_string()
+                    } else {
+                        s.to_string()
+                    }
+                };
+                let mut text = format!(
+                    "orch: slurm job {job} ended {} (reason {}, exit code {}:{})\n",
+                    or(&end.state, "UNKNOWN"),
+                    or(&end.reason, "None"),
+                    end.exit_code.unwrap_or(0),
+                    end.signal.unwrap_or(0)
+                );
+                match &self.gave_up {
+                    Some(GaveUp::Unsatisfiable(reason)) => text.push_str(&format!(
+                        "orch: slurm job {job} cannot run as asked (pending reason {reason})\n"
+                    )),
+                    Some(GaveUp::PendingTooLong(reason)) => text.push_str(&format!(
+                        "orch: slurm job {job} pending longer than `max_pending` (last reason: {reason})\n"
+                    )),
+                    _ => {}
+                }
+                text.push_str(
+                    &tokio::fs::read_to_string(self.job_dir.join("slurm.log"))
+                        .await
+                        .unwrap_or_default(),
+                );
+                let log = self.job_dir.join("agent.log");
+                let mut old = tokio::fs::read_to_string(&log).await.unwrap_or_default();
+                if !old.is_empty() && !old.ends_with('\n') {
+                    old.push('\n');
+                }
+                let _ = tokio::fs::write(&log, old + &text).await;
+            }
+            node_results(&self.job_dir, result).await;
+            result.info.insert("slurm_job_id".into(), job.into());
+            if !end.nodes.is_empty() {
+                result.info.insert("slurm_nodes".into(), end.nodes.clone().into());
+            }
+            result.info.insert("slurm_state".into(), end.state.clone().into());
+        }
+        result
+            .info
+            .insert("slurm_request".into(), request_text(&self.spec).into());
+        self.sync(true).await;
+    }
+}
+
+/// A status and its failure.
+type Ended = Option<(Status, Failure)>;
+
+/// What a job's end says, when the scheduler ended it: (verdict, words)
+/// for [`PlatformEnd`].
+fn job_end(end: &JobEnd, log: &str, spec: &JobSpec) -> (Ended, Ended) {
+    let state = end.state.as_str();
+    let failure = |kind: &str, message: String| Failure::new(kind, message).exited(end.exit_code, end.signal);
+    if killed_for_memory(end, log) {
+        let mem = spec
+            .mem_mib
+            .map(|m| format!("--mem={m}M"))
+            .unwrap_or_else(|| "the partition's default memory".into());
+        let f = failure(
+            "oom",
+            format!("slurm killed the job for using more memory than it asked for ({mem})"),
+        );
+        return (Some((Status::Oom, f)), None);
+    }
+    let verdict = match state {
+        "TIMEOUT" | "DEADLINE" => Some((
+            Status::Timeout,
+            failure("timeout", format!("slurm's time limit ({} min) ended the job", spec.time_minutes)),
+        )),
+        "PREEMPTED" => Some((
+            Status::Cancelled,
+            failure(
+                "preempted",
+                "slurm preempted the job (a higher-priority job took its nodes); `orch run --resume RUN` runs the cell again".into(),
+            ),
+        )),
+        "NODE_FAIL" | "BOOT_FAIL" => Some((
+            Status::Failed,
+            failure(
+                "node_failure",
+                format!(
+                    "a node of the job failed ({state} on {}); the cell did not finish",
+                    if end.nodes.is_empty() { "?" } else { &end.nodes }
+                ),
+            ),
+        )),
+        _ => None,
+    };
+    if verdict.is_some() {
+        return (verdict, None);
+    }
+    let words = if state == "CANCELLED" {
+        failure(
+            "cancelled_outside",
+            "the job was cancelled outside orch (`scancel`, an administrator or a reservation's end)".into(),
+        )
+    } else {
+        let tail: Vec<&str> = log
+            .lines()
+            .rev()
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .collect();
+        let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+        failure(
+            "agent_crashed",
+            format!(
+                "the agent crashed: the job ended without a result ({}, exit code {}:{}){}",
+                if state.is_empty() { "state unknown" } else { state },
+                end.exit_code.unwrap_or(0),
+                end.signal.unwrap_or(0),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {tail}")
+                }
+            ),
+        )
+    };
+    (None, Some((Status::Failed, words)))
 }
 
 /// Every node's hardware, status and telemetry into `info.nodes`; a node
@@ -924,8 +984,15 @@ mod tests {
     #[test]
     fn job_ends_map_to_statuses() {
         let s = spec();
-        let j = |r: Option<CellResult>, e: &str, log: &str, h: Option<&ByHost>| {
-            judge("c", r, &end(e), log, h, &s)
+        let dir = tempfile::tempdir().unwrap();
+        let j = |r: Option<CellResult>, e: &str, log: &str, stopped: Option<Stop>| {
+            let (verdict, words) = job_end(&end(e), log, &s);
+            let end = PlatformEnd {
+                verdict,
+                words,
+                ..Default::default()
+            };
+            lifecycle::judge_in(dir.path(), "c", "the job", &|_| None, r, stopped, end)
         };
         let r = j(None, "OUT_OF_MEMORY", "", None);
         assert_eq!((r.status, r.failure.unwrap().kind.as_str()), (Status::Oom, "oom"));
@@ -954,23 +1021,14 @@ mod tests {
         );
         let r = j(None, "CANCELLED", "", None);
         assert_eq!(r.failure.unwrap().kind, "cancelled_outside");
-        let r = j(None, "CANCELLED", "", Some(&ByHost::Cancelled));
+        let r = j(None, "CANCELLED", "", Some(Stop::Cancelled));
         assert_eq!(r.status, Status::Cancelled);
         let terminated = CellResult::failed("c", Status::Failed, "exit_code", "command exited with code 143");
-        let r = j(Some(terminated), "CANCELLED", "", Some(&ByHost::Cancelled));
+        let r = j(Some(terminated), "CANCELLED", "", Some(Stop::Cancelled));
         assert_eq!(
             (r.status, r.failure.unwrap().exit_code),
             (Status::Cancelled, None)
         );
-        let r = j(
-            None,
-            "CANCELLED",
-            "",
-            Some(&ByHost::PendingTooLong("Resources".into())),
-        );
-        let f = r.failure.unwrap();
-        assert_eq!((r.status, f.kind.as_str()), (Status::Failed, "pending_too_long"));
-        assert!(f.message.contains("Resources"));
         // The agent's own result stands, unless the scheduler knows better.
         let ok = CellResult::new("c", Status::Succeeded);
         assert_eq!(j(Some(ok), "COMPLETED", "", None).status, Status::Succeeded);
@@ -988,6 +1046,10 @@ mod tests {
         let f = r.failure.unwrap();
         assert_eq!(f.kind, "agent_crashed");
         assert!(f.message.contains("srun: error: boom"), "{}", f.message);
+        // Given up before it ran.
+        let e = GaveUp::PendingTooLong("Resources".into()).early(&s);
+        assert_eq!(e.failure.kind, "pending_too_long");
+        assert!(e.failure.message.contains("Resources"));
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct Home {
     /// Files written, so a `reset` chunk of one seen the first time is not
     /// needed to create it.
     written: BTreeMap<String, u64>,
+    /// The host's masker, for events (files are masked once whole).
+    masker: Option<orch_protocol::mask::Masker>,
 }
 
 impl Home {
@@ -85,7 +87,24 @@ impl Home {
             end: None,
             result: None,
             written: BTreeMap::new(),
+            masker: None,
         })
+    }
+
+    /// Mask every event on the host too (the agent masks them already).
+    pub fn masked(mut self, masker: orch_protocol::mask::Masker) -> Home {
+        self.masker = Some(masker);
+        self
+    }
+
+    /// A result with the provision time, when the agent started.
+    pub fn stamp(&self, result: CellResult) -> CellResult {
+        self.relay.stamp(result)
+    }
+
+    /// No more events: `events.jsonl` is closed.
+    pub fn close(&mut self) {
+        self.events_file.take();
     }
 
     /// One line of the stream. Returns the cell's result when the result
@@ -107,7 +126,10 @@ impl Home {
             self.last = frame.n;
         }
         match frame.body {
-            FrameBody::Event(event) => {
+            FrameBody::Event(mut event) => {
+                if let Some(m) = &self.masker {
+                    m.mask_in_place(&mut event);
+                }
                 if let Some(f) = self.events_file.as_mut() {
                     let _ = writeln!(f, "{}", event.to_line());
                 }

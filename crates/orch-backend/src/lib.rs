@@ -13,22 +13,36 @@
 //! | `kubernetes` | a Job                            | a PVC              | an init container             | `orch-backend-kubernetes` |
 //! | `modal`      | a sandbox (Modal's gRPC API)     | a Modal volume     | a content-addressed mount     | `orch-backend-modal` |
 //! | `slurm`      | a batch job                      | a shared folder    | `orch` on the shared filesystem | `orch-backend-slurm` |
+//!
+//! ## What is where
+//!
+//! What is where: `lifecycle.rs` (the one cell lifecycle: `Platform`, `drive`, `judge`,
+//! the host deadline, stop and kill); `host.rs` (`Host`, `Kind`, `Weights`, the folder
+//! weights check, `LocalHost`); `local.rs` (agent child process, events → `events.jsonl`,
+//! `CUDA_VISIBLE_DEVICES` from assigned GPUs); `fake.rs` (recording fake with scripted
+//! outcomes, for runner tests; feature `fake`); `secrets.rs` (`host_masker`: the launch's
+//! secrets, known credentials of the host, the Hub token file; masked event lines, agent
+//! stderr and, at a cell's end, every file of its folder); `home.rs` (the way home of
+//! remote backends: shipping frames → cell folder, dedup, gaps, digests); `EventRelay` in
+//! `lib.rs` (relays events, returns the result, measures the `provision` phase). It does
+//! not: parse manifests, write records.
 
-pub mod docker;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod home;
+pub mod host;
+pub mod lifecycle;
 pub mod local;
 pub mod secrets;
 
+pub use host::{Host, Kind};
+pub use local::LocalBackend;
 pub use secrets::host_masker;
 
 use async_trait::async_trait;
 use orch_protocol::{CellResult, Event, Phase, TaskSpec};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
-
-/// The backends orch has or will have, by name.
-pub const BACKENDS: &[&str] = &["local", "docker", "kubernetes", "modal", "slurm"];
 
 /// Everything a backend needs to run one cell.
 #[derive(Debug, Clone)]
@@ -68,11 +82,18 @@ pub enum BackendError {
     Unknown(String),
     #[error("{action}: {source}")]
     Io { action: String, source: std::io::Error },
+    /// What the user must fix (a flag, the suite's backend section, an
+    /// image not built); the text carries its `hint:`.
+    #[error("{0}")]
+    User(String),
 }
 
 impl BackendError {
     pub fn is_user_error(&self) -> bool {
-        matches!(self, BackendError::Unavailable { .. } | BackendError::Unknown(_))
+        matches!(
+            self,
+            BackendError::Unavailable { .. } | BackendError::Unknown(_) | BackendError::User(_)
+        )
     }
 }
 
@@ -256,12 +277,84 @@ pub fn agent_crash(
     }
 }
 
-/// Check a backend name: `Ok` for the backends orch has, a clear error for others.
-pub fn check_name(name: &str) -> Result<(), BackendError> {
-    if BACKENDS.contains(&name) {
-        Ok(())
-    } else {
-        Err(BackendError::Unknown(name.to_string()))
+/// The static agent for containers: `ORCH_AGENT_STATIC`, else
+/// `orch-agent-static` beside `orch`, else the static build in the cargo
+/// target folder beside `orch` (`scripts/build-agent.sh` makes it).
+pub fn find_static_agent() -> Result<std::path::PathBuf, BackendError> {
+    let mut candidates: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("ORCH_AGENT_STATIC").filter(|p| !p.is_empty()) {
+        candidates.push(std::path::PathBuf::from(p));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("orch-agent-static"));
+            // target/{debug,release}/orch -> target/x86_64-unknown-linux-gnu/release/orch-agent
+            if let Some(target) = dir.parent() {
+                candidates.push(target.join(format!(
+                    "{}-unknown-linux-gnu/release/orch-agent",
+                    std::env::consts::ARCH
+                )));
+            }
+            if let Some(target) = dir.parent().and_then(|d| d.parent()) {
+                candidates.push(target.join(format!(
+                    "{}-unknown-linux-gnu/release/orch-agent",
+                    std::env::consts::ARCH
+                )));
+            }
+        }
+    }
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| BackendError::Unavailable {
+            backend: "container",
+            message: format!(
+                "no static agent found (looked at {})",
+                candidates
+                    .iter()
+                    .map(|p| format!("`{}`", p.display()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
+        })
+}
+
+/// The static `orch` that remote setups run (a Modal sandbox, the agent
+/// image's Job): `ORCH_STATIC`, else
+/// `orch-static` beside `orch`, else the static build in the target folder
+/// (`scripts/prepare-modal.sh` makes it).
+pub fn find_static_orch() -> Result<PathBuf, BackendError> {
+    let mut candidates = Vec::new();
+    if let Some(p) = std::env::var_os("ORCH_STATIC").filter(|p| !p.is_empty()) {
+        candidates.push(PathBuf::from(p));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("orch-static"));
+            for up in [dir.parent(), dir.parent().and_then(|d| d.parent())]
+                .into_iter()
+                .flatten()
+            {
+                candidates.push(up.join(format!(
+                    "{}-unknown-linux-gnu/release/orch",
+                    std::env::consts::ARCH
+                )));
+            }
+        }
+    }
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        BackendError::User(format!(
+            "no static `orch` for remote setups (looked at {})\nhint: build it with `bash scripts/prepare-modal.sh`, or set `ORCH_STATIC`",
+            candidates.iter().map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
+
+impl orch_protocol::ErrorClass for BackendError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
     }
 }
 

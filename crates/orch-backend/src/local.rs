@@ -6,13 +6,14 @@
 //! The agent dies with `orch` (`PR_SET_PDEATHSIG`), so a killed `orch` leaves
 //! no cell running.
 
+use crate::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use crate::{Backend, BackendError, CellEvent, CellLaunch};
 use async_trait::async_trait;
 use orch_protocol::{CellResult, Failure, Status};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 
@@ -55,10 +56,6 @@ impl LocalBackend {
     }
 }
 
-/// Extra time the host grants past the task's own timeout before it kills
-/// the agent itself (the agent normally enforces the timeout).
-const HOST_TIMEOUT_SLACK: Duration = Duration::from_secs(30);
-
 #[async_trait]
 impl Backend for LocalBackend {
     fn name(&self) -> &'static str {
@@ -95,15 +92,33 @@ impl Backend for LocalBackend {
         &self,
         launch: CellLaunch,
         events: mpsc::UnboundedSender<CellEvent>,
-        mut cancel: watch::Receiver<bool>,
+        cancel: watch::Receiver<bool>,
     ) -> Result<CellResult, BackendError> {
-        let cell_id = launch.task.cell_id.clone();
-        let mut relay = crate::EventRelay::new(&cell_id, events);
-        let dir = &launch.cell_dir;
+        let mut cell = Cell::with_events(launch, events)?;
+        let mut child = self.spawn(&mut cell).await?;
+        Ok(lifecycle::drive(&mut child, cell, cancel).await)
+    }
+
+    async fn cleanup(&self, _run_id: &str) -> Result<(), BackendError> {
+        // Agents die with orch (PDEATHSIG) and take their process groups
+        // with them: nothing outlives a run.
+        Ok(())
+    }
+}
+
+fn io_err(action: String, source: std::io::Error) -> BackendError {
+    BackendError::Io { action, source }
+}
+
+impl LocalBackend {
+    /// Write the task and start the agent on it.
+    async fn spawn(&self, cell: &mut Cell) -> Result<Agent, BackendError> {
+        let dir = cell.dir.clone();
         let task_path = dir.join("task.json");
-        let mut task = launch.task.clone();
+        let mut task = cell.task.clone();
         // On this host the weights volume is the folder itself.
-        task.weights_dir = launch
+        task.weights_dir = cell
+            .launch
             .weights_dir
             .as_ref()
             .map(|d| d.to_string_lossy().into_owned());
@@ -117,22 +132,16 @@ impl Backend for LocalBackend {
         let agent_log = tokio::fs::File::create(dir.join("agent.log"))
             .await
             .map_err(|source| io_err(format!("create `{}`", dir.join("agent.log").display()), source))?;
-        // What the agent sends is masked already; the host masks again (an
-        // older agent, its own stderr) before anything reaches the store.
-        let masker = crate::host_masker(&launch.secrets);
-        let mut events_file = tokio::fs::File::create(dir.join("events.jsonl"))
-            .await
-            .map_err(|source| io_err(format!("create `{}`", dir.join("events.jsonl").display()), source))?;
-
+        let devices = &cell.launch.devices;
         let mut cmd = Command::new(&self.agent.program);
         cmd.args(&self.agent.prefix)
             .arg("run")
             .arg("--task")
             .arg(&task_path)
             .arg("--out")
-            .arg(dir)
-            .envs(launch.secrets.iter().map(|(k, v)| (k, v)))
-            .envs((!launch.devices.is_empty()).then(|| ("CUDA_VISIBLE_DEVICES", launch.devices.join(","))))
+            .arg(&dir)
+            .envs(cell.launch.secrets.iter().map(|(k, v)| (k, v)))
+            .envs((!devices.is_empty()).then(|| ("CUDA_VISIBLE_DEVICES", devices.join(","))))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -151,144 +160,113 @@ impl Backend for LocalBackend {
                 source,
             )
         })?;
-        let pid = child.id();
+        // What the agent writes on stderr is masked on its way to agent.log.
         let log_copy = child
             .stderr
             .take()
-            .map(|err| tokio::spawn(crate::secrets::copy_masked(err, agent_log, masker.clone())));
+            .map(|err| tokio::spawn(crate::secrets::copy_masked(err, agent_log, cell.masker.clone())));
         let Some(stdout) = child.stdout.take() else {
             return Err(io_err(
                 "read the agent's stdout".into(),
                 std::io::Error::other("no pipe"),
             ));
         };
-        let mut lines = BufReader::new(stdout).lines();
+        Ok(Agent {
+            pid: child.id(),
+            child,
+            lines: BufReader::new(stdout).lines(),
+            log_copy,
+            exit: None,
+        })
+    }
+}
 
-        let host_deadline = tokio::time::Instant::now()
-            + Duration::from_secs_f64(launch.task.measure.timeout_s + launch.task.measure.kill_grace_s)
-            + HOST_TIMEOUT_SLACK;
-        let mut result: Option<CellResult> = None;
-        let mut stop_sent = false;
-        let mut killed_by_host: Option<Status> = None;
-        let mut stdout_open = true;
-        let kill_after = Duration::from_secs_f64(launch.task.measure.kill_grace_s) + Duration::from_secs(10);
-        let mut kill_at: Option<tokio::time::Instant> = None;
+/// The agent's child process: the local backend's platform.
+struct Agent {
+    child: tokio::process::Child,
+    pid: Option<u32>,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    log_copy: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    exit: Option<std::process::ExitStatus>,
+}
 
-        let exit = loop {
-            tokio::select! {
-                line = lines.next_line(), if stdout_open => match line {
-                    Ok(Some(line)) => {
-                        let line = crate::secrets::mask_event_line(&masker, &line);
-                        let _ = events_file.write_all(line.as_bytes()).await;
-                        let _ = events_file.write_all(b"\n").await;
-                        if let Some(r) = relay.line(&line) {
-                            result = Some(r);
-                        }
-                    }
-                    Ok(None) | Err(_) => stdout_open = false,
-                },
-                status = child.wait(), if !stdout_open => {
-                    break status.map_err(|source| io_err("wait for the agent".into(), source))?;
+#[async_trait]
+impl Platform for Agent {
+    fn what(&self) -> &'static str {
+        "the agent"
+    }
+
+    async fn started(&mut self, _cell: &mut Cell) -> Result<(), Early> {
+        Ok(())
+    }
+
+    async fn next_line(&mut self, _cell: &mut Cell) -> Option<String> {
+        if self.exit.is_some() {
+            return None;
+        }
+        match self.lines.next_line().await {
+            Ok(Some(line)) => Some(line),
+            Ok(None) | Err(_) => {
+                // Its stdout closed: the stream ends when the agent does.
+                self.exit = self.child.wait().await.ok();
+                if self.exit.is_none() {
+                    // Cannot wait for it: an exit status nobody will read.
+                    self.exit = Some(std::os::unix::process::ExitStatusExt::from_raw(0));
                 }
-                changed = cancel.changed(), if !stop_sent => {
-                    if changed.is_err() || *cancel.borrow() {
-                        stop_sent = true;
-                        signal(pid, libc::SIGTERM);
-                        kill_at = Some(tokio::time::Instant::now() + kill_after);
-                    }
-                }
-                _ = tokio::time::sleep_until(kill_at.unwrap_or(host_deadline)), if kill_at.is_some() || killed_by_host.is_none() => {
-                    if kill_at.take().is_some() {
-                        // The agent ignored SIGTERM past its grace period.
-                        killed_by_host.get_or_insert(Status::Cancelled);
-                        let _ = child.start_kill();
-                    } else {
-                        killed_by_host = Some(Status::Timeout);
-                        signal(pid, libc::SIGTERM);
-                        kill_at = Some(tokio::time::Instant::now() + kill_after);
-                    }
-                }
+                None
+            }
+        }
+    }
+
+    async fn stop(&mut self, _cell: &mut Cell, _why: Stop, kill: bool) {
+        if kill {
+            let _ = self.child.start_kill();
+        } else if let Some(pid) = self.pid {
+            // SAFETY: plain syscall; a gone process gives ESRCH, which is fine.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+    }
+
+    async fn end(&mut self, cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {
+        use std::os::unix::process::ExitStatusExt;
+        let exit = match self.exit {
+            Some(e) => Some(e),
+            None => {
+                // The host stopped waiting: the agent goes now.
+                let _ = self.child.start_kill();
+                self.child.wait().await.ok()
             }
         };
-        let _ = events_file.flush().await;
-        if let Some(copy) = log_copy {
+        if let Some(copy) = self.log_copy.take() {
             // The agent's stderr ends with it (nothing it starts keeps it).
             let _ = tokio::time::timeout(Duration::from_secs(5), copy).await;
         }
-
-        if let Some(r) = result {
-            return Ok(r);
-        }
-        // No result event: maybe the file made it, else the agent died.
-        if let Ok(bytes) = tokio::fs::read(dir.join("result.json")).await {
-            if let Ok(r) = serde_json::from_slice::<CellResult>(&bytes) {
-                return Ok(relay.stamp(r));
-            }
-        }
-        Ok(relay.stamp(agent_died(&cell_id, dir, exit, killed_by_host)))
-    }
-
-    async fn cleanup(&self, _run_id: &str) -> Result<(), BackendError> {
-        // Agents die with orch (PDEATHSIG) and take their process groups
-        // with them: nothing outlives a run.
-        Ok(())
-    }
-}
-
-fn io_err(action: String, source: std::io::Error) -> BackendError {
-    BackendError::Io { action, source }
-}
-
-fn signal(pid: Option<u32>, sig: i32) {
-    if let Some(pid) = pid {
-        // SAFETY: plain syscall; a gone process gives ESRCH, which is fine.
-        unsafe {
-            libc::kill(pid as i32, sig);
+        let log = std::fs::read_to_string(cell.dir.join("agent.log")).unwrap_or_default();
+        let (exit_code, signal) = (exit.and_then(|e| e.code()), exit.and_then(|e| e.signal()));
+        // The agent's own allocator gave up: out of memory.
+        let verdict = (log.contains("memory allocation of") && log.contains("failed")).then(|| {
+            let tail: Vec<&str> = log
+                .lines()
+                .rev()
+                .filter(|l| !l.trim().is_empty())
+                .take(3)
+                .collect();
+            let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+            (
+                Status::Oom,
+                Failure::new("oom", format!("the agent ran out of memory: {tail}")).exited(exit_code, signal),
+            )
+        });
+        PlatformEnd {
+            result: Cell::result_file(&cell.dir),
+            exit_code,
+            signal,
+            verdict,
+            words: None,
         }
     }
-}
 
-/// A result for an agent that ended without reporting one.
-fn agent_died(
-    cell_id: &str,
-    dir: &Path,
-    exit: std::process::ExitStatus,
-    by_host: Option<Status>,
-) -> CellResult {
-    use std::os::unix::process::ExitStatusExt;
-    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    let tail: Vec<&str> = log
-        .lines()
-        .rev()
-        .filter(|l| !l.trim().is_empty())
-        .take(3)
-        .collect();
-    let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
-    let alloc_failed = log.contains("memory allocation of") && log.contains("failed");
-    let (status, kind, message) = match by_host {
-        Some(Status::Timeout) => (
-            Status::Timeout,
-            "timeout",
-            "the agent did not finish in time and was killed".to_string(),
-        ),
-        Some(_) => (
-            Status::Cancelled,
-            "cancelled",
-            "the agent was stopped".to_string(),
-        ),
-        None if alloc_failed => (Status::Oom, "oom", format!("the agent ran out of memory: {tail}")),
-        None => {
-            let mut r = CellResult::new(cell_id, Status::Failed);
-            r.failure = Some(crate::agent_crash(dir, "the agent", exit.code(), exit.signal()));
-            return r;
-        }
-    };
-    let mut r = CellResult::new(cell_id, status);
-    r.failure = Some(Failure {
-        kind: kind.into(),
-        message,
-        exit_code: exit.code(),
-        signal: exit.signal(),
-    });
-    r
+    async fn finish(&mut self, _cell: &mut Cell, _result: &mut CellResult) {}
 }

@@ -63,6 +63,69 @@ pub async fn copy_masked(
     }
 }
 
+/// Files up to this size are masked in memory and rewritten only when a
+/// secret was found; larger ones are streamed through the masker.
+const IN_MEMORY: u64 = 256 << 20;
+
+/// Mask every file below `dir` in place (links are not followed): what a
+/// cell left, whatever the agent masked itself. Files without a secret are
+/// left untouched; a file is replaced atomically (a temporary file renamed).
+pub fn mask_dir(dir: &std::path::Path, masker: &Masker) -> std::io::Result<()> {
+    if masker.is_empty() {
+        return Ok(());
+    }
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                todo.push(entry.path());
+            } else if kind.is_file() {
+                mask_file(&entry.path(), masker)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mask_file(path: &std::path::Path, masker: &Masker) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let len = std::fs::metadata(path)?.len();
+    let tmp = path.with_file_name(format!(
+        ".{}.masking",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+    ));
+    if len <= IN_MEMORY {
+        let bytes = std::fs::read(path)?;
+        if let std::borrow::Cow::Owned(masked) = masker.mask_bytes(&bytes) {
+            std::fs::write(&tmp, masked)?;
+            std::fs::rename(&tmp, path)?;
+        }
+        return Ok(());
+    }
+    let mut from = std::fs::File::open(path)?;
+    let mut to = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    let mut stream = masker.stream();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut out = Vec::new();
+    loop {
+        let n = from.read(&mut buf)?;
+        out.clear();
+        if n == 0 {
+            stream.finish(&mut out);
+            to.write_all(&out)?;
+            break;
+        }
+        stream.push(&buf[..n], &mut out);
+        to.write_all(&out)?;
+    }
+    to.flush()?;
+    std::fs::rename(&tmp, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

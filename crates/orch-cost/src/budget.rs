@@ -16,28 +16,11 @@
 //! run unstopped; what a stop adds is the stopped cells' rate times the time
 //! they take to stop and be recorded (plus any lateness of the tick).
 
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// The budget of a run, as its record keeps it (`run.json`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct BudgetRecord {
-    /// The cap (`--max-cost`), in US dollars.
-    pub max_usd: f64,
-    /// The estimate of the cells this invocation was to run, when it started.
-    pub estimate_usd: f64,
-    /// The budget stopped the run (cells not launched or cancelled).
-    pub stopped: bool,
-    /// Why it stopped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// What the run's recorded cells cost when it ended (earlier invocations included).
-    pub accrued_usd: f64,
-    /// Seconds between two checks of the running cells.
-    #[serde(default)]
-    pub tick_s: f64,
-}
+/// The budget of a run as its record keeps it (`orch-record`'s).
+pub use orch_record::BudgetRecord;
 
 #[derive(Debug, Clone)]
 struct Running {

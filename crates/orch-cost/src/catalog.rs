@@ -559,6 +559,12 @@ fn yaml_hint(message: &str) -> String {
     "see docs/cost.md for the form of a prices file".into()
 }
 
+impl orch_protocol::ErrorClass for CostError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,20 @@
 //!   grouped by GPU, backend, suite, status or model;
 //! - [`budget`]: the accounting behind `orch run --max-cost`.
 //!
+//! The values records keep ([`CellCost`], [`RunCost`], [`BudgetRecord`])
+//! are `orch-record`'s, re-exported here under their old paths.
+//!
 //! No IO beyond reading a prices file.
+//!
+//! ## What is where
+//!
+//! What is where: `prices/catalog.yaml` (embedded; Modal's prices, 2025-08),
+//! `catalog.rs`: the user's prices file over it (strict, `file:line:column`),
+//! `Prices::rate` per backend/GPU/CPU/memory; `lib.rs`: `cell_cost` by phase + `other`,
+//! `RunCost`; `estimate.rs`: history → similar cells → timeout upper bound; `ledger.rs`:
+//! `LedgerLine`, spend by gpu/backend/suite/status/model/run; `budget.rs`:
+//! `BudgetTracker` (accrued, committed, look-ahead), `BudgetRecord`. It does not: IO
+//! beyond reading a prices file; know the store.
 
 pub mod budget;
 pub mod catalog;
@@ -19,53 +32,11 @@ pub use budget::{BudgetRecord, BudgetTracker};
 pub use catalog::{CostError, Prices, Rate};
 pub use estimate::{Basis, Estimate, History};
 pub use ledger::{GroupBy, LedgerLine, Spend, SpendGroup};
+/// The cost values records keep (`orch-record`'s), under their old paths.
+pub use orch_record::{CellCost, RunCost, OTHER_PHASE};
 
 use orch_protocol::{Phase, Status};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// The cost of one cell, as stored in its record.
-///
-/// Contract: the fields below are read by `orch cost`, `orch report` and
-/// `orch compare`; add fields, never rename them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CellCost {
-    /// Total dollars billed for the cell.
-    pub usd: f64,
-    /// The cell did not succeed: what it cost bought no result.
-    pub wasted: bool,
-    /// GPUs billed.
-    pub gpus: u32,
-    /// Normalised GPU type (`H100`), `None` for CPU-only cells.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_type: Option<String>,
-    /// Price of one GPU-second.
-    pub usd_per_gpu_s: f64,
-    /// Everything billed per second of this cell (GPUs, CPU, memory).
-    pub usd_per_s: f64,
-    /// Seconds billed.
-    pub billed_s: f64,
-    /// Dollars per phase (`provision`, `start`, `load`, `server_start`,
-    /// `warmup`, `measure`, `teardown`, `other` for time no phase covers).
-    pub by_phase: BTreeMap<String, f64>,
-    /// Where the price came from (`catalog: modal, 2026-11-01, https://...`,
-    /// `user: ~/.config/orch/prices.yaml`, `default: local is free`).
-    pub price_source: String,
-    /// False when no price is known for this cell's GPU type on its backend
-    /// (its `usd` then counts only what is priced, usually nothing).
-    #[serde(default = "yes")]
-    pub priced: bool,
-    /// The backend that billed it (`local`, `docker`, `modal`, ...).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub backend: String,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// Name of the cost entry for billed time that no phase covers.
-pub const OTHER_PHASE: &str = "other";
 
 /// The cost of a cell that ran `billed_s` seconds (the host's wall time) at
 /// `rate`, split by the phases in `timings`.
@@ -109,46 +80,6 @@ pub fn cell_cost(rate: &Rate, status: Status, billed_s: f64, timings: &BTreeMap<
         price_source: rate.source.clone(),
         priced: rate.priced,
         backend: rate.backend.clone(),
-    }
-}
-
-/// What a whole run cost: the sum of its cells' costs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RunCost {
-    /// Every recorded attempt of every cell, earlier attempts included.
-    pub usd: f64,
-    /// The part spent on cells that did not succeed.
-    pub wasted_usd: f64,
-    /// Dollars per phase, over every attempt.
-    pub by_phase: BTreeMap<String, f64>,
-    /// Recorded attempts with a cost.
-    pub cells: usize,
-    /// Recorded attempts whose GPU type has no price on their backend.
-    #[serde(default)]
-    pub unpriced_cells: usize,
-    /// The part spent on earlier attempts (moved to `interrupted/` by a
-    /// resume); included in `usd` and `wasted_usd`.
-    #[serde(default)]
-    pub earlier_attempts_usd: f64,
-}
-
-impl RunCost {
-    /// Add one recorded attempt.
-    pub fn add(&mut self, cost: &CellCost, earlier_attempt: bool) {
-        self.usd += cost.usd;
-        if cost.wasted {
-            self.wasted_usd += cost.usd;
-        }
-        for (p, usd) in &cost.by_phase {
-            *self.by_phase.entry(p.clone()).or_insert(0.0) += usd;
-        }
-        self.cells += 1;
-        if !cost.priced {
-            self.unpriced_cells += 1;
-        }
-        if earlier_attempt {
-            self.earlier_attempts_usd += cost.usd;
-        }
     }
 }
 

@@ -386,11 +386,6 @@ impl Rules {
         self.owner[g]
     }
 
-    /// Number of patterns over all rules.
-    pub fn pattern_count(&self) -> usize {
-        self.owner.len()
-    }
-
     /// `(rule id or kind, pattern)` of global pattern `g`, for reports.
     pub fn pattern_label(&self, g: usize) -> (String, String) {
         let (r, i) = self.owner[g];
@@ -484,4 +479,11 @@ fn valid_kind(kind: &str) -> bool {
     let mut chars = kind.chars();
     matches!(chars.next(), Some('a'..='z'))
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl orch_protocol::ErrorClass for RulesError {
+    fn is_user_error(&self) -> bool {
+        // A rules file the user wrote: its path and line are in the message.
+        true
+    }
 }

@@ -5,6 +5,15 @@
 //! The HTTP side goes through `hf-hub` (endpoint from `HF_ENDPOINT`, token
 //! from `HF_TOKEN` or the hub's token file, typed errors); the parallel byte
 //! ranges, resume, verification and cache layout are ours.
+//!
+//! ## What is where
+//!
+//! What is where: `download/`: `setup` of one repo through `hf-hub` (endpoint, token,
+//! typed errors): listing, access check before any byte, parallel files and byte ranges
+//! under one connection limit, resume from `.incomplete.parts`, size/sha256 verification,
+//! links; `cache.rs`: the hub cache layout, refs, the `.orch/complete-<commit>.json`
+//! marker that makes "complete" an offline check; `safetensors.rs`: parameter/byte counts
+//! from headers, GPU fit. It does not: know manifests or backends.
 
 pub mod cache;
 pub mod download;

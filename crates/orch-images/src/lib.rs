@@ -4,6 +4,12 @@
 //! context that `.dockerignore` keeps (path, mode, content), the Dockerfile
 //! name and the build args. An image whose tag exists is not rebuilt, so a
 //! second `orch build` makes no build call.
+//!
+//! ## What is where
+//!
+//! What is where: image specs from `containers/<name>/`, `.dockerignore`, the content
+//! hash that names `orch/<name>:<hash>`, builds (streamed output, failing step reported)
+//! and pushes with Docker-config credentials. It does not: run containers.
 
 use bollard::query_parameters::{BuildImageOptionsBuilder, PushImageOptionsBuilder};
 use bollard::Docker;
@@ -54,6 +60,29 @@ pub struct ImageSpec {
     pub context: PathBuf,
     pub dockerfile: String,
     pub args: BTreeMap<String, String>,
+}
+
+/// The images a suite builds (`image: {build: NAME}`), by name.
+pub fn plan_specs(plan: &orch_manifest::Plan) -> Result<BTreeMap<String, ImageSpec>, ImageError> {
+    let mut specs = BTreeMap::new();
+    for c in &plan.cells {
+        if let Some(orch_manifest::ImageDef::Build(b)) = &c.image {
+            if specs.contains_key(&b.build) {
+                continue;
+            }
+            let context = find_context(&plan.manifest, &b.build)?;
+            specs.insert(
+                b.build.clone(),
+                ImageSpec {
+                    name: b.build.clone(),
+                    context,
+                    dockerfile: b.dockerfile.clone().unwrap_or_else(|| "Dockerfile".into()),
+                    args: b.args.clone(),
+                },
+            );
+        }
+    }
+    Ok(specs)
 }
 
 /// Find `containers/<name>` beside the manifest or in a folder above it.
@@ -341,6 +370,12 @@ fn docker_credentials(registry: &str) -> Option<bollard::auth::DockerCredentials
         serveraddress: Some(host.to_string()),
         ..Default::default()
     })
+}
+
+impl orch_protocol::ErrorClass for ImageError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
+    }
 }
 
 #[cfg(test)]

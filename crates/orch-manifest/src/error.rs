@@ -149,6 +149,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+impl orch_protocol::ErrorClass for ManifestError {
+    fn is_user_error(&self) -> bool {
+        // Every manifest error names its file, line and field.
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,14 @@
 //! specs, and expansion of the matrix into cells with stable ids.
 //!
 //! No IO beyond reading the manifest file; no knowledge of backends.
+//!
+//! ## What is where
+//!
+//! What is where: `suite.rs`: the YAML schema (every struct `deny_unknown_fields`);
+//! `gpu.rs`: GPU spec grammar and known types; `units.rs`: durations and byte sizes;
+//! `plan.rs`: matrix expansion, `{{param}}` templates, stable cell ids, measure defaults;
+//! `error.rs`: `file:line:column` errors with hints. It does not: know backends or the
+//! store.
 
 pub mod error;
 pub mod gpu;

@@ -225,7 +225,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         version: PROTOCOL_VERSION,
                         run_id: String::new(),
                         cell_id: id,
-                        gpu: gpu.to_string(),
+                        gpu: gpu.to_string().into(),
                         params: params.clone(),
                         env,
                         secret_env: suite.secrets.clone(),
@@ -237,7 +237,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         strict_hardware: false,
                         gpu_fallback: fallback
                             .get(&gpu.to_string())
-                            .map(|alts| alts.iter().map(|g| g.to_string()).collect())
+                            .map(|alts| alts.iter().map(|g| g.to_string().into()).collect())
                             .unwrap_or_default(),
                     },
                 });

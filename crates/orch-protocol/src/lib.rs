@@ -8,8 +8,24 @@
 //! Versioning: [`PROTOCOL_VERSION`] is bumped on any incompatible change. The
 //! agent refuses a task whose version it does not speak, so an old agent baked
 //! into an image fails loudly instead of misreading a newer task.
+//!
+//! ## What is where
+//!
+//! What is where: `TaskSpec` (one cell's work, versioned by `PROTOCOL_VERSION`),
+//! `Workload`, `Measure`, `LogLimits`, `Event`, `CellResult`, `Status`, `Phase`, the
+//! `ORCH_METRIC`/`ORCH_PHASE`/`ORCH_METRICS_FILE` names, `Event::from_line` and
+//! `parse_metrics_json` (the decoders the fuzz targets exercise); `mask.rs`: the one
+//! secret `Masker` (forms, `StreamMasker` across chunks, JSON-safe masking, the
+//! 6-character minimum, `KNOWN_SECRET_ENV`, the Hub token file's paths); `ship.rs`: the
+//! frames of the shipping stream (events, file chunks, digests) and result summaries. It
+//! does not: IO of any kind.
 
+pub mod error;
+pub mod gpu;
 pub mod mask;
+
+pub use error::ErrorClass;
+pub use gpu::GpuRequest;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -35,7 +51,7 @@ pub struct TaskSpec {
     pub run_id: String,
     pub cell_id: String,
     /// The GPU request in normalised form (`H100:8`, `none`).
-    pub gpu: String,
+    pub gpu: GpuRequest,
     /// Matrix parameters of this cell, for the record and for `ORCH_PARAM_*`.
     #[serde(default)]
     pub params: BTreeMap<String, serde_json::Value>,
@@ -66,7 +82,7 @@ pub struct TaskSpec {
     /// (Modal: no capacity for the type). The backend sets `gpu` to the
     /// alternative it runs, so the agent checks the hardware against that.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpu_fallback: Vec<String>,
+    pub gpu_fallback: Vec<GpuRequest>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -444,6 +460,25 @@ pub struct Failure {
     pub signal: Option<i32>,
 }
 
+impl Failure {
+    /// A failure of `kind` with its message, no exit status.
+    pub fn new(kind: &str, message: impl Into<String>) -> Failure {
+        Failure {
+            kind: kind.to_string(),
+            message: message.into(),
+            exit_code: None,
+            signal: None,
+        }
+    }
+
+    /// The same, with the exit code and signal of the process that ended.
+    pub fn exited(mut self, exit_code: Option<i32>, signal: Option<i32>) -> Failure {
+        self.exit_code = exit_code;
+        self.signal = signal;
+        self
+    }
+}
+
 /// The name of a Linux signal (`SIGFPE` for 8), for the signals a process
 /// dies of; `None` for others.
 pub fn signal_name(signal: i32) -> Option<&'static str> {
@@ -585,12 +620,7 @@ impl CellResult {
 
     pub fn failed(cell_id: &str, status: Status, kind: &str, message: impl Into<String>) -> Self {
         let mut r = CellResult::new(cell_id, status);
-        r.failure = Some(Failure {
-            kind: kind.to_string(),
-            message: message.into(),
-            exit_code: None,
-            signal: None,
-        });
+        r.failure = Some(Failure::new(kind, message));
         r
     }
 }

@@ -7,8 +7,8 @@ use crate::fmt::{num, params, ratio, usd};
 use crate::metrics;
 use crate::model::usd_per_1k_tokens;
 use crate::ReportError;
-use orch_compare::Better;
-use orch_store::{CellView, RunRecord};
+use orch_record::{CellView, RunRecord};
+use orch_stats::Better;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -189,7 +189,7 @@ fn pair(ca: &CellView, cb: &CellView, wanted: Option<&str>) -> Pair {
             .filter(|v| v.is_finite())
     };
     let (value_a, value_b) = (get(ca), get(cb));
-    let better = metric.as_deref().map(orch_compare::better_for);
+    let better = metric.as_deref().map(orch_stats::better_for);
     let ratio = match (value_a, value_b) {
         (Some(x), Some(y)) if x != 0.0 => Some(y / x),
         _ => None,

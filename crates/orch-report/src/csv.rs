@@ -10,7 +10,7 @@ use crate::model::Report;
 use std::collections::BTreeSet;
 
 /// RFC 4180: quoted when it holds a comma, a quote or a line break.
-pub(crate) fn field(s: &str) -> String {
+fn field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -123,7 +123,7 @@ pub fn render(r: &Report) -> String {
             k.map(|k| k.gpus.to_string()).unwrap_or_default(),
             k.and_then(|k| k.gpu_type.clone()).unwrap_or_default(),
             k.map(|k| k.price_source.clone()).unwrap_or_default(),
-            h.map(crate::md::hardware_text).unwrap_or_default(),
+            h.map(crate::text::hardware_text).unwrap_or_default(),
             h.and_then(|h| h.driver_version.clone()).unwrap_or_default(),
             h.and_then(|h| h.cuda_version.clone()).unwrap_or_default(),
             c.flags.join(";"),

@@ -3,11 +3,11 @@
 //! network: CSS, JS and data are inline; charts are SVG.
 
 use crate::fmt::{num, params, ratio, usd};
-use crate::md::{
+use crate::model::{CellRow, CompareCell, Report};
+use crate::text::{
     below_text, better_text, budget_text, calibration_gpu, cost_summary, counts_text, cpu_text, free_note,
     hardware_text, mj, peak_gib, TELEMETRY_NOTE,
 };
-use crate::model::{CellRow, Report};
 use crate::ReportError;
 use std::fmt::Write;
 
@@ -15,7 +15,7 @@ const CSS: &str = include_str!("report.css");
 const JS: &str = include_str!("report.js");
 
 /// Text safe in HTML content and attribute values.
-pub(crate) fn h(s: &str) -> String {
+fn h(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -32,7 +32,7 @@ pub(crate) fn h(s: &str) -> String {
 
 /// JSON safe inside `<script type="application/json">`: no `<`, `>` or `&`
 /// (so no `</script>`), no line separators.
-pub(crate) fn script_json(json: &str) -> String {
+fn script_json(json: &str) -> String {
     json.replace('<', "\\u003c")
         .replace('>', "\\u003e")
         .replace('&', "\\u0026")
@@ -221,10 +221,29 @@ fn calibration(o: &mut String, r: &Report) {
     o.push_str("</section>\n");
 }
 
+/// The report as one HTML page: one section after another, the report's
+/// JSON embedded for the charts.
 pub fn render(r: &Report) -> Result<String, ReportError> {
     let data = script_json(&serde_json::to_string(r)?);
-    let run = &r.run;
     let mut o = String::new();
+    head(&mut o, r);
+    header(&mut o, r);
+    throughput(&mut o, r);
+    cost_efficiency(&mut o, r);
+    latency(&mut o, r);
+    cells(&mut o, r);
+    telemetry(&mut o, r);
+    calibration(&mut o, r);
+    comparisons(&mut o, r);
+    failures(&mut o, r);
+    hardware(&mut o, r);
+    footer(&mut o, &data);
+    Ok(o)
+}
+
+/// From the doctype to the opening `<main>`: the styles and the hook that
+/// marks the page when a script fails.
+fn head(o: &mut String, r: &Report) {
     let _ = write!(
         o,
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -234,10 +253,14 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
          <script>window.addEventListener('error',function(e){{document.documentElement.setAttribute('data-report-error',String(e.message||'script error'));}});</script>\n\
          </head>\n<body>\n<main>\n",
         env!("CARGO_PKG_VERSION"),
-        h(&run.id)
+        h(&r.run.id)
     );
+}
 
-    // Header: what ran, what it cost.
+/// What ran and what it cost: the title, the facts, the key figures, the
+/// section links and the cost and budget notes.
+fn header(o: &mut String, r: &Report) {
+    let run = &r.run;
     let _ = writeln!(o, "<h1>Report of {}</h1>", code(&run.id));
     let mut facts = vec![
         format!("suite {}", code(&run.suite)),
@@ -251,34 +274,43 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         facts.push(format!("commit {}", code(&c[..c.len().min(12)])));
     }
     let _ = writeln!(o, "<p class=\"facts\">{}</p>", facts.join(" · "));
-    o.push_str("<div id=\"report-error\" hidden></div>\n<div class=\"kpis\">\n");
-    let kpi = |o: &mut String, class: &str, big: &str, small: &str| {
-        let _ = writeln!(
-            o,
-            "<div class=\"kpi {class}\"><b>{}</b><span>{}</span></div>",
-            h(big),
-            h(small)
-        );
-    };
+    o.push_str("<div id=\"report-error\" hidden></div>\n");
+    kpis(o, r);
+    nav(o, r);
+    let _ = writeln!(o, "<p class=\"note\">cost: {}</p>", h(&cost_summary(r)));
+    if let Some(b) = budget_text(r) {
+        let _ = writeln!(o, "<p class=\"note\">budget: {}</p>", h(&b));
+    }
+}
+
+/// One key figure: a big number and what it is.
+fn kpi(o: &mut String, class: &str, big: &str, small: &str) {
+    let _ = writeln!(
+        o,
+        "<div class=\"kpi {class}\"><b>{}</b><span>{}</span></div>",
+        h(big),
+        h(small)
+    );
+}
+
+/// The key figures: cells, cost, waste, the best throughput, the cheapest
+/// cell, failures.
+fn kpis(o: &mut String, r: &Report) {
+    o.push_str("<div class=\"kpis\">\n");
     let failed = r.failures.len();
     kpi(
-        &mut o,
+        o,
         "",
         &r.cells.len().to_string(),
         &format!("cells: {}", counts_text(r)),
     );
     if let Some(t) = r.totals.usd {
-        kpi(&mut o, "", &usd(t), "total cost");
+        kpi(o, "", &usd(t), "total cost");
         if let Some(w) = r.totals.wasted_usd {
-            kpi(
-                &mut o,
-                if w > 0.0 { "bad" } else { "" },
-                &usd(w),
-                "wasted by failures",
-            );
+            kpi(o, if w > 0.0 { "bad" } else { "" }, &usd(w), "wasted by failures");
         }
     } else {
-        kpi(&mut o, "", "–", "no cost recorded");
+        kpi(o, "", "–", "no cost recorded");
     }
     if let Some(best) = r
         .rankings
@@ -286,7 +318,7 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         .and_then(|rk| rk.entries.first().map(|e| (rk, e)))
     {
         kpi(
-            &mut o,
+            o,
             "",
             &num(best.1.value),
             &format!("best {} ({})", best.0.metric, best.1.cell),
@@ -294,16 +326,21 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     }
     if let Some(c) = r.cost_ranking.first() {
         kpi(
-            &mut o,
+            o,
             "",
             &usd(c.usd_per_1k_tokens),
             &format!("cheapest per 1k output tokens ({})", c.cell),
         );
     }
     if failed > 0 {
-        kpi(&mut o, "bad", &failed.to_string(), "cells failed");
+        kpi(o, "bad", &failed.to_string(), "cells failed");
     }
-    o.push_str("</div>\n<nav><a href=\"#throughput\">throughput</a><a href=\"#cost\">cost</a>");
+    o.push_str("</div>\n");
+}
+
+/// Links to the sections the page has.
+fn nav(o: &mut String, r: &Report) {
+    o.push_str("<nav><a href=\"#throughput\">throughput</a><a href=\"#cost\">cost</a>");
     if r.cells.iter().any(|c| c.latency.is_some()) {
         o.push_str("<a href=\"#latency\">latency</a>");
     }
@@ -321,12 +358,10 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         o.push_str("<a href=\"#failures\">failures</a>");
     }
     o.push_str("<a href=\"#hardware\">hardware</a></nav>\n");
-    let _ = writeln!(o, "<p class=\"note\">cost: {}</p>", h(&cost_summary(r)));
-    if let Some(b) = budget_text(r) {
-        let _ = writeln!(o, "<p class=\"note\">budget: {}</p>", h(&b));
-    }
+}
 
-    // Throughput.
+/// One chart and table per throughput metric.
+fn throughput(o: &mut String, r: &Report) {
     o.push_str("<section id=\"throughput\">\n<h2>Ranking by throughput</h2>\n");
     if r.rankings.is_empty() {
         o.push_str("<p class=\"note\">No succeeded cell reported a throughput metric.</p>\n");
@@ -362,8 +397,10 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         o.push_str(&t.end());
     }
     o.push_str("</section>\n");
+}
 
-    // Cost.
+/// The ranking by $ per 1k output tokens: its chart and table.
+fn cost_efficiency(o: &mut String, r: &Report) {
     o.push_str("<section id=\"cost\">\n<h2>Ranking by cost-efficiency ($ per 1k output tokens)</h2>\n");
     if r.cost_ranking.is_empty() {
         let _ = writeln!(
@@ -401,8 +438,10 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         o.push_str(&t.end());
     }
     o.push_str("</section>\n");
+}
 
-    // Latency distributions, one chart per family.
+/// Latency distributions, one chart per family.
+fn latency(o: &mut String, r: &Report) {
     let mut families: Vec<(String, String)> = Vec::new();
     for c in r.cells.iter().filter(|c| c.status == "succeeded") {
         if let Some(l) = &c.latency {
@@ -411,21 +450,24 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
             }
         }
     }
-    if !families.is_empty() {
-        o.push_str("<section id=\"latency\">\n<h2>Latency distributions</h2>\n");
-        o.push_str("<p class=\"note\">Per cell: line from min to max (or to p99), box from median to p95 (or p90), thick mark at the median, thin mark at p99, dot at the mean.</p>\n");
-        for (f, label) in &families {
-            let _ = writeln!(
-                o,
-                "<h3>{}</h3>\n<div class=\"chart\" data-chart=\"latency\" data-family=\"{}\"></div>",
-                code(label),
-                h(f)
-            );
-        }
-        o.push_str("</section>\n");
+    if families.is_empty() {
+        return;
     }
+    o.push_str("<section id=\"latency\">\n<h2>Latency distributions</h2>\n");
+    o.push_str("<p class=\"note\">Per cell: line from min to max (or to p99), box from median to p95 (or p90), thick mark at the median, thin mark at p99, dot at the mean.</p>\n");
+    for (f, label) in &families {
+        let _ = writeln!(
+            o,
+            "<h3>{}</h3>\n<div class=\"chart\" data-chart=\"latency\" data-family=\"{}\"></div>",
+            code(label),
+            h(f)
+        );
+    }
+    o.push_str("</section>\n");
+}
 
-    // Every cell: what it did and cost first, its latency statistics after.
+/// Every cell: what it did and cost first, its latency statistics after.
+fn cells(o: &mut String, r: &Report) {
     o.push_str("<section id=\"cells\">\n<h2>Cells</h2>\n");
     let mut t = Table::new(
         &[
@@ -476,129 +518,140 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     }
     o.push_str(&t.end());
     o.push_str("</section>\n");
+}
 
-    telemetry(&mut o, r);
-    calibration(&mut o, r);
+/// The comparisons of variants, one subsection per comparison cell.
+fn comparisons(o: &mut String, r: &Report) {
+    if r.comparisons.is_empty() {
+        return;
+    }
+    o.push_str("<section id=\"comparisons\">\n<h2>Comparisons</h2>\n");
+    o.push_str("<p class=\"note\">Speedup of the other variant over the base with its 95% interval (1× = no change; > 1× better, whatever the metric's direction). Verdict: faster, slower, or same (within the noise threshold or the interval); the primary metric decides a pair's verdict.</p>\n");
+    for cmp in &r.comparisons {
+        comparison(o, cmp);
+    }
+    o.push_str("</section>\n");
+}
 
-    // Comparisons.
-    if !r.comparisons.is_empty() {
-        o.push_str("<section id=\"comparisons\">\n<h2>Comparisons</h2>\n");
-        o.push_str("<p class=\"note\">Speedup of the other variant over the base with its 95% interval (1× = no change; > 1× better, whatever the metric's direction). Verdict: faster, slower, or same (within the noise threshold or the interval); the primary metric decides a pair's verdict.</p>\n");
-        for cmp in &r.comparisons {
-            let mut facts = vec![h(&cmp.gpu), status(&cmp.status)];
-            if let Some(n) = cmp.rounds {
-                facts.push(format!("{n} rounds"));
-            }
-            if let Some(n) = cmp.noise {
-                facts.push(format!("noise threshold {}%", num(n * 100.0)));
-            }
-            facts.extend(crate::model::compare_facts(cmp).iter().map(|f| h(f)));
-            let _ = writeln!(
-                o,
-                "<h3>{} <span class=\"note\">({})</span></h3>",
-                code(&cmp.cell),
-                facts.join(", ")
+/// One comparison cell: its chart and pairs' verdicts, the primary metric
+/// per round, the variants that failed.
+fn comparison(o: &mut String, cmp: &CompareCell) {
+    let mut facts = vec![h(&cmp.gpu), status(&cmp.status)];
+    if let Some(n) = cmp.rounds {
+        facts.push(format!("{n} rounds"));
+    }
+    if let Some(n) = cmp.noise {
+        facts.push(format!("noise threshold {}%", num(n * 100.0)));
+    }
+    facts.extend(crate::model::compare_facts(cmp).iter().map(|f| h(f)));
+    let _ = writeln!(
+        o,
+        "<h3>{} <span class=\"note\">({})</span></h3>",
+        code(&cmp.cell),
+        facts.join(", ")
+    );
+    if !cmp.rows.is_empty() {
+        let _ = writeln!(
+            o,
+            "<div class=\"chart\" data-chart=\"comparison\" data-cell=\"{}\"></div>",
+            h(&cmp.cell)
+        );
+        let mut t = Table::new(
+            &[
+                "pair", "metric", "n", "ratio", "95% CI", "speedup", "MDE", "p", "verdict",
+            ],
+            &[false, false, true, true, true, true, true, true, false],
+        );
+        for x in &cmp.rows {
+            t.row(
+                "",
+                &[
+                    format!("{} vs {}", code(&x.other), code(&x.base)),
+                    format!("{}{}", code(&x.metric), if x.primary { " (primary)" } else { "" }),
+                    x.n.map(|n| n.to_string()).unwrap_or_default(),
+                    ratio(x.ratio),
+                    format!("[{}, {}]", ratio(x.ci_low), ratio(x.ci_high)),
+                    ratio(x.speedup),
+                    x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
+                    x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
+                    format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
+                ],
             );
-            if !cmp.rows.is_empty() {
+        }
+        o.push_str(&t.end());
+        let _ = writeln!(o, "<p class=\"note\">{}</p>", h(crate::model::COMPARE_NOTE));
+        if let Some(m) = &cmp.primary_metric {
+            for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
+                let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
                 let _ = writeln!(
                     o,
-                    "<div class=\"chart\" data-chart=\"comparison\" data-cell=\"{}\"></div>",
-                    h(&cmp.cell)
-                );
-                let mut t = Table::new(
-                    &[
-                        "pair", "metric", "n", "ratio", "95% CI", "speedup", "MDE", "p", "verdict",
-                    ],
-                    &[false, false, true, true, true, true, true, true, false],
-                );
-                for x in &cmp.rows {
-                    t.row(
-                        "",
-                        &[
-                            format!("{} vs {}", code(&x.other), code(&x.base)),
-                            format!("{}{}", code(&x.metric), if x.primary { " (primary)" } else { "" }),
-                            x.n.map(|n| n.to_string()).unwrap_or_default(),
-                            ratio(x.ratio),
-                            format!("[{}, {}]", ratio(x.ci_low), ratio(x.ci_high)),
-                            ratio(x.speedup),
-                            x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
-                            x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
-                            format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
-                        ],
-                    );
-                }
-                o.push_str(&t.end());
-                let _ = writeln!(o, "<p class=\"note\">{}</p>", h(crate::model::COMPARE_NOTE));
-                if let Some(m) = &cmp.primary_metric {
-                    for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
-                        let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
-                        let _ = writeln!(
-                            o,
-                            "<p class=\"note\">{} per round, {}: {}</p>",
-                            code(m),
-                            code(&v.name),
-                            vals.join(", ")
-                        );
-                    }
-                }
-            } else {
-                o.push_str("<p class=\"note\">No pair of variants was compared (a variant failed or measured nothing).</p>\n");
-            }
-            for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
-                let _ = write!(
-                    o,
-                    "<p>variant {} {}: {}",
+                    "<p class=\"note\">{} per round, {}: {}</p>",
+                    code(m),
                     code(&v.name),
-                    status(&v.status),
-                    h(v.failure.as_deref().unwrap_or(""))
+                    vals.join(", ")
                 );
-                if let Some(d) = &v.diagnosis {
-                    let _ = write!(o, "<br>cause {}; hint: {}", code(&d.kind), h(&d.hint));
-                }
-                o.push_str("</p>\n");
             }
         }
-        o.push_str("</section>\n");
+    } else {
+        o.push_str("<p class=\"note\">No pair of variants was compared (a variant failed or measured nothing).</p>\n");
     }
-
-    // Failures.
-    if !r.failures.is_empty() {
-        o.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
-        for f in &r.failures {
-            let _ = writeln!(
-                o,
-                "<div class=\"failure\"><h3>{} {} <span class=\"note\">{}</span></h3>",
-                code(&f.cell),
-                status(&f.status),
-                h(&f.gpu)
-            );
-            if let Some(x) = &f.failure {
-                let _ = writeln!(o, "<p><b>failure</b> {}: {}</p>", code(&x.kind), h(&x.message));
-            }
-            match &f.diagnosis {
-                Some(d) => {
-                    let _ = writeln!(o, "<p><b>cause</b> {}</p>", code(&d.kind));
-                    if !d.evidence.is_empty() {
-                        let ev: Vec<String> = d.evidence.iter().take(5).map(|e| h(e)).collect();
-                        let _ = writeln!(o, "<pre>{}</pre>", ev.join("\n"));
-                    }
-                    let _ = writeln!(o, "<p><b>hint</b> {}</p>", h(&d.hint));
-                }
-                None => o.push_str("<p><b>cause</b> not diagnosed</p>\n"),
-            }
-            if let Some(w) = f.wasted_usd {
-                let _ = writeln!(o, "<p><b>wasted</b> {}</p>", h(&usd(w)));
-            }
-            let _ = writeln!(
-                o,
-                "<p class=\"note\">logs: {}</p></div>",
-                code(&format!("orch logs {} {}", run.id, f.cell))
-            );
+    for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
+        let _ = write!(
+            o,
+            "<p>variant {} {}: {}",
+            code(&v.name),
+            status(&v.status),
+            h(v.failure.as_deref().unwrap_or(""))
+        );
+        if let Some(d) = &v.diagnosis {
+            let _ = write!(o, "<br>cause {}; hint: {}", code(&d.kind), h(&d.hint));
         }
-        o.push_str("</section>\n");
+        o.push_str("</p>\n");
     }
+}
 
-    // Hardware.
+/// Each failed cell: its failure, its cause and hint, what it wasted.
+fn failures(o: &mut String, r: &Report) {
+    if r.failures.is_empty() {
+        return;
+    }
+    o.push_str("<section id=\"failures\">\n<h2>Failures</h2>\n");
+    for f in &r.failures {
+        let _ = writeln!(
+            o,
+            "<div class=\"failure\"><h3>{} {} <span class=\"note\">{}</span></h3>",
+            code(&f.cell),
+            status(&f.status),
+            h(&f.gpu)
+        );
+        if let Some(x) = &f.failure {
+            let _ = writeln!(o, "<p><b>failure</b> {}: {}</p>", code(&x.kind), h(&x.message));
+        }
+        match &f.diagnosis {
+            Some(d) => {
+                let _ = writeln!(o, "<p><b>cause</b> {}</p>", code(&d.kind));
+                if !d.evidence.is_empty() {
+                    let ev: Vec<String> = d.evidence.iter().take(5).map(|e| h(e)).collect();
+                    let _ = writeln!(o, "<pre>{}</pre>", ev.join("\n"));
+                }
+                let _ = writeln!(o, "<p><b>hint</b> {}</p>", h(&d.hint));
+            }
+            None => o.push_str("<p><b>cause</b> not diagnosed</p>\n"),
+        }
+        if let Some(w) = f.wasted_usd {
+            let _ = writeln!(o, "<p><b>wasted</b> {}</p>", h(&usd(w)));
+        }
+        let _ = writeln!(
+            o,
+            "<p class=\"note\">logs: {}</p></div>",
+            code(&format!("orch logs {} {}", r.run.id, f.cell))
+        );
+    }
+    o.push_str("</section>\n");
+}
+
+/// The hardware every cell ran on.
+fn hardware(o: &mut String, r: &Report) {
     o.push_str("<section id=\"hardware\">\n<h2>Hardware</h2>\n");
     if !r.has_hardware() {
         o.push_str(
@@ -632,14 +685,17 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
         o.push_str(&t.end());
     }
     o.push_str("</section>\n");
+}
 
+/// The footer, the report's JSON (`data`, made safe for a script element)
+/// and the script that draws the charts from it.
+fn footer(o: &mut String, data: &str) {
     let _ = write!(
         o,
         "<footer>orch report v{} · generated from the run record; the JSON below holds every number.</footer>\n</main>\n\
          <script type=\"application/json\" id=\"orch-report-data\">{data}</script>\n<script>\n{JS}</script>\n</body>\n</html>\n",
         crate::model::REPORT_VERSION
     );
-    Ok(o)
 }
 
 #[cfg(test)]

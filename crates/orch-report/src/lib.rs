@@ -4,8 +4,19 @@
 //! markdown, CSV, JSON and a self-contained HTML page with charts; and the
 //! comparison of two runs with their cost.
 //!
-//! Pure: built from [`orch_store::RunRecord`]s, rendered to strings. Reading
+//! Pure: built from [`orch_record::RunRecord`]s, rendered to strings. Reading
 //! the store and writing files is the caller's business.
+//!
+//! ## What is where
+//!
+//! What is where: `model.rs`: a run's report from its `RunRecord` (throughput rankings
+//! per metric, cost-efficiency in $ per 1k output tokens, per-cell latency stats,
+//! comparison tables from `info.comparison`, failures with diagnosis, hardware, totals);
+//! `metrics.rs`: which metric is throughput / token rate / latency (documented orders,
+//! `--metric`/`--latency`); `md.rs`, `csv.rs`, `html.rs` + `report.css`/`report.js`
+//! (self-contained page, SVG charts drawn from embedded JSON); `compare.rs`: two runs
+//! matched by benchmark + params, $/GPU-hour, $ per unit of work. It does not: read the
+//! store or write files.
 
 pub mod compare;
 mod csv;
@@ -14,6 +25,7 @@ mod html;
 mod md;
 pub mod metrics;
 pub mod model;
+mod text;
 
 pub use compare::{CompareOptions, RunComparison};
 pub use model::{Options, Report};
@@ -123,6 +135,12 @@ pub fn render(report: &Report, format: Format) -> Result<String, ReportError> {
         }
         Format::Html => html::render(report)?,
     })
+}
+
+impl orch_protocol::ErrorClass for ReportError {
+    fn is_user_error(&self) -> bool {
+        Self::is_user_error(self)
+    }
 }
 
 #[cfg(test)]

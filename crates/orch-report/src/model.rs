@@ -4,11 +4,9 @@
 use crate::metrics::{self, Latency};
 use crate::ReportError;
 use chrono::{DateTime, Utc};
-use orch_compare::Better;
-use orch_cost::CellCost;
-use orch_diagnose::Diagnosis;
 use orch_protocol::{Failure, Hardware};
-use orch_store::{CellView, RunRecord};
+use orch_record::{BudgetRecord, CellCost, CellView, Diagnosis, RunRecord};
+use orch_stats::Better;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -64,7 +62,7 @@ pub struct RunInfo {
     pub counts: BTreeMap<String, usize>,
     /// The cap of `orch run --max-cost`, and whether it stopped the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<orch_cost::BudgetRecord>,
+    pub budget: Option<BudgetRecord>,
 }
 
 /// What the run cost: the store's run-level sum when it has one (it counts
@@ -407,7 +405,7 @@ impl Report {
             if !rankings.iter().any(|r| r.metric == t.name) {
                 rankings.push(Ranking {
                     metric: t.name.clone(),
-                    better: orch_compare::better_for(&t.name),
+                    better: orch_stats::better_for(&t.name),
                     unit: metrics::work_unit(&t.name),
                     entries: Vec::new(),
                 });
@@ -420,7 +418,7 @@ impl Report {
             if !rankings.iter().any(|r| &r.metric == metric) {
                 rankings.push(Ranking {
                     metric: metric.clone(),
-                    better: orch_compare::better_for(metric),
+                    better: orch_stats::better_for(metric),
                     unit: metrics::work_unit(metric),
                     entries: Vec::new(),
                 });

@@ -14,7 +14,8 @@
 use crate::{io, read_json, write_atomic, CellRecord, Result, Run, RunMeta, RunState, Store, StoreError};
 use chrono::{DateTime, Utc};
 use orch_cost::ledger::LEDGER_VERSION;
-use orch_cost::{History, LedgerLine, RunCost};
+use orch_cost::{History, LedgerLine};
+use orch_record::RunCost;
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -132,19 +132,16 @@ pub fn supported() -> bool {
     })
 }
 
-/// For tests: `true` when containers can start here; otherwise, under `CI=true`, a panic (CI
+/// For tests: `true` when containers can start here; otherwise, under CI, a panic (CI
 /// runs as root: a missing capability is a broken machine), elsewhere `false` with a note on
-/// stderr saying that `what` is skipped.
+/// stderr saying that `what` is skipped ([`crate::skip::skip_or_fail`]).
+#[track_caller]
 pub fn available_or_skip(what: &str) -> bool {
-    if supported() {
-        return true;
-    }
-    let why = "containers need root (a mount namespace, mounts and chroot)";
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{what}: {why}, and CI runs as root");
-    }
-    eprintln!("note: {what} skipped: {why}");
-    false
+    supported()
+        || crate::skip::skip_or_fail(
+            what,
+            "containers need root (a mount namespace, mounts and chroot); CI runs as root",
+        )
 }
 
 /// One step of the child's setup, run between fork and exec.

@@ -20,6 +20,7 @@ pub mod kube;
 pub mod modal;
 pub mod rootfs;
 pub mod s3;
+pub mod skip;
 pub mod slurm;
 
 /// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.

@@ -20,7 +20,7 @@
 //! and the network; a missing `debootstrap` or busybox-static is installed with apt-get.
 //!
 //! Slow tests gate themselves with [`require_tooling`]: they skip when debootstrap or Docker
-//! are unavailable, except under `CI=true`, where they fail.
+//! are unavailable, except under CI, where they fail ([`crate::skip`]).
 
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -43,19 +43,11 @@ const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 /// Releases whose systems (and Docker's official images) do not have a merged `/usr`.
 const UNMERGED_USR: &[&str] = &["jessie", "stretch", "buster", "bullseye"];
 
-/// Skip (outside CI: print why, return `false`) or fail (under `CI=true`: panic) when a test's
-/// tooling is missing; `true` when it is there.
+/// Skip (outside CI: print why, return `false`) or fail (under CI: panic) when a test's
+/// tooling is missing; `true` when it is there. [`crate::skip::require`] for the running test.
+#[track_caller]
 pub fn require_tooling(check: Result<(), String>) -> bool {
-    match check {
-        Ok(()) => true,
-        Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("required test tooling missing under CI=true: {why}")
-        }
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-    }
+    crate::skip::require(&crate::skip::current_test(), check).is_some()
 }
 
 /// Whether [`debian_root`] can work here: root, and `debootstrap` or `apt-get` to install it.

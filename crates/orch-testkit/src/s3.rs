@@ -5,7 +5,7 @@
 //! drops `If-None-Match` on the way, as some S3-compatible servers do.
 //!
 //! A missing server is `Err(reason)`: tests skip with the reason, except
-//! under `CI=true` where they must fail ([`require`]).
+//! under CI where they must fail ([`require`], [`crate::skip`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,18 +40,11 @@ impl Drop for S3Server {
     }
 }
 
-/// Skip (outside CI) or fail (under `CI=true`) when a server is missing.
+/// Skip (outside CI) or fail (under CI) when a server is missing: [`crate::skip::require`]
+/// for the running test.
+#[track_caller]
 pub fn require<T>(server: Result<T, String>) -> Option<T> {
-    match server {
-        Ok(s) => Some(s),
-        Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("required test server missing under CI=true: {why}")
-        }
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    crate::skip::require(&crate::skip::current_test(), server)
 }
 
 fn free_port() -> Result<u16, String> {

@@ -1,8 +1,9 @@
 //! The fake Kubernetes API server speaks Kubernetes: the official Python client
 //! (`pip install kubernetes`), pointed at it with a kubeconfig, creates a Secret and a GPU Job,
 //! watches its pod until the container terminates, reads the log, the Job's status and the
-//! pod's events, and deletes the Job with `propagation_policy='Background'`. Under `CI=true` a
-//! missing `kubernetes` package fails; elsewhere the test is skipped with the reason printed.
+//! pod's events, and deletes the Job with `propagation_policy='Background'`. Under CI a
+//! missing `kubernetes` package fails; elsewhere the test is skipped with the reason printed
+//! (`orch_testkit::skip`).
 
 use orch_testkit::kube::{FakeKube, FakeNode};
 
@@ -96,13 +97,10 @@ fn have_kubernetes() -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !ok {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("python3 with the `kubernetes` package is needed (pip install kubernetes)");
-        }
-        eprintln!("skipped: python3 with `kubernetes` is not installed here");
-    }
-    ok
+    ok || orch_testkit::skip::skip_or_fail(
+        &orch_testkit::skip::current_test(),
+        "python3 with the `kubernetes` package is not installed here (pip install kubernetes)",
+    )
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! The fake Modal server speaks Modal's protocol: Modal's own Python client
 //! (`pip install modal`), pointed at it with `MODAL_SERVER_URL`, creates a
 //! sandbox with `gpu="H100:2"`, a volume and a secret, and reads its stdout
-//! and exit code. Under `CI=true` a missing `modal` fails; elsewhere the test
-//! is skipped with the reason printed.
+//! and exit code. Under CI a missing `modal` fails; elsewhere the test is
+//! skipped with the reason printed (`orch_testkit::skip`).
 
 use orch_testkit::modal::FakeModal;
 
@@ -28,13 +28,10 @@ fn have_modal() -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !ok {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("python3 with the `modal` package is needed (pip install modal)");
-        }
-        eprintln!("skipped: python3 with `modal` is not installed here");
-    }
-    ok
+    ok || orch_testkit::skip::skip_or_fail(
+        &orch_testkit::skip::current_test(),
+        "python3 with the `modal` package is not installed here (pip install modal)",
+    )
 }
 
 #[test]

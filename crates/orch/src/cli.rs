@@ -1,6 +1,7 @@
 //! Command-line types (parsing only; behaviour lives in `commands/`).
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use orch_backend::Kind;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -28,7 +29,7 @@ pub enum Command {
     Setup(SetupArgs),
     /// Build the suite's images from `containers/<name>/`, skipping what has not changed
     Build(BuildArgs),
-    /// Remove whatever a run left behind (containers, slurm jobs)
+    /// Remove whatever a run left behind (containers, Jobs, sandboxes, slurm jobs)
     Down(DownArgs),
     /// Name the cause of a failed server or command from its logs
     Diagnose(crate::commands::diagnose::DiagnoseArgs),
@@ -75,7 +76,7 @@ pub struct RunArgs {
     pub gpu: Option<String>,
     /// Where cells run
     #[arg(long, default_value = "local")]
-    pub backend: String,
+    pub backend: Kind,
     /// Cells run at once (default: the manifest's `concurrency`, else 1)
     #[arg(short = 'j', long)]
     pub jobs: Option<usize>,
@@ -115,7 +116,7 @@ pub struct RunArgs {
 pub struct PricesArgs {
     /// Only this backend's prices
     #[arg(long)]
-    pub backend: Option<String>,
+    pub backend: Option<Kind>,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -183,7 +184,7 @@ pub struct SetupArgs {
     pub models: Vec<String>,
     /// Where the weights go
     #[arg(long, default_value = "local")]
-    pub backend: String,
+    pub backend: Kind,
     /// Weights volume of the local backend (default: `<cache dir>/orch/weights`)
     #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
     pub weights_dir: Option<PathBuf>,
@@ -211,7 +212,7 @@ pub struct PlanArgs {
     pub file: PathBuf,
     /// Backend whose prices the estimate uses
     #[arg(long, default_value = "local")]
-    pub backend: String,
+    pub backend: Kind,
     /// GPUs for every cell, replacing the manifest's lists
     #[arg(long)]
     pub gpu: Option<String>,

@@ -19,37 +19,47 @@ pub fn user(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UserError(msg.into()))
 }
 
-pub fn exit_code(e: &anyhow::Error) -> i32 {
-    for cause in e.chain() {
-        if cause.is::<UserError>() || cause.is::<orch_manifest::ManifestError>() {
-            return 2;
-        }
-        if let Some(s) = cause.downcast_ref::<orch_store::StoreError>() {
-            return if s.is_user_error() { 2 } else { 1 };
-        }
-        if cause.is::<orch_diagnose::RulesError>() {
-            return 2;
-        }
-        if let Some(c) = cause.downcast_ref::<orch_cost::CostError>() {
-            return if c.is_user_error() { 2 } else { 1 };
-        }
-        if let Some(i) = cause.downcast_ref::<orch_images::ImageError>() {
-            return if i.is_user_error() { 2 } else { 1 };
-        }
-        if let Some(h) = cause.downcast_ref::<orch_hub::HubError>() {
-            return if h.is_user_error() { 2 } else { 1 };
-        }
-        if let Some(b) = cause.downcast_ref::<orch_backend::BackendError>() {
-            return if b.is_user_error() { 2 } else { 1 };
-        }
-        // `RunnerError` is transparent: its chain skips the error it wraps.
-        match cause.downcast_ref::<orch_runner::RunnerError>() {
-            Some(orch_runner::RunnerError::Backend(b)) => return if b.is_user_error() { 2 } else { 1 },
-            Some(orch_runner::RunnerError::Store(s)) => return if s.is_user_error() { 2 } else { 1 },
-            _ => {}
-        }
+impl orch_protocol::ErrorClass for UserError {
+    fn is_user_error(&self) -> bool {
+        true
     }
-    1
+}
+
+/// The class of one cause, for the error types of orch's libraries (each
+/// says it through [`orch_protocol::ErrorClass`]); `None`: not one of them.
+fn class(cause: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    use orch_protocol::ErrorClass;
+    macro_rules! classes {
+        ($($t:ty),+ $(,)?) => {
+            $(
+                if let Some(e) = cause.downcast_ref::<$t>() {
+                    return Some(e.is_user_error());
+                }
+            )+
+        };
+    }
+    classes!(
+        UserError,
+        orch_manifest::ManifestError,
+        orch_store::StoreError,
+        orch_diagnose::RulesError,
+        orch_cost::CostError,
+        orch_images::ImageError,
+        orch_hub::HubError,
+        orch_report::ReportError,
+        orch_backend::BackendError,
+        orch_runner::RunnerError,
+    );
+    None
+}
+
+/// 2 for what the user must fix, however deep in the chain of causes; 1
+/// for an internal failure.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    match e.chain().find_map(class) {
+        Some(true) => 2,
+        _ => 1,
+    }
 }
 
 /// The error and its causes, one per line.

@@ -1,8 +1,18 @@
 //! `orch`: the thin binary. Parsing in `cli`, behaviour in `commands`.
+//!
+//! ## What is where
+//!
+//! What is where: `cli.rs` (clap types only), `hosts.rs` (the backends' host sides, one
+//! line each), `commands/` (setup, build, plan, run, down, ls, show, logs, diagnose,
+//! report, compare, cost, prices, push: each a straight script over `Host`/`Backend`),
+//! `output.rs` (progress bar or plain lines, tables), `error.rs` (exit codes from
+//! `ErrorClass`), and the hidden `orch agent` subcommand that is the agent library. It
+//! does not: hold logic another crate could own.
 
 mod cli;
 mod commands;
 mod error;
+mod hosts;
 mod output;
 
 use clap::Parser;

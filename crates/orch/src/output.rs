@@ -3,7 +3,7 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orch_protocol::{Event, Phase};
 use orch_runner::Progress;
-use orch_store::RunRecord;
+use orch_record::RunRecord;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
@@ -146,7 +146,7 @@ fn headline_metrics(m: &BTreeMap<String, f64>) -> Option<String> {
         .collect();
     if parts.is_empty() {
         // A comparison's per-variant means (`<variant>.<metric>`).
-        if let Some(p) = orch_compare::PRIMARY_ORDER
+        if let Some(p) = orch_stats::PRIMARY_ORDER
             .iter()
             .find(|p| m.keys().any(|k| k.split_once('.').is_some_and(|(_, x)| x == **p)))
         {
@@ -327,7 +327,7 @@ fn hardware_text(rec: &RunRecord) -> String {
 /// pair the primary metric (which decides the verdict) with its n, interval,
 /// minimum detectable effect and per-round values, then the headline
 /// secondary metrics with Holm-adjusted p-values.
-fn comparison_text(c: &orch_store::CellView) -> String {
+fn comparison_text(c: &orch_record::CellView) -> String {
     let Some(list) = c.info.get("comparison").and_then(|v| v.as_array()) else {
         return String::new();
     };

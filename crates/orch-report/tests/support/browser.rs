@@ -1,8 +1,8 @@
 //! Headless Chromium for the HTML report's tests: open a file, return the
 //! DOM after its scripts ran, and check that the charts were drawn.
 //!
-//! Without a Chromium the tests skip with a loud message, except under
-//! `CI=true`, where a missing browser fails them.
+//! Without a Chromium the tests skip with a note, except under CI, where a
+//! missing browser fails them (`orch_testkit::skip`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -26,30 +26,19 @@ pub fn find() -> Option<PathBuf> {
     None
 }
 
-/// The browser, or `None` (after a loud message) when it is missing outside
-/// CI. Panics under `CI=true`: there the browser test must run.
+/// The browser, or `None` (after a note on stderr) when it is missing outside
+/// CI. Panics under CI: there the browser test must run
+/// ([`orch_testkit::skip::require`]).
+#[track_caller]
 pub fn require(test: &str) -> Option<PathBuf> {
-    if let Some(p) = find() {
-        return Some(p);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "{test}: no Chromium found (`chromium` on the PATH or $ORCH_CHROMIUM) and CI=true: \
-         install it (`apt-get install -y chromium`; .ci/run does)"
-    );
-    // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-         !!! SKIPPED {test}: no Chromium (`apt-get install -y chromium`), so the HTML\n\
-         !!! report's charts were NOT checked in a browser. CI=true makes this a failure.\n\
-         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        )
-        .as_bytes(),
-    );
-    None
+    orch_testkit::skip::require(
+        test,
+        find().ok_or_else(|| {
+            "no Chromium found (`chromium` on the PATH or $ORCH_CHROMIUM; \
+             `apt-get install -y chromium`), so the HTML report's charts were NOT checked in a browser"
+                .to_string()
+        }),
+    )
 }
 
 fn headless(chromium: &Path, profile: &Path) -> Command {

@@ -6,9 +6,8 @@
 #![allow(dead_code)]
 
 use chrono::{TimeZone, Utc};
-use orch_cost::CellCost;
 use orch_protocol::{Failure, GpuInfo, Hardware};
-use orch_store::{CellView, Environment, RunRecord, RunState};
+use orch_record::{CellCost, CellView, Environment, RunRecord, RunState};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -231,7 +230,7 @@ pub fn run() -> RunRecord {
         exit_code: None,
         signal: None,
     });
-    oom.diagnosis = Some(orch_diagnose::Diagnosis {
+    oom.diagnosis = Some(orch_record::Diagnosis {
         kind: "cuda_oom".into(),
         evidence: vec![
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB <GPU 0>".into(),

@@ -30,7 +30,319 @@
 //!   no capacity (the sandbox is never scheduled), sandboxes killed for OOM
 //!   or terminated mid-run, transient `UNAVAILABLE` answers, log streams that
 //!   drop after every batch.
+//!
+//! The files: `grpc.rs` (the service: every RPC, after the auth check), `images.rs` (image
+//! RPCs and builds), `sandboxes.rs` (sandbox RPCs and runs), `volumes.rs` (volumes, mounts,
+//! blobs and the upload server), `state.rs` (what the server knows), this file (the server,
+//! its builder and the public types).
 
-mod server;
+mod grpc;
+mod images;
+mod sandboxes;
+mod state;
+#[cfg(test)]
+mod tests;
+mod volumes;
 
-pub use server::{Call, FakeModal, FakeModalBuilder, SandboxRecord, Scenario};
+use grpc::Svc;
+use orch_backend_modal::proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
+use state::{now_s, Inner, Sandbox, State};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use volumes::serve_blobs;
+
+// Mutexes are `lock().unwrap()`ed throughout: a poisoned lock means a handler already
+// panicked, and a test fake can do no better than fail the test that uses it.
+
+/// Failure knobs, changeable while the server runs ([`FakeModal::scenario`]).
+#[derive(Debug, Clone, Default)]
+pub struct Scenario {
+    /// An image whose Dockerfile command contains this fails to build at that step.
+    pub build_fail: Option<String>,
+    /// GPU types (`H100`, `A100-80GB`) with no capacity: sandboxes asking
+    /// for them are never scheduled.
+    pub unavailable_gpus: Vec<String>,
+    /// Sandboxes whose `orch.cell` tag (or entrypoint) contains one of these
+    /// are killed for OOM after `kill_after`.
+    pub oom: Vec<String>,
+    /// ... or terminated after `kill_after`.
+    pub terminate: Vec<String>,
+    pub kill_after: Duration,
+    /// The next N unary calls answer `UNAVAILABLE`.
+    pub transient_failures: u32,
+    /// Log streams end (without EOF) after every batch.
+    pub drop_log_streams: bool,
+}
+
+/// One RPC the server answered.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: &'static str,
+    pub token_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub retry_attempt: Option<String>,
+}
+
+/// What the server knows of a sandbox (for assertions).
+#[derive(Debug, Clone)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub app_id: String,
+    pub tags: BTreeMap<String, String>,
+    pub gpu: Option<(String, u32)>,
+    pub milli_cpu: u32,
+    pub memory_mb: u32,
+    pub entrypoint: Vec<String>,
+    pub volume_mounts: Vec<(String, String, bool)>,
+    pub secret_keys: Vec<String>,
+    pub mount_files: Vec<String>,
+    pub timeout_secs: u32,
+    pub scheduled: bool,
+    pub result: Option<(i32, i32)>,
+}
+
+/// The fake server, on 127.0.0.1 (gRPC) plus a small HTTP server for blob uploads.
+pub struct FakeModal {
+    inner: Arc<Inner>,
+    url: String,
+    _shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    root_guard: Option<PathBuf>,
+}
+
+pub struct FakeModalBuilder {
+    root: Option<PathBuf>,
+    port: u16,
+    token: Option<(String, String)>,
+    scenario: Scenario,
+    images: BTreeMap<String, PathBuf>,
+    nvml: Option<PathBuf>,
+}
+
+impl FakeModalBuilder {
+    /// Folder for volumes, blobs and sandbox working folders (default: a new temporary one).
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+    /// Accept only this token (default: any non-empty token id and secret).
+    pub fn token(mut self, id: &str, secret: &str) -> Self {
+        self.token = Some((id.into(), secret.into()));
+        self
+    }
+    pub fn scenario(mut self, s: Scenario) -> Self {
+        self.scenario = s;
+        self
+    }
+
+    /// A registry image (`FROM REFERENCE`, as `Image.from_registry` sends it; matched as
+    /// written, else by its normalized name: `debian:bookworm-slim` is
+    /// `docker.io/library/debian:bookworm-slim`) → its root folder on this host (see
+    /// [`crate::container::busybox_root`]). An image built `FROM` a reference with no root
+    /// fails to build, naming the reference, as an image that is not in the registry does.
+    /// Sandboxes never change the folder: each writes to a layer of its own.
+    pub fn image(mut self, reference: &str, root: impl Into<PathBuf>) -> Self {
+        self.images.insert(reference.to_string(), root.into());
+        self
+    }
+
+    /// The NVML library (`orch_testkit::gpu::nvml_stub()`, or any file) that GPU sandboxes
+    /// get at `libnvidia-ml.so.1`, with `NVIDIA_VISIBLE_DEVICES` naming their GPUs (`0..N-1`).
+    pub fn nvml_stub(mut self, lib: impl Into<PathBuf>) -> Self {
+        self.nvml = Some(lib.into());
+        self
+    }
+
+    pub fn start(self) -> std::io::Result<FakeModal> {
+        let (root, guard) = match self.root {
+            Some(r) => (r, None),
+            None => {
+                // Tests start servers at the same instant on several
+                // threads: a counter keeps their folders apart (one server's
+                // cleanup must never remove another's blobs).
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                let r = std::env::temp_dir().join(format!(
+                    "fake-modal-{}-{}-{}",
+                    std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed),
+                    now_s().to_bits()
+                ));
+                (r.clone(), Some(r))
+            }
+        };
+        std::fs::create_dir_all(root.join("blobs"))?;
+        std::fs::create_dir_all(root.join("volumes"))?;
+        let std_listener = std::net::TcpListener::bind(("127.0.0.1", self.port))?;
+        let addr = std_listener.local_addr()?;
+        std_listener.set_nonblocking(true)?;
+        // Blob uploads: plain HTTP PUT on a second port.
+        let blob_listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let blob_url = format!("http://{}/blob", blob_listener.local_addr()?);
+        let inner = Arc::new(Inner {
+            root: root.clone(),
+            image_roots: self.images,
+            nvml: self.nvml,
+            token: self.token,
+            state: Mutex::new(State::default()),
+            scenario: Mutex::new(self.scenario),
+            blob_url,
+            ids: AtomicU64::new(0),
+        });
+        {
+            let inner = inner.clone();
+            std::thread::spawn(move || serve_blobs(blob_listener, inner));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = Svc(inner.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("fake-modal: no runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("fake-modal: {e}");
+                        return;
+                    }
+                };
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let _ = tonic::transport::Server::builder()
+                    .add_service(
+                        ModalClientServer::new(svc)
+                            .max_decoding_message_size(200 * 1024 * 1024)
+                            .max_encoding_message_size(200 * 1024 * 1024),
+                    )
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+        });
+        Ok(FakeModal {
+            inner,
+            url: format!("http://{addr}"),
+            _shutdown: Some(tx),
+            thread: Some(thread),
+            root_guard: guard,
+        })
+    }
+}
+
+impl FakeModal {
+    pub fn builder() -> FakeModalBuilder {
+        FakeModalBuilder {
+            root: None,
+            port: 0,
+            token: None,
+            scenario: Scenario::default(),
+            images: BTreeMap::new(),
+            nvml: None,
+        }
+    }
+
+    /// A server with the default builder: no registry image has a root, so only images built
+    /// `FROM scratch` run sandboxes (see [`FakeModalBuilder::image`]).
+    pub fn start() -> FakeModal {
+        Self::builder().start().expect("start the fake Modal server")
+    }
+
+    /// `http://127.0.0.1:PORT`, for `MODAL_SERVER_URL`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// The host folder of a volume (made if missing).
+    pub fn volume_dir(&self, name: &str) -> PathBuf {
+        self.inner.root.join("volumes").join(name)
+    }
+
+    /// Change the failure knobs.
+    pub fn scenario(&self, f: impl FnOnce(&mut Scenario)) {
+        f(&mut self.inner.scenario.lock().unwrap());
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.inner.state.lock().unwrap().calls.clone()
+    }
+
+    pub fn count(&self, method: &str) -> usize {
+        self.calls().iter().filter(|c| c.method == method).count()
+    }
+
+    pub fn sandboxes(&self) -> Vec<SandboxRecord> {
+        self.inner
+            .state
+            .lock()
+            .unwrap()
+            .sandboxes
+            .values()
+            .map(|s| s.rec.lock().unwrap().clone())
+            .collect()
+    }
+
+    /// Sandboxes still running (or waiting for a GPU).
+    pub fn running(&self) -> Vec<String> {
+        self.inner
+            .state
+            .lock()
+            .unwrap()
+            .sandboxes
+            .values()
+            .filter(|s| s.done().is_none())
+            .map(|s| s.rec.lock().unwrap().id.clone())
+            .collect()
+    }
+
+    /// Terminate a sandbox from outside (as `modal sandbox terminate` would).
+    pub fn terminate(&self, id: &str) {
+        if let Ok(sb) = self.inner.sandbox(id) {
+            sb.kill(GenericStatus::Terminated);
+        }
+    }
+}
+
+impl Drop for FakeModal {
+    fn drop(&mut self) {
+        let ids: Vec<Arc<Sandbox>> = self
+            .inner
+            .state
+            .lock()
+            .unwrap()
+            .sandboxes
+            .values()
+            .cloned()
+            .collect();
+        for sb in ids {
+            if sb.done().is_none() {
+                sb.kill(GenericStatus::Terminated);
+            }
+        }
+        drop(self._shutdown.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(r) = self.root_guard.take() {
+            let _ = std::fs::remove_dir_all(r);
+        }
+    }
+}

@@ -1,66 +1,9 @@
 use crate::cli::BuildArgs;
 use crate::error::user;
 use orch_images::ImageSpec;
-use orch_manifest::{ExpandOptions, ImageDef, Plan};
+use orch_manifest::ExpandOptions;
 use std::collections::BTreeMap;
 use std::time::Instant;
-
-/// The images a plan builds, by name.
-pub fn image_specs(plan: &Plan) -> Result<BTreeMap<String, ImageSpec>, orch_images::ImageError> {
-    let mut specs = BTreeMap::new();
-    for c in &plan.cells {
-        if let Some(ImageDef::Build(b)) = &c.image {
-            if specs.contains_key(&b.build) {
-                continue;
-            }
-            let context = orch_images::find_context(&plan.manifest, &b.build)?;
-            specs.insert(
-                b.build.clone(),
-                ImageSpec {
-                    name: b.build.clone(),
-                    context,
-                    dockerfile: b.dockerfile.clone().unwrap_or_else(|| "Dockerfile".into()),
-                    args: b.args.clone(),
-                },
-            );
-        }
-    }
-    Ok(specs)
-}
-
-/// Image per cell id, for a container run; refuses when a built image is missing.
-pub async fn resolve_images(
-    plan: &Plan,
-    docker: &bollard::Docker,
-) -> anyhow::Result<BTreeMap<String, String>> {
-    let specs = image_specs(plan)?;
-    let mut tags = BTreeMap::new();
-    for (name, spec) in &specs {
-        let tag = orch_images::resolve_tag(spec)?;
-        if !orch_images::exists(docker, &tag).await? {
-            return Err(user(format!(
-                "image `{name}` is not built (or changed since): `{tag}` is not in the engine\nhint: run `orch build -f {}`",
-                plan.manifest.display()
-            )));
-        }
-        tags.insert(name.clone(), tag);
-    }
-    let mut out = BTreeMap::new();
-    for c in &plan.cells {
-        match &c.image {
-            Some(ImageDef::Ref(r)) => {
-                out.insert(c.id.clone(), r.clone());
-            }
-            Some(ImageDef::Build(b)) => {
-                if let Some(t) = tags.get(&b.build) {
-                    out.insert(c.id.clone(), t.clone());
-                }
-            }
-            None => {}
-        }
-    }
-    Ok(out)
-}
 
 /// The agent image's Dockerfile: the static agent alone, run as
 /// `/orch-agent install DEST` by the kubernetes backend's init container.
@@ -69,14 +12,14 @@ const AGENT_DOCKERFILE: &str =
 
 /// `orch build --agent [--push REGISTRY]`.
 async fn build_agent(docker: &bollard::Docker, push: Option<&str>) -> anyhow::Result<i32> {
-    let agent = orch_backend::docker::find_static_agent()?;
+    let agent = orch_backend::find_static_agent()?;
     let context = tempfile_dir()?;
     std::fs::copy(&agent, context.join("orch-agent"))
         .map_err(|e| anyhow::anyhow!("cannot copy the static agent `{}`: {e}", agent.display()))?;
     // The static `orch` too, when there is one (`orch setup --backend
     // kubernetes` runs it in the cluster).
     let mut dockerfile = AGENT_DOCKERFILE.to_string();
-    match crate::commands::modal::find_static_orch() {
+    match orch_backend::find_static_orch() {
         Ok(orch) => {
             std::fs::copy(&orch, context.join("orch-cli"))
                 .map_err(|e| anyhow::anyhow!("cannot copy the static orch `{}`: {e}", orch.display()))?;
@@ -140,7 +83,7 @@ pub async fn build(args: BuildArgs) -> anyhow::Result<i32> {
         ));
     };
     let plan = orch_manifest::load(file, &ExpandOptions::default())?;
-    let specs = image_specs(&plan)?;
+    let specs = orch_images::plan_specs(&plan)?;
     if specs.is_empty() {
         eprintln!("no image to build: no cell names `image: {{build: NAME}}`");
         return Ok(0);

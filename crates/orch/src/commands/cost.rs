@@ -5,7 +5,7 @@ use crate::cli::{CostArgs, CostBy};
 use crate::error::user;
 use crate::output;
 use orch_cost::{fmt_usd, GroupBy, Spend, SpendGroup};
-use orch_store::RunRecord;
+use orch_record::RunRecord;
 
 fn group_by(by: CostBy) -> GroupBy {
     match by {
@@ -119,7 +119,7 @@ fn csv_field(s: &str) -> String {
 }
 
 /// A cell's cost for the cells table of `orch show` (empty without one).
-pub fn cell_cost_text(c: &orch_store::CellView) -> String {
+pub fn cell_cost_text(c: &orch_record::CellView) -> String {
     match &c.cost {
         Some(cost) if !cost.priced => "unpriced".into(),
         Some(cost) => fmt_usd(cost.usd),
@@ -194,20 +194,18 @@ pub(crate) struct CellEstimate {
 pub(crate) fn estimate_cells(
     store: &orch_store::Store,
     plan: &orch_manifest::Plan,
-    backend: &str,
+    host: &dyn orch_backend::Host,
     prices: &orch_cost::Prices,
 ) -> anyhow::Result<Vec<CellEstimate>> {
+    let backend = host.kind().as_str();
+    // Prices may be per partition (slurm).
+    let partition = host.price_partition(plan);
     let history = store.history(&plan.suite)?;
     Ok(plan
         .cells
         .iter()
         .map(|c| {
-            // Slurm prices may be per partition; a multi-node cell bills every node.
-            let partition = plan
-                .slurm
-                .as_ref()
-                .filter(|_| backend == "slurm")
-                .and_then(|s| s.partition.as_deref());
+            // A multi-node cell bills every node.
             let mut rate = prices.rate_in(backend, partition, &c.gpu, c.task.memory_limit_bytes);
             if c.nodes > 1 {
                 rate.usd_per_s *= f64::from(c.nodes);

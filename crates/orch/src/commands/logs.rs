@@ -4,7 +4,7 @@ use std::io::Write;
 pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
     let run = store.open_run(&args.run)?;
     let record = run.record()?;
-    let cells: Vec<&orch_store::CellView> = match &args.cell {
+    let cells: Vec<&orch_record::CellView> = match &args.cell {
         Some(id) => {
             // Fail with the store's message when the cell does not exist.
             run.check_cell(id)?;

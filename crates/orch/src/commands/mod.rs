@@ -3,10 +3,8 @@ mod compare;
 pub(crate) mod cost;
 pub(crate) mod diagnose;
 mod down;
-pub(crate) mod kubernetes;
 mod logs;
 mod ls;
-pub(crate) mod modal;
 mod plan;
 mod prices;
 mod push;
@@ -14,7 +12,6 @@ mod report;
 mod run;
 mod setup;
 mod show;
-mod slurm;
 
 use crate::cli::{Cli, Command};
 
@@ -32,7 +29,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::run(&store, prices, args).await,
         Command::Setup(args) => setup::setup(args).await,
-        Command::Plan(args) => plan::plan(&store, prices, args),
+        Command::Plan(args) => plan::plan(&store, prices, args).await,
         Command::Build(args) => build::build(args).await,
         Command::Down(args) => down::down(&store, args).await,
         Command::Diagnose(args) => diagnose::diagnose(args),

@@ -1,107 +1,27 @@
 use crate::cli::PlanArgs;
-use crate::commands::setup::{human_bytes, requests_of};
+use crate::commands::setup::human_bytes;
 use crate::error::user;
 use crate::output;
-use orch_hub::safetensors::{fit, Fit};
-use orch_hub::RepoCache;
-use orch_manifest::{ExpandOptions, GpuSpec, Plan};
+use orch_backend::host::Flags;
+use orch_manifest::{ExpandOptions, GpuSpec};
 use serde::Serialize;
-use std::collections::BTreeSet;
 use std::path::Path;
 
-#[derive(Debug, Serialize)]
-pub struct ModelCheck {
-    pub repo: String,
-    pub revision: String,
-    /// Every file of the pinned revision is in the weights volume.
-    pub complete: bool,
-    pub commit: Option<String>,
-    pub bytes: Option<u64>,
-    /// Parameters and bytes from the safetensors headers.
-    pub params: Option<u64>,
-    pub weights_bytes: Option<u64>,
-    pub fit: Vec<FitCheck>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct FitCheck {
-    pub gpu: String,
-    pub fits: bool,
-    /// The smallest count of this GPU type that fits, when `gpu` does not.
-    pub needs: Option<String>,
-}
-
-/// Check every model of the plan against the weights volume (offline).
-pub fn check_models(plan: &Plan, weights_dir: &Path) -> Vec<ModelCheck> {
-    let gpus: BTreeSet<String> = plan
-        .cells
-        .iter()
-        .filter(|c| !c.gpu.is_cpu())
-        .map(|c| c.gpu.to_string())
-        .collect();
-    requests_of(plan)
-        .into_iter()
-        .map(|req| {
-            let cache = RepoCache::new(weights_dir, &req.repo, &req.repo_type);
-            let marker = cache.complete(&req.revision);
-            let (params, weights) = match &marker {
-                Some(m) => match orch_hub::safetensors::weights_in_dir(&cache.snapshot_dir(&m.commit)) {
-                    Ok((p, b, n)) if n > 0 => (Some(p), Some(b)),
-                    _ => (None, None),
-                },
-                None => (None, None),
-            };
-            let fit = match weights {
-                Some(bytes) => gpus
-                    .iter()
-                    .filter_map(|g| GpuSpec::parse(g).ok())
-                    .filter_map(|g| g.gpu.map(|t| (g, t)))
-                    .map(|(g, t)| {
-                        let f = fit(
-                            bytes,
-                            t.memory_gib,
-                            g.count,
-                            orch_manifest::gpu::MAX_GPUS_PER_CELL,
-                        );
-                        FitCheck {
-                            gpu: g.to_string(),
-                            fits: f == Fit::Fits,
-                            needs: match f {
-                                Fit::Fits => None,
-                                Fit::NeedsCount(n) => Some(format!("{}:{n}", t.name)),
-                                Fit::TooLarge => Some(format!(
-                                    "more than {} x {}",
-                                    orch_manifest::gpu::MAX_GPUS_PER_CELL,
-                                    t.name
-                                )),
-                            },
-                        }
-                    })
-                    .collect(),
-                None => vec![],
-            };
-            ModelCheck {
-                repo: req.repo,
-                revision: req.revision,
-                complete: marker.is_some(),
-                commit: marker.as_ref().map(|m| m.commit.clone()),
-                bytes: marker.as_ref().map(|m| m.files.iter().map(|f| f.1).sum()),
-                params,
-                weights_bytes: weights,
-                fit,
-            }
-        })
-        .collect()
-}
-
-pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArgs) -> anyhow::Result<i32> {
-    if !orch_cost::catalog::BACKENDS.contains(&args.backend.as_str()) {
-        return Err(user(format!(
-            "unknown backend `{}`\nhint: the backends are {}",
-            args.backend,
-            orch_cost::catalog::BACKENDS.join(", ")
-        )));
-    }
+pub async fn plan(
+    store: &orch_store::Store,
+    prices_file: Option<&Path>,
+    args: PlanArgs,
+) -> anyhow::Result<i32> {
+    let host = crate::hosts::host(
+        args.backend,
+        Flags {
+            weights_dir: args.weights_dir.clone(),
+            context: args.context.clone(),
+            namespace: args.namespace.clone(),
+            keep: false,
+        },
+    );
+    let host = host.as_ref();
     let prices = orch_cost::Prices::load(prices_file)?;
     let gpus = match &args.gpu {
         Some(text) => Some(
@@ -112,35 +32,13 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
     };
     let plan = orch_manifest::load(&args.file, &ExpandOptions { gpus })?;
     // A cell that asks for more GPUs than this host has (local, docker) would be refused by `run`.
-    crate::commands::run::host_gpus(&args.backend, &plan)?;
-    let weights_dir = match args.backend.as_str() {
-        "slurm" => crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref()),
-        _ => args
-            .weights_dir
-            .clone()
-            .unwrap_or_else(orch_hub::default_weights_dir),
-    };
-    let mut models = check_models(&plan, &weights_dir);
-    if args.backend == "kubernetes" {
-        // The weights are on a PVC of the cluster: a short Job reads them there.
-        models = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(crate::commands::kubernetes::check_models(
-                &plan,
-                args.context.as_deref(),
-                args.namespace.as_deref(),
-            ))
-        })?;
-    }
-    if args.backend == "modal" {
-        // The weights volume is Modal's: read its refs and markers there.
-        models = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(crate::commands::modal::check_models(&plan))
-        })?;
-    }
+    crate::commands::run::host_gpus(host, &plan)?;
+    let weights = host.weights(Some(&plan), false).await?;
+    let models = host.check_models(&plan, &weights).await?;
     let missing = models.iter().any(|m| !m.complete);
     let misfit = models.iter().any(|m| m.fit.iter().any(|f| !f.fits));
-    let estimates = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;
-    let total = plan_total(&estimates, &args.backend);
+    let estimates = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
+    let total = plan_total(&estimates, args.backend.as_str());
     if args.json {
         let cells: Vec<_> = plan
             .cells
@@ -161,7 +59,8 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
             "suite": plan.suite,
             "cells": cells,
             "estimate": total,
-            "weights_dir": weights_dir,
+            "weights_dir": weights.folder(),
+            "weights": weights.to_string(),
             "models": models,
             "ready": !missing && !misfit,
         });
@@ -200,7 +99,7 @@ pub fn plan(store: &orch_store::Store, prices_file: Option<&Path>, args: PlanArg
         );
         println!("{}", total_text(&total));
         if !models.is_empty() {
-            println!("\nmodels (weights volume {}):", weights_dir.display());
+            println!("\nmodels (weights volume {weights}):");
             for m in &models {
                 let state = if m.complete { "complete" } else { "MISSING" };
                 let size = m.bytes.map(human_bytes).unwrap_or_else(|| "?".into());

@@ -1,21 +1,13 @@
 //! `orch prices`: the prices in use and where each came from.
 
 use crate::cli::PricesArgs;
-use crate::error::user;
 use crate::output;
 use std::path::Path;
 
 pub fn prices(file: Option<&Path>, args: PricesArgs) -> anyhow::Result<i32> {
     let prices = orch_cost::Prices::load(file)?;
-    if let Some(b) = &args.backend {
-        if !orch_cost::catalog::BACKENDS.contains(&b.as_str()) {
-            return Err(user(format!(
-                "unknown backend `{b}`\nhint: the backends are {}",
-                orch_cost::catalog::BACKENDS.join(", ")
-            )));
-        }
-    }
-    let rows = prices.rows(args.backend.as_deref());
+    let backend = args.backend.map(|k| k.as_str());
+    let rows = prices.rows(backend);
     if args.json {
         let out = serde_json::json!({
             "user_file": prices.user_file,
@@ -24,7 +16,7 @@ pub fn prices(file: Option<&Path>, args: PricesArgs) -> anyhow::Result<i32> {
             "backends": prices
                 .backends
                 .values()
-                .filter(|b| args.backend.as_deref().is_none_or(|n| n == b.name))
+                .filter(|b| backend.is_none_or(|n| n == b.name))
                 .map(|b| serde_json::json!({"name": b.name, "note": b.note, "default_free": b.default_free}))
                 .collect::<Vec<_>>(),
         });
@@ -59,7 +51,7 @@ pub fn prices(file: Option<&Path>, args: PricesArgs) -> anyhow::Result<i32> {
     for b in prices
         .backends
         .values()
-        .filter(|b| args.backend.as_deref().is_none_or(|n| n == b.name))
+        .filter(|b| backend.is_none_or(|n| n == b.name))
     {
         let unlisted = if b.default_free { "free" } else { "unpriced" };
         println!(

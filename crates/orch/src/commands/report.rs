@@ -1,16 +1,11 @@
 //! `orch report RUN`: the run's report in markdown, CSV, JSON and HTML.
 
 use crate::cli::ReportArgs;
-use crate::error;
 use orch_report::{Format, Options, Report, ReportError};
 
-/// A report error the user must fix exits 2; the rest are internal.
+/// A report error, classified by the exit code (`crate::error::exit_code`).
 pub(crate) fn lift(e: ReportError) -> anyhow::Error {
-    if e.is_user_error() {
-        error::user(e.to_string())
-    } else {
-        anyhow::Error::new(e)
-    }
+    anyhow::Error::new(e)
 }
 
 pub fn report(store: &orch_store::Store, args: ReportArgs) -> anyhow::Result<i32> {
@@ -32,7 +27,7 @@ pub fn report(store: &orch_store::Store, args: ReportArgs) -> anyhow::Result<i32
         (None, _) => run.dir().join("report"),
     };
     std::fs::create_dir_all(&dir).map_err(|e| {
-        error::user(format!(
+        crate::error::user(format!(
             "cannot create the folder `{}` (`-o`): {e}\nhint: give `-o` a folder you can write to",
             dir.display()
         ))

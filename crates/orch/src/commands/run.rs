@@ -2,38 +2,24 @@ use crate::cli::RunArgs;
 use crate::error::user;
 use crate::output::{self, Reporter};
 use anyhow::Context;
-use orch_backend::local::{AgentCommand, LocalBackend};
-use orch_backend::Backend;
+use orch_backend::host::{Flags, Host, Weights};
 use orch_manifest::{ExpandOptions, GpuSpec};
 use orch_runner::{execute, RunnerOptions};
-use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
-/// Refuse (exit 2) when a model the suite needs is not in the weights volume.
-fn preflight(
+/// Refuse (exit 2) when a model the suite needs is not in the weights place.
+async fn preflight(
+    host: &dyn Host,
     plan: &orch_manifest::Plan,
-    weights_dir: &std::path::Path,
+    weights: &Weights,
     args: &RunArgs,
 ) -> anyhow::Result<()> {
     if args.no_preflight {
         return Ok(());
     }
-    let checks = if weights_dir == std::path::Path::new(KUBE_PVC) {
-        tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(crate::commands::kubernetes::check_models(
-                plan,
-                args.context.as_deref(),
-                args.namespace.as_deref(),
-            ))
-        })?
-    } else if weights_dir == std::path::Path::new(MODAL_VOLUME) {
-        tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(crate::commands::modal::check_models(plan))
-        })?
-    } else {
-        crate::commands::plan::check_models(plan, weights_dir)
-    };
-    let missing: Vec<String> = checks
+    let missing: Vec<String> = host
+        .check_models(plan, weights)
+        .await?
         .into_iter()
         .filter(|m| !m.complete)
         .map(|m| format!("`{}@{}`", m.repo, m.revision))
@@ -42,40 +28,49 @@ fn preflight(
         return Ok(());
     }
     Err(user(format!(
-        "model weights not set up in `{}`: {}\nhint: run `orch setup -f {}` first (or pass `--no-preflight`)",
-        weights_dir.display(),
+        "model weights not set up in {weights}: {}\nhint: run `orch setup -f {}` first (or pass `--no-preflight`)",
         missing.join(", "),
         plan.manifest.display()
     )))
 }
 
-/// Stands for the weights volume of the modal backend (checked on Modal).
-const MODAL_VOLUME: &str = "modal:orch-weights";
-/// Stands for the weights PVC of the kubernetes backend (checked by a Job).
-const KUBE_PVC: &str = "kubernetes:weights-pvc";
+/// Everything a run needs of the suite and the backend, checked before the
+/// run's folder exists: secrets, node counts, GPU counts, weights.
+async fn check(
+    host: &dyn Host,
+    plan: &orch_manifest::Plan,
+    args: &RunArgs,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let secrets = collect_secrets(&plan.secrets)?;
+    check_nodes(host, plan)?;
+    host_gpus(host, plan)?;
+    let weights = host.weights(Some(plan), false).await?;
+    preflight(host, plan, &weights, args).await?;
+    Ok(secrets)
+}
 
 pub async fn run(
     store: &orch_store::Store,
     prices_file: Option<&std::path::Path>,
     args: RunArgs,
 ) -> anyhow::Result<i32> {
-    orch_backend::check_name(&args.backend)?;
+    let host = crate::hosts::host(
+        args.backend,
+        Flags {
+            weights_dir: args.weights_dir.clone(),
+            context: args.context.clone(),
+            namespace: args.namespace.clone(),
+            keep: args.keep,
+        },
+    );
+    let host = host.as_ref();
     let prices = orch_cost::Prices::load(prices_file)?;
-    let cost_opts: orch_runner::CostOptions;
-    let mut weights_dir = match args.backend.as_str() {
-        "docker" => orch_backend::docker::weights_volume_dir(false)
-            .await?
-            .unwrap_or_else(|| std::path::PathBuf::from("/nonexistent-orch-weights-volume")),
-        "modal" => std::path::PathBuf::from(MODAL_VOLUME),
-        "kubernetes" => std::path::PathBuf::from(KUBE_PVC),
-        _ => args
-            .weights_dir
-            .clone()
-            .unwrap_or_else(orch_hub::default_weights_dir),
-    };
-    let prepared;
-    let secrets;
-    let mut run = match (&args.resume, &args.file) {
+    if let Some(0) = args.jobs {
+        return Err(user(
+            "`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time",
+        ));
+    }
+    let (mut run, secrets, backend, images, cost_opts) = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
                 return Err(user(
@@ -83,15 +78,7 @@ pub async fn run(
                 ));
             }
             let mut run = store.open_run(id)?;
-            if args.backend == "slurm" {
-                weights_dir =
-                    crate::commands::slurm::weights_dir(run.plan.slurm.as_ref(), args.weights_dir.as_ref());
-            }
-            crate::commands::slurm::check_nodes(&run.plan, &args.backend)?;
-            secrets = collect_secrets(&run.plan.secrets)?;
-            preflight(&run.plan, &weights_dir, &args)?;
-            prepared = make_backend(&args, &run.plan).await?;
-            if run.meta.backend != args.backend {
+            if run.meta.backend != args.backend.as_str() {
                 return Err(user(format!(
                     "run `{}` was made on backend `{}`, not `{}`\nhint: resume it with `--backend {}`",
                     run.id(),
@@ -100,13 +87,18 @@ pub async fn run(
                     run.meta.backend
                 )));
             }
+            let secrets = check(host, &run.plan, &args).await?;
+            let (backend, images) = host.backend(&run.plan).await?;
             // The cap counts what the run already spent.
             let todo = run.unfinished_cells()?;
             let prior = run.cost()?.map(|c| c.usd).unwrap_or(0.0);
-            let cells = crate::commands::cost::estimate_cells(store, &run.plan, &args.backend, &prices)?;
-            cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, prior)?;
+            let cells = crate::commands::cost::estimate_cells(store, &run.plan, host, &prices)?;
+            let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, prior)?;
+            // What an earlier, killed invocation of this run left running
+            // (containers, Jobs, sandboxes, queued jobs) goes first.
+            backend.cleanup(run.id()).await?;
             run.note_resume()?;
-            run
+            (run, secrets, backend, images, cost_opts)
         }
         (None, Some(file)) => {
             let gpus = match &args.gpu {
@@ -119,29 +111,23 @@ pub async fn run(
             };
             let mut plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
             if args.dry_run {
-                return dry_run(&args, &plan);
+                print!("{}", host.dry_run(&plan)?);
+                return Ok(0);
             }
-            secrets = collect_secrets(&plan.secrets)?;
             for cell in &mut plan.cells {
                 cell.task.strict_hardware = args.strict_hardware;
             }
-            if args.backend == "slurm" {
-                weights_dir =
-                    crate::commands::slurm::weights_dir(plan.slurm.as_ref(), args.weights_dir.as_ref());
-            }
-            crate::commands::slurm::check_nodes(&plan, &args.backend)?;
-            host_gpus(&args.backend, &plan)?;
-            preflight(&plan, &weights_dir, &args)?;
-            // Everything a run needs is checked before its folder exists.
-            prepared = make_backend(&args, &plan).await?;
-            let cells = crate::commands::cost::estimate_cells(store, &plan, &args.backend, &prices)?;
+            let secrets = check(host, &plan, &args).await?;
+            let (backend, images) = host.backend(&plan).await?;
+            let cells = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
             let todo: Vec<String> = plan.cells.iter().map(|c| c.id.clone()).collect();
-            cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
+            let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
             let env = orch_store::host_environment(file, argv);
-            store.create_run(&plan, &text, &args.backend, env)?
+            let run = store.create_run(&plan, &text, args.backend.as_str(), env)?;
+            (run, secrets, backend, images, cost_opts)
         }
         (None, None) => {
             return Err(user(
@@ -149,20 +135,13 @@ pub async fn run(
             ))
         }
     };
-    if let Some(0) = args.jobs {
-        return Err(user(
-            "`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time",
-        ));
-    }
     let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
-
-    let (backend, images) = prepared;
-    // The cluster assigns GPUs to jobs; jobs an earlier, killed invocation
-    // of this run left in the queue go before the run resumes.
-    let gpu_devices = host_gpus(&args.backend, &run.plan)?;
-    if matches!(args.backend.as_str(), "slurm" | "kubernetes") && args.resume.is_some() {
-        backend.cleanup(run.id()).await?;
-    }
+    let gpu_devices = host_gpus(host, &run.plan)?;
+    let weights_dir = host
+        .weights(Some(&run.plan), false)
+        .await?
+        .folder()
+        .map(|p| p.to_path_buf());
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
@@ -186,7 +165,7 @@ pub async fn run(
         RunnerOptions {
             concurrency,
             secrets,
-            weights_dir: Some(weights_dir),
+            weights_dir,
             images,
             gpu_devices,
             diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
@@ -232,21 +211,17 @@ pub async fn run(
     })
 }
 
-/// `--dry-run`: what the backend would apply, printed; nothing runs.
-fn dry_run(args: &RunArgs, plan: &orch_manifest::Plan) -> anyhow::Result<i32> {
-    match args.backend.as_str() {
-        "kubernetes" => {
-            print!(
-                "{}",
-                crate::commands::kubernetes::dry_run(plan, args.namespace.as_deref(), args.context.as_deref())?
-            );
-            Ok(0)
-        }
-        other => Err(user(format!(
-            "`--dry-run` prints the manifests of the kubernetes backend, not of `{other}`\nhint: `orch plan -f {}` shows the cells, weights and estimates of any backend",
-            plan.manifest.display()
-        ))),
+/// Cells of more nodes than the backend gives are refused.
+fn check_nodes(host: &dyn Host, plan: &orch_manifest::Plan) -> anyhow::Result<()> {
+    if let Some(c) = plan.cells.iter().find(|c| c.nodes > host.max_nodes()) {
+        return Err(user(format!(
+            "cell `{}` asks for {} nodes, which backend `{}` cannot give\nhint: run it with `--backend slurm`, or remove `nodes`",
+            c.id,
+            c.nodes,
+            host.kind()
+        )));
     }
+    Ok(())
 }
 
 /// The values of the suite's `secrets:` from this environment. A value too
@@ -296,57 +271,11 @@ async fn watch_signals(cancel: watch::Sender<bool>) {
     }
 }
 
-type Images = std::collections::BTreeMap<String, String>;
-
-/// The backend for this run and, for containers, each cell's image (a built
-/// image that is missing refuses the run).
-async fn make_backend(
-    args: &RunArgs,
-    plan: &orch_manifest::Plan,
-) -> anyhow::Result<(Arc<dyn Backend>, Images)> {
-    Ok(match args.backend.as_str() {
-        "docker" => {
-            let agent = orch_backend::docker::find_static_agent()?;
-            let docker = orch_backend::docker::DockerBackend::connect(agent, args.keep)?;
-            let images = crate::commands::build::resolve_images(plan, docker.client()).await?;
-            (Arc::new(docker), images)
-        }
-        "modal" => {
-            let agent = orch_backend::docker::find_static_agent()?;
-            let modal = crate::commands::modal::connect()?;
-            let (images, specs) = crate::commands::modal::images(plan)?;
-            let opts = orch_backend_modal::backend::ModalOptions {
-                weights_volume: crate::commands::modal::volume_name(),
-                ..Default::default()
-            };
-            let backend = orch_backend_modal::ModalBackend::new(modal, agent, specs, opts);
-            backend.preflight().await?;
-            (Arc::new(backend), images)
-        }
-        "slurm" => (Arc::new(crate::commands::slurm::backend(plan)?), Images::new()),
-        "kubernetes" => {
-            let images = crate::commands::kubernetes::images(plan)?;
-            let backend = crate::commands::kubernetes::backend(
-                plan,
-                args.context.as_deref(),
-                args.namespace.as_deref(),
-            )
-            .await?;
-            backend.preflight().await?;
-            (Arc::new(backend), images)
-        }
-        _ => (
-            Arc::new(LocalBackend::new(AgentCommand::from_env_or_self(&["agent"])?)),
-            Images::new(),
-        ),
-    })
-}
-
-/// The GPUs of this host that cells of `backend` share (local and docker
-/// only: elsewhere the platform assigns them). A cell that asks for more than
-/// the host has is a user error: it never runs on fewer or shared GPUs.
-pub fn host_gpus(backend: &str, plan: &orch_manifest::Plan) -> anyhow::Result<orch_runner::GpuDevices> {
-    if !matches!(backend, "local" | "docker") {
+/// The GPUs of this host that the cells share (local and docker: elsewhere
+/// the platform assigns them). A cell that asks for more than the host has
+/// is a user error: it never runs on fewer or shared GPUs.
+pub fn host_gpus(host: &dyn Host, plan: &orch_manifest::Plan) -> anyhow::Result<orch_runner::GpuDevices> {
+    if !host.shares_host_gpus() {
         return Ok(orch_runner::GpuDevices::Platform);
     }
     let devices = gpu_devices();

@@ -1,41 +1,28 @@
 use crate::cli::SetupArgs;
 use crate::error::user;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use orch_backend::host::{model_requests, Flags, SetupPlace, SetupRequest};
 use orch_hub::{ModelRequest, SetupEvent, SetupOptions};
 use orch_manifest::ExpandOptions;
 use std::io::IsTerminal;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// The models a suite names, as setup requests.
-pub fn requests_of(plan: &orch_manifest::Plan) -> Vec<ModelRequest> {
-    plan.models
-        .iter()
-        .map(|m| ModelRequest {
-            repo: m.repo.clone(),
-            revision: m.revision.clone().unwrap_or_else(|| "main".into()),
-            include: m.include.clone(),
-            exclude: m.exclude.clone(),
-            repo_type: m.repo_type.clone().unwrap_or_else(|| "model".into()),
-        })
-        .collect()
-}
-
 pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
-    orch_backend::check_name(&args.backend)?;
-    if args.backend == "modal" {
-        return crate::commands::modal::setup(&args).await;
-    }
-    if args.backend == "kubernetes" {
-        return crate::commands::kubernetes::setup(&args).await;
-    }
-    let mut requests = Vec::new();
-    let mut slurm_def = None;
-    if let Some(file) = &args.file {
-        let plan = orch_manifest::load(file, &ExpandOptions::default())?;
-        requests.extend(requests_of(&plan));
-        slurm_def = plan.slurm;
-    }
+    let host = crate::hosts::host(
+        args.backend,
+        Flags {
+            weights_dir: args.weights_dir.clone(),
+            context: args.context.clone(),
+            namespace: args.namespace.clone(),
+            keep: false,
+        },
+    );
+    let plan = match &args.file {
+        Some(file) => Some(orch_manifest::load(file, &ExpandOptions::default())?),
+        None => None,
+    };
+    let mut requests = plan.as_ref().map(model_requests).unwrap_or_default();
     for spec in &args.models {
         requests.push(ModelRequest::parse(spec)?);
     }
@@ -44,27 +31,34 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
             "no model to set up\nhint: `orch setup --model org/name[@revision]`, or `-f SUITE` with a `models:` list",
         ));
     }
-    let weights_dir = match args.backend.as_str() {
-        // The named volume every docker cell mounts read-only at /weights.
-        "docker" => orch_backend::docker::weights_volume_dir(true)
-            .await?
-            .unwrap_or_default(),
-        // A folder on the cluster's shared filesystem, filled from the login node.
-        "slurm" => crate::commands::slurm::weights_dir(slurm_def.as_ref(), args.weights_dir.as_ref()),
-        _ => args
-            .weights_dir
-            .clone()
-            .unwrap_or_else(orch_hub::default_weights_dir),
+    let req = SetupRequest {
+        file: args.file.clone(),
+        models: args.models.clone(),
+        requests: requests.clone(),
+        connections: args.connections,
+        json: args.json,
+        as_job: args.as_job,
     };
-    if args.as_job {
-        if args.backend != "slurm" {
-            return Err(user(
-                "`--as-job` needs `--backend slurm`\nhint: other backends download from this machine",
-            ));
+    let on_line = |stdout: bool, text: &str| {
+        use std::io::Write;
+        if stdout {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+        } else {
+            let _ = std::io::stderr().write_all(text.as_bytes());
         }
-        return crate::commands::slurm::setup_as_job(&args, slurm_def.as_ref(), &weights_dir, &requests)
-            .await;
-    }
+    };
+    let weights_dir = match host.setup(&req, plan.as_ref(), &on_line).await? {
+        // `orch setup` elsewhere exits 2 for user errors (a gated repo...):
+        // its code is kept.
+        SetupPlace::Ran(code) => {
+            return Ok(match code {
+                0 => 0,
+                2 => 2,
+                _ => 1,
+            })
+        }
+        SetupPlace::Here(dir) => dir,
+    };
     let mut opts = SetupOptions::new(weights_dir.clone());
     opts.connections = args.connections.max(1);
     let client = orch_hub::client()?;

@@ -54,11 +54,11 @@ pub(crate) fn shipped_agent() -> Option<PathBuf> {
     if ok {
         return Some(agent);
     }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI needs the shipped agent: `.ci/run` must run `bash scripts/prepare-docker.sh`"
+    orch_testkit::skip::skip_or_fail(
+        &orch_testkit::skip::current_test(),
+        "the shipped agent is missing: run `bash scripts/build-agent.sh` \
+         (or `bash scripts/prepare-docker.sh`) first",
     );
-    eprintln!("note: run `bash scripts/build-agent.sh` first; GPU-image tests skipped");
     None
 }
 

@@ -19,7 +19,8 @@ fn container_agent() -> PathBuf {
 
 /// Whether tests of the fakes' containers can run here: root (chroot and
 /// mounts), the shipped agent and the quickstart image's busybox. Outside CI
-/// a missing one skips the test with a note; under `CI=true` it fails.
+/// a missing one skips the test with a note; under CI it fails
+/// (`orch_testkit::skip`).
 fn containers_ready(what: &str) -> bool {
     if !orch_testkit::container::available_or_skip(what) {
         return false;
@@ -29,14 +30,14 @@ fn containers_ready(what: &str) -> bool {
     if orch_testkit::container::is_static_elf(&agent) && busybox.is_file() {
         return true;
     }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI needs the agent `{}` and `{}`: `.ci/run` must run `bash scripts/prepare-docker.sh`",
-        agent.display(),
-        busybox.display()
-    );
-    eprintln!("note: {what} skipped: run `bash scripts/prepare-docker.sh` first (agent, busybox)");
-    false
+    orch_testkit::skip::skip_or_fail(
+        what,
+        &format!(
+            "the static agent `{}` or `{}` is missing: run `bash scripts/prepare-docker.sh` first",
+            agent.display(),
+            busybox.display()
+        ),
+    )
 }
 
 mod cli;

@@ -3,8 +3,8 @@
 //! registry: Debian's `docker-registry` (the CNCF distribution registry),
 //! started here on a loopback port, pushed to by this machine's Docker engine.
 //! Needs Docker, the static agent (`bash scripts/prepare-docker.sh`) and
-//! `docker-registry`; under `CI=true` a missing one fails, elsewhere the test
-//! is skipped with the reason printed.
+//! `docker-registry`; under CI a missing one fails, elsewhere the test is
+//! skipped with the reason printed (`orch_testkit::skip`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -12,33 +12,33 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::repo;
+use orch_testkit::skip;
 
-fn skip_or_fail(why: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}");
-    }
-    eprintln!("skipped: {why}");
-    false
-}
-
+/// Docker, the static agent and `docker-registry` are here; else skip or fail
+/// ([`orch_testkit::skip`]).
 fn ready() -> bool {
+    let test = skip::current_test();
     let docker = Command::new("docker")
         .arg("info")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
     if !matches!(docker, Ok(s) if s.success()) {
-        return skip_or_fail("no Docker engine reachable");
+        return skip::skip_or_fail(&test, "no Docker engine reachable");
     }
     let agent = repo().join(format!(
         "target/{}-unknown-linux-gnu/release/orch-agent",
         std::env::consts::ARCH
     ));
     if !agent.is_file() {
-        return skip_or_fail("the static agent is missing: run `bash scripts/prepare-docker.sh`");
+        return skip::skip_or_fail(
+            &test,
+            "the static agent is missing: run `bash scripts/prepare-docker.sh`",
+        );
     }
     if registry_binary().is_none() {
-        return skip_or_fail(
+        return skip::skip_or_fail(
+            &test,
             "`docker-registry` is not installed (Debian: `apt-get install docker-registry`)",
         );
     }

@@ -151,11 +151,11 @@ fn python_loads_offline(weights: &Path, model: &GeneratedModel) {
         .status()
         .map(|s| s.success());
     if !matches!(have, Ok(true)) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install huggingface_hub (see .ci/run)"
+        orch_testkit::skip::skip_or_fail(
+            &orch_testkit::skip::current_test(),
+            "python3 with `huggingface_hub` is not installed (`pip install huggingface_hub`); \
+             interop check skipped",
         );
-        eprintln!("note: python3 huggingface_hub not installed; interop check skipped");
         return;
     }
     let script = r#"

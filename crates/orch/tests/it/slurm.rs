@@ -1,8 +1,9 @@
 //! The `slurm` backend against a real one-node Slurm cluster started by the
 //! test (`orch_testkit::slurm`: munged, slurmctld, slurmd, `gpu:h100:8` on
-//! placeholder devices). Under `CI=true` a machine without Slurm fails these
-//! tests; elsewhere they are skipped with the reason.
+//! placeholder devices). Under CI a machine without Slurm fails these
+//! tests; elsewhere they are skipped with the reason (`orch_testkit::skip`).
 
+use orch_testkit::skip;
 use orch_testkit::slurm::SlurmCluster;
 use serde_json::Value;
 use std::path::Path;
@@ -11,10 +12,10 @@ use std::time::{Duration, Instant};
 
 fn cluster() -> Option<SlurmCluster> {
     if let Some(why) = orch_testkit::slurm::unavailable() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("the slurm tests need a Slurm cluster here: {why}");
-        }
-        eprintln!("skipping: {why}");
+        skip::skip_or_fail(
+            &skip::current_test(),
+            &format!("the slurm tests need a Slurm cluster here: {why}"),
+        );
         return None;
     }
     Some(SlurmCluster::start().unwrap_or_else(|e| panic!("cannot start the test cluster: {e}")))
@@ -474,10 +475,10 @@ fn ctrl_c_and_down_leave_no_job_in_the_queue() {
 #[test]
 fn a_two_node_cell_gets_rendezvous_and_every_nodes_record() {
     if let Some(why) = orch_testkit::slurm::unavailable() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("the slurm tests need a Slurm cluster here: {why}");
-        }
-        eprintln!("skipping: {why}");
+        skip::skip_or_fail(
+            "a_two_node_cell_gets_rendezvous_and_every_nodes_record",
+            &format!("the slurm tests need a Slurm cluster here: {why}"),
+        );
         return;
     }
     let c = SlurmCluster::start_nodes(2).unwrap_or_else(|e| panic!("cannot start the test cluster: {e}"));

@@ -1,0 +1,345 @@
+//! The kubernetes backend's host side: the settings ([`KubeSettings`]) from
+//! the suite's `kubernetes:` section and `--context`/`--namespace`, each
+//! cell's image, the weights PVC (checked by a probe Job), `orch setup` in a
+//! Job, `orch down`, and `--dry-run`'s YAML.
+
+use crate::weights::WeightsQuery;
+use crate::{spec, KubeError, KubeSettings, KubernetesBackend, Toleration};
+use async_trait::async_trait;
+use orch_backend::host::{
+    model_requests, Flags, Host, Images, Kind, ModelCheck, OnLine, SetupPlace, SetupRequest, Weights,
+};
+use orch_backend::{Backend, BackendError};
+use orch_manifest::{ImageDef, KubernetesDef, Plan};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn user(message: String) -> BackendError {
+    BackendError::User(message)
+}
+
+fn kube_err(e: KubeError) -> BackendError {
+    e.into()
+}
+
+/// The agent image: the suite's `kubernetes.agent_image`, else `ORCH_AGENT_IMAGE`.
+fn agent_image(def: &KubernetesDef) -> String {
+    def.agent_image
+        .clone()
+        .or_else(|| std::env::var("ORCH_AGENT_IMAGE").ok())
+        .unwrap_or_default()
+}
+
+/// The settings for a plan, in `namespace`.
+pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
+    let def = plan.kubernetes.clone().unwrap_or_default();
+    let mut s = KubeSettings::new(namespace, &agent_image(&def));
+    s.node_selector = def.node_selector.clone();
+    s.tolerations = def
+        .tolerations
+        .iter()
+        .map(|t| Toleration {
+            key: t.key.clone(),
+            operator: t.operator.clone(),
+            value: t.value.clone(),
+            effect: t.effect.clone(),
+        })
+        .collect();
+    s.service_account = def.service_account.clone();
+    s.image_pull_secrets = def.image_pull_secrets.clone();
+    s.shm_size_bytes = def.shm_size.map(|b| b.0);
+    s.runtime_class = def.runtime_class.clone();
+    s.gpu_label = def.gpu_label.clone();
+    s.gpu_types = def.gpu_types.clone();
+    s.weights_pvc = def.weights_pvc.clone();
+    s.secret_name = def.secret.clone();
+    s.secret_keys = plan.secrets.clone();
+    s.cpu = def.cpu.clone();
+    if let Some(p) = def.max_pending {
+        s.max_pending = Duration::from_secs_f64(p.0.max(1.0));
+    }
+    if let Some(g) = def.unschedulable_grace {
+        s.unschedulable_grace = Duration::from_secs_f64(g.0.max(0.0));
+    }
+    s
+}
+
+/// The namespace: `--namespace`, else the suite's, else (None) the context's.
+fn namespace_choice<'a>(plan: &'a Plan, flag: Option<&'a str>) -> Option<&'a str> {
+    flag.or(plan.kubernetes.as_ref().and_then(|k| k.namespace.as_deref()))
+}
+
+/// Connect as `kubectl` would and make the backend.
+pub async fn backend(
+    plan: &Plan,
+    context: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<KubernetesBackend, BackendError> {
+    let context = context.or(plan.kubernetes.as_ref().and_then(|k| k.context.as_deref()));
+    let (client, ns) = crate::connect(context, namespace_choice(plan, namespace))
+        .await
+        .map_err(kube_err)?;
+    Ok(KubernetesBackend::new(client, settings(plan, &ns)))
+}
+
+/// Which of the suite's models are complete on the weights PVC (a probe Job
+/// reads refs and orch's completeness markers there).
+pub async fn check_models(
+    plan: &Plan,
+    context: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<Vec<ModelCheck>, BackendError> {
+    let requests = model_requests(plan);
+    if requests.is_empty() {
+        return Ok(vec![]);
+    }
+    let backend = backend(plan, context, namespace).await?;
+    let queries: Vec<WeightsQuery> = requests
+        .iter()
+        .map(|r| WeightsQuery {
+            folder: orch_hub::cache::repo_folder_name(&r.repo, &r.repo_type),
+            revision: r.revision.clone(),
+        })
+        .collect();
+    let commits = crate::weights::check(&backend, &default_image(), &queries)
+        .await
+        .map_err(kube_err)?;
+    Ok(requests
+        .into_iter()
+        .zip(commits)
+        .map(|(r, commit)| ModelCheck::remote(r, commit))
+        .collect())
+}
+
+/// The image of cells that name none (builtin workloads need nothing of
+/// it, commands a shell): `ORCH_KUBERNETES_IMAGE`, else `debian:bookworm-slim`.
+fn default_image() -> String {
+    std::env::var("ORCH_KUBERNETES_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "debian:bookworm-slim".into())
+}
+
+/// Each cell's image: `image: REF` as written; `image: {build: NAME}` as
+/// pushed by `orch build --push REGISTRY` (`kubernetes.registry`, else
+/// `ORCH_REGISTRY`).
+pub fn images(plan: &Plan) -> Result<BTreeMap<String, String>, BackendError> {
+    let specs = orch_images::plan_specs(plan).map_err(|e| user(e.to_string()))?;
+    let registry = plan
+        .kubernetes
+        .as_ref()
+        .and_then(|k| k.registry.clone())
+        .or_else(|| std::env::var("ORCH_REGISTRY").ok().filter(|r| !r.is_empty()));
+    let mut out = BTreeMap::new();
+    for c in &plan.cells {
+        match &c.image {
+            Some(ImageDef::Ref(r)) => {
+                out.insert(c.id.clone(), r.clone());
+            }
+            Some(ImageDef::Build(b)) => {
+                let Some(spec) = specs.get(&b.build) else { continue };
+                let Some(registry) = &registry else {
+                    return Err(user(format!(
+                        "cell `{}` uses `image: {{build: {}}}`, which the cluster can only pull from a registry\nhint: `orch build -f {} --push REGISTRY`, then set `kubernetes.registry: REGISTRY` in the suite (or `ORCH_REGISTRY`)",
+                        c.id,
+                        b.build,
+                        plan.manifest.display()
+                    )));
+                };
+                let tag = orch_images::resolve_tag(spec).map_err(|e| user(e.to_string()))?;
+                out.insert(c.id.clone(), format!("{}/{tag}", registry.trim_end_matches('/')));
+            }
+            None => {
+                out.insert(c.id.clone(), default_image());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `orch run --backend kubernetes --dry-run`: the manifests, as YAML.
+pub fn dry_run(plan: &Plan, namespace: Option<&str>, context: Option<&str>) -> Result<String, BackendError> {
+    let images = images(plan)?;
+    let ns = namespace_choice(plan, namespace).unwrap_or("default");
+    let mut s = settings(plan, ns);
+    if s.agent_image.is_empty() {
+        s.agent_image = "<ORCH_AGENT_IMAGE>".into();
+    }
+    let run_id = format!("dry-run-{}", plan.suite);
+    let mut jobs = Vec::new();
+    for c in &plan.cells {
+        let mut task = c.task.clone();
+        task.run_id = run_id.clone();
+        let image = images.get(&c.id).cloned().unwrap_or_default();
+        jobs.push(spec::cell_job(&task, &image, &plan.secrets, &s));
+    }
+    let mut out = format!(
+        "# orch run --backend kubernetes --dry-run: {} Job(s) of suite `{}` for namespace `{ns}`{}\n",
+        jobs.len(),
+        plan.suite,
+        context.map(|c| format!(", context `{c}`")).unwrap_or_default()
+    );
+    out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
+    Ok(out)
+}
+
+/// `orch setup --backend kubernetes`: the download runs in the cluster, in a
+/// Job with the weights PVC mounted read-write (`orch setup` itself, the
+/// static `orch` from the agent image, with its resume and verification), so
+/// weights never pass through this machine. The token and the suite travel
+/// in a Secret made for the Job and deleted after it.
+pub async fn setup(
+    flags: &Flags,
+    req: &SetupRequest,
+    plan: Option<&Plan>,
+    on_line: OnLine<'_>,
+) -> Result<i32, BackendError> {
+    let def = plan.and_then(|p| p.kubernetes.clone()).unwrap_or_default();
+    let context = flags.context.as_deref().or(def.context.as_deref());
+    let namespace = flags.namespace.as_deref().or(def.namespace.as_deref());
+    let (client, ns) = crate::connect(context, namespace)
+        .await
+        .map_err(|e| user(e.to_string()))?;
+    let mut s = match plan {
+        Some(p) => settings(p, &ns),
+        None => KubeSettings::new(&ns, &agent_image(&def)),
+    };
+    if s.weights_pvc.is_none() {
+        s.weights_pvc = std::env::var("ORCH_WEIGHTS_PVC").ok().filter(|v| !v.is_empty());
+    }
+    let Some(pvc) = s.weights_pvc.clone() else {
+        return Err(user(
+            "`orch setup --backend kubernetes` fills the weights PVC, and none is named\nhint: `kubernetes: {weights_pvc: NAME}` in the suite (`-f SUITE`), or `ORCH_WEIGHTS_PVC=NAME`".into(),
+        ));
+    };
+    if s.agent_image.is_empty() {
+        return Err(user(
+            "`orch setup --backend kubernetes` runs the static `orch` of the agent image, and none is named\nhint: `orch build --agent --push REGISTRY` (with `bash scripts/prepare-modal.sh` run first, for the static `orch`), then `ORCH_AGENT_IMAGE=...`".into(),
+        ));
+    }
+    let mut secret_values: Vec<(String, String)> = Vec::new();
+    if let Some(f) = &req.file {
+        let text = std::fs::read_to_string(f).map_err(|source| BackendError::Io {
+            action: format!("read `{}`", f.display()),
+            source,
+        })?;
+        secret_values.push(("suite.yaml".into(), text));
+    }
+    let suite = format!("{}/suite.yaml", spec::SETUP_SUITE_DIR);
+    let cmd = orch_backend::host::setup_argv(
+        req,
+        req.file.as_ref().map(|_| suite.as_str()),
+        crate::WEIGHTS_MOUNT,
+    );
+    if let Some(t) = orch_hub::token::resolve_token() {
+        secret_values.push(("HF_TOKEN".into(), t.expose().to_string()));
+    }
+    let mut env = Vec::new();
+    if let Ok(e) = std::env::var("HF_ENDPOINT") {
+        env.push(("HF_ENDPOINT".to_string(), e));
+    }
+    let image = std::env::var("ORCH_KUBERNETES_SETUP_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| orch_backend::host::DEFAULT_SETUP_IMAGE.into());
+    on_line(
+        false,
+        &format!("weights volume: PVC `{pvc}` in namespace `{ns}` (setup runs in a Job, image {image})\n"),
+    );
+    let backend = KubernetesBackend::new(client, s);
+    let json = req.json;
+    let code = backend
+        .run_setup(&image, &cmd, &secret_values, &env, |line| {
+            on_line(json, &format!("{line}\n"))
+        })
+        .await
+        .map_err(kube_err)?;
+    // `orch setup` exits 2 for user errors (a gated repo...): keep its code.
+    Ok(match code {
+        0 => 0,
+        2 => 2,
+        _ => 1,
+    })
+}
+
+/// The kubernetes backend's host side.
+pub struct KubernetesHost {
+    pub flags: Flags,
+}
+
+#[async_trait]
+impl Host for KubernetesHost {
+    fn kind(&self) -> Kind {
+        Kind::Kubernetes
+    }
+
+    async fn weights(&self, plan: Option<&Plan>, _create: bool) -> Result<Weights, BackendError> {
+        let def = plan.and_then(|p| p.kubernetes.clone()).unwrap_or_default();
+        let namespace = self
+            .flags
+            .namespace
+            .clone()
+            .or(def.namespace.clone())
+            .unwrap_or_else(|| "the context's namespace".into());
+        Ok(Weights::Pvc {
+            name: def
+                .weights_pvc
+                .clone()
+                .or_else(|| std::env::var("ORCH_WEIGHTS_PVC").ok().filter(|v| !v.is_empty())),
+            namespace,
+        })
+    }
+
+    async fn check_models(&self, plan: &Plan, _weights: &Weights) -> Result<Vec<ModelCheck>, BackendError> {
+        check_models(
+            plan,
+            self.flags.context.as_deref(),
+            self.flags.namespace.as_deref(),
+        )
+        .await
+    }
+
+    async fn backend(&self, plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
+        let images = images(plan)?;
+        let backend = backend(
+            plan,
+            self.flags.context.as_deref(),
+            self.flags.namespace.as_deref(),
+        )
+        .await?;
+        backend.preflight().await?;
+        Ok((Arc::new(backend), images))
+    }
+
+    async fn setup(
+        &self,
+        req: &SetupRequest,
+        plan: Option<&Plan>,
+        on_line: OnLine<'_>,
+    ) -> Result<SetupPlace, BackendError> {
+        setup(&self.flags, req, plan, on_line).await.map(SetupPlace::Ran)
+    }
+
+    async fn down(&self, run_id: &str, plan: &Plan) -> Result<String, BackendError> {
+        let backend = backend(
+            plan,
+            self.flags.context.as_deref(),
+            self.flags.namespace.as_deref(),
+        )
+        .await?;
+        backend.cleanup(run_id).await?;
+        Ok(format!(
+            "deleted every Job, pod and Secret of run {run_id} in namespace {}",
+            backend.settings().namespace
+        ))
+    }
+
+    fn dry_run(&self, plan: &Plan) -> Result<String, BackendError> {
+        dry_run(
+            plan,
+            self.flags.namespace.as_deref(),
+            self.flags.context.as_deref(),
+        )
+    }
+}

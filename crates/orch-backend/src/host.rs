@@ -1,0 +1,441 @@
+//! Each backend's host side: what the commands need of a backend besides
+//! running cells. `orch run`, `setup`, `plan`, `down` and `cost` are one
+//! script each over [`Host`]; a backend implements it in its own crate, and
+//! the CLI registers it in one line (its `hosts.rs`).
+//!
+//! - [`Kind`]: the backends by name (`--backend`);
+//! - [`Weights`]: where cells find the model weights, as a typed place (a
+//!   folder, Docker's volume, a PVC, a Modal volume), never a made-up path;
+//! - [`ModelCheck`]: a suite's models against that place (`orch plan`, the
+//!   preflight of `orch run`);
+//! - [`Host::setup`]: where `orch setup` downloads (here, into a folder; or
+//!   in a Job, a sandbox or a batch job, which it runs);
+//! - [`Host::down`], [`Host::dry_run`], prices ([`Host::price_partition`]),
+//!   who assigns GPUs ([`Host::shares_host_gpus`]), multi-node cells
+//!   ([`Host::max_nodes`]).
+
+use crate::{Backend, BackendError, LocalBackend};
+use async_trait::async_trait;
+use orch_hub::safetensors::{fit, Fit};
+use orch_hub::{ModelRequest, RepoCache};
+use orch_manifest::{GpuSpec, Plan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The backends, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Local,
+    Docker,
+    Kubernetes,
+    Modal,
+    Slurm,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Local,
+        Kind::Docker,
+        Kind::Kubernetes,
+        Kind::Modal,
+        Kind::Slurm,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::Docker => "docker",
+            Kind::Kubernetes => "kubernetes",
+            Kind::Modal => "modal",
+            Kind::Slurm => "slurm",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = BackendError;
+    fn from_str(s: &str) -> Result<Kind, BackendError> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| BackendError::Unknown(s.to_string()))
+    }
+}
+
+/// Where the cells of a backend find the model weights (a hub cache).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    /// A folder of this host, or of the filesystem a cluster shares.
+    Folder(PathBuf),
+    /// Docker's named volume, and its folder on this host once it exists.
+    DockerVolume { name: String, dir: Option<PathBuf> },
+    /// A PersistentVolumeClaim of the cluster (`None`: the suite names none).
+    Pvc { name: Option<String>, namespace: String },
+    /// A Modal volume.
+    ModalVolume(String),
+}
+
+impl Weights {
+    /// The folder on this host, where there is one.
+    pub fn folder(&self) -> Option<&Path> {
+        match self {
+            Weights::Folder(p) => Some(p),
+            Weights::DockerVolume { dir, .. } => dir.as_deref(),
+            Weights::Pvc { .. } | Weights::ModalVolume(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Weights::Folder(p) => write!(f, "{}", p.display()),
+            Weights::DockerVolume { name, dir: Some(d) } => {
+                write!(f, "docker volume `{name}` ({})", d.display())
+            }
+            Weights::DockerVolume { name, dir: None } => write!(f, "docker volume `{name}` (not made yet)"),
+            Weights::Pvc {
+                name: Some(n),
+                namespace,
+            } => write!(f, "PVC `{n}` in namespace `{namespace}`"),
+            Weights::Pvc {
+                name: None,
+                namespace,
+            } => {
+                write!(f, "no weights PVC (namespace `{namespace}`)")
+            }
+            Weights::ModalVolume(v) => write!(f, "modal volume `{v}`"),
+        }
+    }
+}
+
+/// One model of a suite against the weights place.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelCheck {
+    pub repo: String,
+    pub revision: String,
+    /// Every file of the pinned revision is there.
+    pub complete: bool,
+    pub commit: Option<String>,
+    pub bytes: Option<u64>,
+    /// Parameters and bytes from the safetensors headers (a folder only).
+    pub params: Option<u64>,
+    pub weights_bytes: Option<u64>,
+    pub fit: Vec<FitCheck>,
+}
+
+impl ModelCheck {
+    /// A check that only knows the commit (a remote place).
+    pub fn remote(request: ModelRequest, commit: Option<String>) -> ModelCheck {
+        ModelCheck {
+            repo: request.repo,
+            revision: request.revision,
+            complete: commit.is_some(),
+            commit,
+            bytes: None,
+            params: None,
+            weights_bytes: None,
+            fit: vec![],
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FitCheck {
+    pub gpu: String,
+    pub fits: bool,
+    /// The smallest count of this GPU type that fits, when `gpu` does not.
+    pub needs: Option<String>,
+}
+
+/// The flags of a command that pick where and how (`--weights-dir`,
+/// `--context`, `--namespace`, `--keep`).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub weights_dir: Option<PathBuf>,
+    pub context: Option<String>,
+    pub namespace: Option<String>,
+    pub keep: bool,
+}
+
+/// `orch setup`: what to download.
+#[derive(Debug, Clone)]
+pub struct SetupRequest {
+    /// The suite, when one was given (remote setups ship it: it keeps each
+    /// model's include/exclude patterns).
+    pub file: Option<PathBuf>,
+    /// The `--model` specs, as given.
+    pub models: Vec<String>,
+    /// Every model: the suite's and the `--model` ones.
+    pub requests: Vec<ModelRequest>,
+    pub connections: usize,
+    pub json: bool,
+    /// `--as-job`: download from a batch job (slurm).
+    pub as_job: bool,
+}
+
+/// Where `orch setup` ran.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SetupPlace {
+    /// Download here, into this folder (the caller shows the progress).
+    Here(PathBuf),
+    /// It ran elsewhere (a Job, a sandbox, a batch job): its exit code.
+    Ran(i32),
+}
+
+/// Output of a remote setup, as it comes (lines end with their `\n`): for
+/// stdout (`true`) or stderr.
+pub type OnLine<'a> = &'a (dyn Fn(bool, &str) + Send + Sync);
+
+/// Each cell's image (container backends), by cell id.
+pub type Images = BTreeMap<String, String>;
+
+/// A backend's host side.
+#[async_trait]
+pub trait Host: Send + Sync {
+    fn kind(&self) -> Kind;
+
+    /// Where cells find the weights; `create`: make the place when it can be
+    /// made here (Docker's volume, for `orch setup`).
+    async fn weights(&self, plan: Option<&Plan>, create: bool) -> Result<Weights, BackendError>;
+
+    /// The suite's models against the weights place.
+    async fn check_models(&self, plan: &Plan, weights: &Weights) -> Result<Vec<ModelCheck>, BackendError> {
+        Ok(match weights.folder() {
+            Some(dir) => check_folder(plan, dir),
+            None => model_requests(plan)
+                .into_iter()
+                .map(|r| ModelCheck::remote(r, None))
+                .collect(),
+        })
+    }
+
+    /// The backend that runs the cells of `plan`, checked (`preflight`), and
+    /// each cell's image.
+    async fn backend(&self, plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError>;
+
+    /// `orch setup`: download here (the place's folder) or run it elsewhere.
+    async fn setup(
+        &self,
+        req: &SetupRequest,
+        plan: Option<&Plan>,
+        on_line: OnLine<'_>,
+    ) -> Result<SetupPlace, BackendError> {
+        let _ = on_line;
+        if req.as_job {
+            return Err(BackendError::User(
+                "`--as-job` needs `--backend slurm`\nhint: other backends download from this machine".into(),
+            ));
+        }
+        match self.weights(plan, true).await? {
+            Weights::Folder(dir) => Ok(SetupPlace::Here(dir)),
+            Weights::DockerVolume { dir: Some(dir), .. } => Ok(SetupPlace::Here(dir)),
+            other => Err(BackendError::User(format!(
+                "`orch setup --backend {}` cannot write {other}\nhint: set up the weights where the cells run",
+                self.kind()
+            ))),
+        }
+    }
+
+    /// `orch down RUN`: remove whatever the run left; what was done, in words.
+    async fn down(&self, run_id: &str, plan: &Plan) -> Result<String, BackendError>;
+
+    /// `orch run --dry-run`: what would be applied, as text.
+    fn dry_run(&self, plan: &Plan) -> Result<String, BackendError> {
+        Err(BackendError::User(format!(
+            "`--dry-run` prints the manifests of the kubernetes backend, not of `{}`\nhint: `orch plan -f {}` shows the cells, weights and estimates of any backend",
+            self.kind(),
+            plan.manifest.display()
+        )))
+    }
+
+    /// Do the cells share this host's GPUs (the runner then assigns them)?
+    /// Elsewhere the platform assigns GPUs to each cell.
+    fn shares_host_gpus(&self) -> bool {
+        false
+    }
+
+    /// The most nodes one cell may have.
+    fn max_nodes(&self) -> u32 {
+        1
+    }
+
+    /// The price list's partition for the suite's cells, where prices are
+    /// per partition (slurm).
+    fn price_partition<'p>(&self, _plan: &'p Plan) -> Option<&'p str> {
+        None
+    }
+}
+
+/// The image a remote `orch setup` runs in by default (the static `orch`
+/// needs nothing of it; a shell is handy).
+pub const DEFAULT_SETUP_IMAGE: &str = "python:3.11-slim";
+
+/// The argv of `orch setup` run elsewhere (a Job, a sandbox): the suite at
+/// `suite` (where the remote side finds it), the `--model` specs, into
+/// `weights_dir`.
+pub fn setup_argv(req: &SetupRequest, suite: Option<&str>, weights_dir: &str) -> Vec<String> {
+    let mut argv: Vec<String> = vec!["setup".into()];
+    if let Some(s) = suite {
+        argv.extend(["-f".into(), s.to_string()]);
+    }
+    for m in &req.models {
+        argv.extend(["--model".into(), m.clone()]);
+    }
+    argv.extend([
+        "--weights-dir".into(),
+        weights_dir.to_string(),
+        "--connections".into(),
+        req.connections.to_string(),
+    ]);
+    if req.json {
+        argv.push("--json".into());
+    }
+    argv
+}
+
+/// The models a suite names, as setup requests.
+pub fn model_requests(plan: &Plan) -> Vec<ModelRequest> {
+    plan.models
+        .iter()
+        .map(|m| ModelRequest {
+            repo: m.repo.clone(),
+            revision: m.revision.clone().unwrap_or_else(|| "main".into()),
+            include: m.include.clone(),
+            exclude: m.exclude.clone(),
+            repo_type: m.repo_type.clone().unwrap_or_else(|| "model".into()),
+        })
+        .collect()
+}
+
+/// Every model of the plan against a weights folder (offline): complete?,
+/// size, parameters, and whether it fits each GPU the plan asks for.
+pub fn check_folder(plan: &Plan, weights_dir: &Path) -> Vec<ModelCheck> {
+    let gpus: BTreeSet<String> = plan
+        .cells
+        .iter()
+        .filter(|c| !c.gpu.is_cpu())
+        .map(|c| c.gpu.to_string())
+        .collect();
+    model_requests(plan)
+        .into_iter()
+        .map(|req| {
+            let cache = RepoCache::new(weights_dir, &req.repo, &req.repo_type);
+            let marker = cache.complete(&req.revision);
+            let (params, weights) = match &marker {
+                Some(m) => match orch_hub::safetensors::weights_in_dir(&cache.snapshot_dir(&m.commit)) {
+                    Ok((p, b, n)) if n > 0 => (Some(p), Some(b)),
+                    _ => (None, None),
+                },
+                None => (None, None),
+            };
+            let fit = match weights {
+                Some(bytes) => gpus
+                    .iter()
+                    .filter_map(|g| GpuSpec::parse(g).ok())
+                    .filter_map(|g| g.gpu.map(|t| (g, t)))
+                    .map(|(g, t)| fit_check(bytes, &g, &t))
+                    .collect(),
+                None => vec![],
+            };
+            ModelCheck {
+                repo: req.repo,
+                revision: req.revision,
+                complete: marker.is_some(),
+                commit: marker.as_ref().map(|m| m.commit.clone()),
+                bytes: marker.as_ref().map(|m| m.files.iter().map(|f| f.1).sum()),
+                params,
+                weights_bytes: weights,
+                fit,
+            }
+        })
+        .collect()
+}
+
+fn fit_check(bytes: u64, g: &GpuSpec, t: &orch_manifest::gpu::GpuType) -> FitCheck {
+    let max = orch_manifest::gpu::MAX_GPUS_PER_CELL;
+    let f = fit(bytes, t.memory_gib, g.count, max);
+    FitCheck {
+        gpu: g.to_string(),
+        fits: f == Fit::Fits,
+        needs: match f {
+            Fit::Fits => None,
+            Fit::NeedsCount(n) => Some(format!("{}:{n}", t.name)),
+            Fit::TooLarge => Some(format!("more than {max} x {}", t.name)),
+        },
+    }
+}
+
+/// The local backend's host side: cells are child processes of `orch`; the
+/// weights are a folder (`--weights-dir`, else the default hub cache).
+pub struct LocalHost {
+    pub flags: Flags,
+}
+
+#[async_trait]
+impl Host for LocalHost {
+    fn kind(&self) -> Kind {
+        Kind::Local
+    }
+
+    async fn weights(&self, _plan: Option<&Plan>, _create: bool) -> Result<Weights, BackendError> {
+        Ok(Weights::Folder(
+            self.flags
+                .weights_dir
+                .clone()
+                .unwrap_or_else(orch_hub::default_weights_dir),
+        ))
+    }
+
+    async fn backend(&self, _plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
+        let agent = crate::local::AgentCommand::from_env_or_self(&["agent"])?;
+        Ok((Arc::new(LocalBackend::new(agent)), Images::new()))
+    }
+
+    async fn down(&self, run_id: &str, _plan: &Plan) -> Result<String, BackendError> {
+        Ok(format!(
+            "run {run_id} used backend `local`: nothing outlives its cells there"
+        ))
+    }
+
+    fn shares_host_gpus(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_by_name_and_others_are_refused_with_the_list() {
+        for k in Kind::ALL {
+            assert_eq!(k.as_str().parse::<Kind>().unwrap(), k);
+        }
+        let e = "lambda".parse::<Kind>().unwrap_err();
+        assert!(e.is_user_error());
+        assert!(
+            e.to_string()
+                .contains("local, docker, kubernetes, modal and slurm"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn weights_places_say_where_they_are() {
+        let w = Weights::Pvc {
+            name: Some("weights".into()),
+            namespace: "ml".into(),
+        };
+        assert_eq!(w.to_string(), "PVC `weights` in namespace `ml`");
+        assert_eq!(w.folder(), None);
+        assert_eq!(Weights::Folder("/w".into()).folder(), Some(Path::new("/w")));
+    }
+}

@@ -1,0 +1,11 @@
+//! One way to say whose an error is to fix, implemented by every library
+//! error of orch; the CLI turns it into the exit code (2: the user's, 1:
+//! internal), however deep in a chain of causes the error sits.
+
+/// Whose an error is to fix.
+pub trait ErrorClass: std::error::Error {
+    /// The user's (a flag, a file, a credential, a quota, a missing
+    /// image): `orch` exits 2 and the message carries a `hint:`. Otherwise
+    /// an internal failure: exit 1.
+    fn is_user_error(&self) -> bool;
+}

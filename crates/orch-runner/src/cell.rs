@@ -1,0 +1,158 @@
+//! One cell's task: its GPUs from the pool, its attempt claimed in the store, the backend's
+//! run, and its record (budget stop, diagnosis, cost, masking) written the moment it ends.
+
+use crate::budget::mark_budget;
+use crate::diagnosis::{diagnose_cell, diagnose_variants, oom_from_diagnosis};
+use crate::gpu::GpuPool;
+use crate::stop::{Stop, StopReason};
+use crate::{Progress, RunnerError};
+use chrono::Utc;
+use orch_backend::{Backend, CellEvent, CellLaunch};
+use orch_cost::{BudgetTracker, Rate};
+use orch_manifest::CellPlan;
+use orch_protocol::mask::Masker;
+use orch_protocol::{CellResult, Status};
+use orch_store::{CellRecord, Run, StoreError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+
+/// What every cell task of an invocation shares.
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn Backend>,
+    /// The agents' events, relayed (masked) to the progress channel.
+    pub(crate) events: mpsc::UnboundedSender<CellEvent>,
+    /// The stop channel every cell's backend gets.
+    pub(crate) stop_rx: watch::Receiver<bool>,
+    pub(crate) stop: Arc<Stop>,
+    pub(crate) progress: mpsc::UnboundedSender<Progress>,
+    /// Secret environment handed to every cell.
+    pub(crate) secrets: Vec<(String, String)>,
+    pub(crate) weights_dir: Option<PathBuf>,
+    pub(crate) pool: Arc<GpuPool>,
+    pub(crate) rules: orch_diagnose::Rules,
+    /// Cell tasks only use the run's folder and plan, which do not change.
+    pub(crate) run: Run,
+    pub(crate) budget: Option<Arc<Mutex<BudgetTracker>>>,
+    /// Every secret value (and its encodings), masked in records.
+    pub(crate) masker: Masker,
+}
+
+impl Shared {
+    /// The cell's cost settled in the budget, when there is one.
+    fn settle(&self, cell: &str, usd: f64) {
+        if let Some(b) = &self.budget {
+            if let Ok(mut b) = b.lock() {
+                b.finish(cell, usd);
+            }
+        }
+    }
+}
+
+/// Run one cell on the backend and record it; `None` when another `orch` runs or recorded
+/// it (theirs to record).
+pub(crate) async fn run_cell(
+    shared: Arc<Shared>,
+    cell: CellPlan,
+    rate: Option<Rate>,
+    image: Option<String>,
+    permit: OwnedSemaphorePermit,
+) -> Result<Option<Status>, RunnerError> {
+    let _permit = permit;
+    // Held until the cell's record is written.
+    let devices = shared.pool.acquire(cell.gpu.count as usize).await;
+    let (dir, attempt) = match shared.run.prepare_cell(&cell.id) {
+        Ok(x) => x,
+        // Another `orch` (a resume on another machine) runs this
+        // cell now, or recorded it since: it is theirs to record.
+        Err(StoreError::Claimed { .. } | StoreError::RecordedElsewhere { .. }) => {
+            shared.settle(&cell.id, 0.0);
+            return Ok(None);
+        }
+        Err(e) => {
+            shared.settle(&cell.id, 0.0);
+            return Err(e.into());
+        }
+    };
+    let dir_for_diagnosis = dir.clone();
+    let _ = shared.progress.send(Progress::CellStarted {
+        cell_id: cell.id.clone(),
+        attempt,
+    });
+    let started = Utc::now();
+    if let Some(b) = &shared.budget {
+        if let Ok(mut b) = b.lock() {
+            b.begin(&cell.id, Instant::now());
+        }
+    }
+    let launch = CellLaunch {
+        task: cell.task.clone(),
+        cell_dir: dir,
+        secrets: shared.secrets.clone(),
+        weights_dir: shared.weights_dir.clone(),
+        image,
+        devices: devices.as_ref().map(|d| d.ids.clone()).unwrap_or_default(),
+    };
+    let result = match &devices {
+        Err(total) => CellResult::failed(
+            &cell.id,
+            Status::Failed,
+            "not_enough_gpus",
+            format!(
+                "the cell asks for {} GPUs and this host has {total}: it does not run on fewer or shared ones",
+                cell.gpu.count
+            ),
+        ),
+        Ok(_) => match shared
+            .backend
+            .run_cell(launch, shared.events.clone(), shared.stop_rx.clone())
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+        },
+    };
+    let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);
+    complete_record(
+        &mut record,
+        &dir_for_diagnosis,
+        &shared.stop,
+        &shared.rules,
+        rate.as_ref(),
+    );
+    shared.settle(&cell.id, record.cost.as_ref().map(|c| c.usd).unwrap_or(0.0));
+    shared.masker.mask_in_place(&mut record);
+    match shared.run.finish_cell(&record) {
+        Ok(()) => {}
+        // Another `orch` recorded the cell first; this attempt's
+        // record is kept as an earlier attempt (its cost was spent).
+        Err(StoreError::RecordedElsewhere { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let _ = shared
+        .progress
+        .send(Progress::CellFinished(Box::new(record.clone())));
+    Ok(Some(record.status))
+}
+
+/// What the runner adds to a finished cell's record: the budget as the cause of a
+/// cancelled cell, the diagnosis (the cell's and each failed variant's), `oom` named from
+/// the diagnosis, and the cost at the cell's rate.
+fn complete_record(
+    record: &mut CellRecord,
+    dir: &Path,
+    stop: &Stop,
+    rules: &orch_diagnose::Rules,
+    rate: Option<&Rate>,
+) {
+    if record.status == Status::Cancelled {
+        if let Some(StopReason::Budget(why)) = stop.reason() {
+            mark_budget(record, format!("stopped by the budget: {why}"));
+        }
+    }
+    record.diagnosis = diagnose_cell(record, dir, rules);
+    diagnose_variants(record, dir, rules);
+    oom_from_diagnosis(record);
+    record.cost = rate.map(|r| orch_cost::cell_cost(r, record.status, record.duration_s, &record.timings));
+}

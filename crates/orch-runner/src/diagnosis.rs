@@ -1,0 +1,117 @@
+//! The cause of a failed cell named from its logs (`orch-diagnose`), a failed comparison
+//! variant's from its own logs, and a command that ran out of GPU memory recorded `oom`.
+
+use orch_protocol::Status;
+use orch_store::CellRecord;
+
+/// For a comparison, name the cause of each failed variant from its own logs
+/// (the rounds' server and client logs, its install log) into
+/// `info.variants.<name>.diagnosis`; the first one is the cell's diagnosis.
+pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: &orch_diagnose::Rules) {
+    let Some(serde_json::Value::Object(variants)) = record.info.get_mut("variants") else {
+        return;
+    };
+    let mut first = None;
+    for (name, v) in variants.iter_mut() {
+        // Variant names come from the agent: one that is not a plain name
+        // (`../..`) never names a folder to read.
+        if v["status"] != "failed" || orch_store::check_name("variant name", name).is_err() {
+            continue;
+        }
+        let vdir = dir.join("variants").join(name);
+        let mut logs = Vec::new();
+        let mut stack = vec![vdir.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() && p.file_name().map(|n| n != "src").unwrap_or(true) {
+                    stack.push(p);
+                } else if p.extension().map(|x| x == "log").unwrap_or(false) {
+                    logs.push(p);
+                }
+            }
+        }
+        logs.sort();
+        let mut text: String = logs
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect::<Vec<_>>()
+            .join("\n");
+        if let Some(f) = v["failure"].as_str() {
+            text.push('\n');
+            text.push_str(f);
+        }
+        let d = orch_diagnose::diagnose(&text, rules);
+        v["diagnosis"] = serde_json::to_value(&d).unwrap_or_default();
+        first.get_or_insert(d);
+    }
+    if first.is_some() {
+        record.diagnosis = first;
+    }
+}
+
+/// Diagnosis kinds that mean "the work does not fit the device's memory".
+const OOM_KINDS: &[&str] = &["cuda_oom"];
+
+/// A command cell that failed because it ran out of GPU memory (a PyTorch
+/// `OutOfMemoryError`, a CUDA allocation failure: the diagnosis named it) is
+/// `oom`, like a builtin workload that does not fit: a size that does not fit
+/// is a result of a sweep, not a broken cell. The failure is kept; its kind
+/// becomes `oom`.
+pub fn oom_from_diagnosis(record: &mut CellRecord) {
+    let is_oom = record
+        .diagnosis
+        .as_ref()
+        .is_some_and(|d| OOM_KINDS.contains(&d.kind.as_str()));
+    // Only a program that ended on its own (a command's exit code or signal):
+    // a server that dies at start keeps `server_exited`, its cause named.
+    let ended = record
+        .failure
+        .as_ref()
+        .is_some_and(|f| matches!(f.kind.as_str(), "exit_code" | "signal"));
+    if record.status == Status::Failed && is_oom && ended {
+        record.status = Status::Oom;
+        if let Some(f) = record.failure.as_mut() {
+            f.kind = "oom".into();
+        }
+    }
+}
+
+/// Name the cause of a cell that did not succeed, from its logs (server or
+/// command output, the client's, and the agent's own).
+pub fn diagnose_cell(
+    record: &CellRecord,
+    dir: &std::path::Path,
+    rules: &orch_diagnose::Rules,
+) -> Option<orch_diagnose::Diagnosis> {
+    if matches!(record.status, Status::Succeeded | Status::Cancelled) {
+        return None;
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let stdout = [read("stdout.log"), read("client.stdout.log")].join("\n");
+    let failure = record.failure.as_ref();
+    // A builtin workload's `oom` (its memory preflight, an allocation that
+    // failed) is in no log: its message is the evidence.
+    let message = failure
+        .filter(|f| f.kind == "oom")
+        .map(|f| f.message.clone())
+        .unwrap_or_default();
+    let stderr = [
+        read("stderr.log"),
+        read("client.stderr.log"),
+        read("agent.log"),
+        message,
+    ]
+    .join("\n");
+    let exit = orch_diagnose::ExitInfo {
+        code: failure.and_then(|f| f.exit_code),
+        signal: failure.and_then(|f| f.signal),
+        timed_out: record.status == Status::Timeout,
+    };
+    Some(orch_diagnose::diagnose_output(
+        &stdout,
+        &stderr,
+        Some(&exit),
+        rules,
+    ))
+}

@@ -1,0 +1,292 @@
+//! [`StoreBackend`] for [`S3Store`]: runs created and loaded, states saved,
+//! cells claimed, followed and recorded once, records, ledgers and summaries
+//! read through the caches.
+
+use crate::index::INDEX_EVERY;
+use crate::{follow, objects, Result, S3Store};
+use chrono::{DateTime, Utc};
+use orch_cost::LedgerLine;
+use orch_manifest::Plan;
+use orch_store::{CellRecord, Run, RunMeta, RunSummary, Store, StoreBackend, StoreError};
+use std::path::{Path, PathBuf};
+
+impl StoreBackend for S3Store {
+    fn location(&self) -> String {
+        self.url.clone()
+    }
+
+    fn run_location(&self, id: &str) -> String {
+        format!("{}/{id}", self.url)
+    }
+
+    fn local_dir(&self, id: &str) -> PathBuf {
+        self.work.join(id)
+    }
+
+    fn run_ids(&self) -> Result<Vec<String>> {
+        let base = format!("{}.orch/runs/", self.prefix);
+        let ids: Vec<String> = self
+            .objects
+            .list_dir(&base)?
+            .into_iter()
+            .map(|l| l.key[base.len()..].to_string())
+            .collect();
+        if !ids.is_empty() {
+            return Ok(ids);
+        }
+        // A store written before the run markers: its runs' folders.
+        self.folder_run_ids()
+    }
+
+    fn has_run(&self, id: &str) -> Result<bool> {
+        let Some(bytes) = self.objects.get(&format!("{}run.json", self.run_key(id)), 0)? else {
+            return Ok(false);
+        };
+        // Kept for the `load_run` that follows.
+        if let Ok(mut m) = self.run_json.lock() {
+            m.insert(id.to_string(), bytes);
+        }
+        Ok(true)
+    }
+
+    fn create_run(&self, meta: &RunMeta, manifest_text: &str, plan: &Plan) -> Result<()> {
+        let base = self.run_key(&meta.id);
+        // run.json first: it claims the id.
+        self.create(&format!("{base}run.json"), self.with_writer(meta))?
+            .map_err(|_by| StoreError::RunExists {
+                id: meta.id.clone(),
+                store: self.url.to_string(),
+            })?;
+        self.objects
+            .put(&format!("{base}manifest.yaml"), manifest_text.as_bytes().to_vec())?;
+        self.objects.put(
+            &format!("{base}plan.json"),
+            serde_json::to_vec_pretty(plan).unwrap_or_default(),
+        )?;
+        std::fs::create_dir_all(self.local_dir(&meta.id)).map_err(|source| StoreError::Io {
+            action: "create the working folder",
+            path: self.local_dir(&meta.id),
+            source,
+        })?;
+        self.register_run(&meta.id)?;
+        self.note_change(&meta.id)
+    }
+
+    fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
+        let base = self.run_key(id);
+        let (run_key, plan_key) = (format!("{base}run.json"), format!("{base}plan.json"));
+        let seen = self.run_json.lock().ok().and_then(|mut m| m.remove(id));
+        // The run, its plan, its latest state and its records cache (which
+        // nearly every command reads next) at once.
+        let (state, got) = std::thread::scope(|sc| {
+            let state = sc.spawn(|| self.latest_state(id));
+            let mut keys = vec![plan_key.clone(), format!("{base}records.json")];
+            if seen.is_none() {
+                keys.push(run_key.clone());
+            }
+            let got = self.objects.get_many(&keys);
+            (state.join().unwrap_or_else(|p| std::panic::resume_unwind(p)), got)
+        });
+        let mut got = got?.into_iter();
+        let plan: Plan = self.must_parse(&plan_key, got.next().flatten())?;
+        if let (Some(records), Ok(mut m)) = (got.next().flatten(), self.prefetched.lock()) {
+            m.insert(id.to_string(), records);
+        }
+        let created: RunMeta = self.must_parse(&run_key, seen.or_else(|| got.next().flatten()))?;
+        Ok((state?.1.unwrap_or(created), plan))
+    }
+
+    fn save_meta(&self, meta: &RunMeta) -> Result<()> {
+        let key = format!(
+            "{}state/{:013}-{}.json",
+            self.run_key(&meta.id),
+            Utc::now().timestamp_millis(),
+            self.token
+        );
+        // Unique key: a conflict can only be our own lost reply.
+        let _ = self.create(&key, self.with_writer(meta))?;
+        // The index is a cache of the state too: rewrite it from a run this
+        // store has seen, else drop it so that the next reader rebuilds it.
+        let seen = self.runs.lock().ok().and_then(|m| m.get(&meta.id).cloned());
+        let index = format!("{}index.json", self.run_key(&meta.id));
+        match seen {
+            Some(mut run) => {
+                run.meta = meta.clone();
+                if self.write_index(&run).is_err() {
+                    let _ = self.objects.delete(&[index]);
+                }
+            }
+            None => {
+                let _ = self.objects.delete(&[index]);
+            }
+        }
+        self.note_change(&meta.id)
+    }
+
+    fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
+        let base = self.run_key(run.id());
+        if let Some(r) = self.get_json::<CellRecord>(&format!("{base}done/{cell}.json"))? {
+            return Ok(Some(r));
+        }
+        let keys: Vec<String> = self
+            .objects
+            .list_dir(&format!("{base}records/{cell}/"))?
+            .into_iter()
+            .map(|l| l.key[base.len()..].to_string())
+            .collect();
+        let recs = self.load_records(run.id(), &keys)?;
+        Ok(recs.into_values().max_by_key(|r| r.attempt))
+    }
+
+    fn cell_records(&self, run: &Run) -> Result<Vec<Option<CellRecord>>> {
+        Ok(self.records_of(run)?.0)
+    }
+
+    fn earlier_records(&self, run: &Run) -> Result<Vec<CellRecord>> {
+        Ok(self.records_of(run)?.1)
+    }
+
+    fn all_records(&self, run: &Run) -> Result<(Vec<Option<CellRecord>>, Vec<CellRecord>)> {
+        self.records_of(run)
+    }
+
+    fn prepare_cell(&self, run: &Run, cell: &str) -> Result<(PathBuf, u32)> {
+        if let Ok(mut m) = self.runs.lock() {
+            m.entry(run.id().to_string()).or_insert_with(|| run.clone());
+        }
+        let n = self.claim_attempt(run, cell)?;
+        let dir = run.cell_dir(cell);
+        // A leftover of a crash on this host: its files went up under its
+        // own attempt as far as they were followed.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+            action: "create the cell folder",
+            path: dir.clone(),
+            source,
+        })?;
+        self.start_following(run, cell, n, &dir);
+        Ok((dir, n))
+    }
+
+    fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
+        let dir = run.cell_dir(&record.id);
+        self.upload_cell_files(run, record, &dir)?;
+        let outcome = self.create_records(run, record)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        self.write_index_if_due(run);
+        outcome
+    }
+
+    fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>> {
+        Ok(self.fresh_index(run.id(), || Ok(run.clone()))?.ledger)
+    }
+
+    fn read_cell_file(&self, run: &Run, cell: &str, name: &str, offset: u64) -> Result<Option<Vec<u8>>> {
+        let Some(n) = self.current_attempt(run, cell)? else {
+            return Ok(None);
+        };
+        let base = format!("{}cells/{cell}/{n}/", self.run_key(run.id()));
+        follow::read(&self.objects, &base, name, offset)
+    }
+
+    fn summaries(&self, store: &Store) -> Result<(Vec<RunSummary>, Vec<StoreError>)> {
+        self.catalog_summaries(store)
+    }
+
+    fn cost_lines(&self, store: &Store, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
+        let ids = store.run_ids()?;
+        let per_run =
+            orch_store::parallel_map_with(&ids, objects::PARALLEL, |id| -> Result<Vec<LedgerLine>> {
+                // A fresh index is enough: the run itself (its plan) is read only to rebuild it.
+                Ok(self.fresh_index(id, || store.open_exact(id))?.ledger)
+            });
+        let mut out = Vec::new();
+        for r in per_run {
+            out.extend(
+                r?.into_iter()
+                    .filter(|l| since.is_none_or(|s| l.finished_at >= s)),
+            );
+        }
+        Ok(out)
+    }
+}
+
+impl S3Store {
+    /// Follow the cell folder's files up as segments under the attempt's
+    /// files while the cell runs.
+    fn start_following(&self, run: &Run, cell: &str, n: u32, dir: &Path) {
+        let base = format!("{}cells/{cell}/{n}/", self.run_key(run.id()));
+        let f = follow::Follower::start(self.objects.clone(), dir.to_path_buf(), base.clone());
+        if let Ok(mut m) = self.followers.lock() {
+            m.insert((run.id().to_string(), cell.to_string()), (f, base));
+        }
+    }
+
+    /// Stop following the cell folder and upload its files whole, under the
+    /// attempt's files.
+    fn upload_cell_files(&self, run: &Run, record: &CellRecord, dir: &Path) -> Result<()> {
+        let cell = &record.id;
+        let runkey = self.run_key(run.id());
+        let follower = self
+            .followers
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&(run.id().to_string(), cell.clone())));
+        let base = match follower {
+            Some((f, base)) => {
+                f.stop();
+                base
+            }
+            None => format!("{runkey}cells/{cell}/{}/", record.attempt),
+        };
+        if dir.is_dir() {
+            follow::finalize(&self.objects, dir, &base)?;
+        }
+        Ok(())
+    }
+
+    /// Create the attempt's record, then (for a finished cell) the `done`
+    /// marker, each once. The inner `Err`: another process recorded the cell
+    /// first (this attempt's record is kept as an earlier attempt).
+    fn create_records(&self, run: &Run, record: &CellRecord) -> Result<Result<()>> {
+        let cell = &record.id;
+        let runkey = self.run_key(run.id());
+        let bytes = self.with_writer(record);
+        let attempt_key = format!("{runkey}records/{cell}/{}.json", record.attempt);
+        let mut outcome = Ok(());
+        if let Err(by) = self.create(&attempt_key, bytes.clone())? {
+            outcome = Err(StoreError::RecordedElsewhere {
+                run: run.id().to_string(),
+                cell: cell.clone(),
+                by,
+            });
+        }
+        if outcome.is_ok() && record.status.is_finished() {
+            if let Err(by) = self.create(&format!("{runkey}done/{cell}.json"), bytes)? {
+                outcome = Err(StoreError::RecordedElsewhere {
+                    run: run.id().to_string(),
+                    cell: cell.clone(),
+                    by,
+                });
+            }
+        }
+        if let Ok(mut c) = self.records.lock() {
+            c.insert(attempt_key, record.clone());
+        }
+        Ok(outcome)
+    }
+
+    /// Rewrite the run's index, at most every [`INDEX_EVERY`] while cells
+    /// finish (a cache: a failure costs only time).
+    fn write_index_if_due(&self, run: &Run) {
+        let due = self
+            .last_index
+            .lock()
+            .ok()
+            .map(|l| l.get(run.id()).is_none_or(|t| t.elapsed() >= INDEX_EVERY))
+            .unwrap_or(true);
+        if due {
+            let _ = self.write_index(run);
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The fake against orch's own Modal client: image builds in their roots, sandboxes that
+//! see only their image, mounts, volumes and the GPU injection.
+
+use super::*;
+use crate::container;
+use orch_backend_modal::ops::{self, ImageSpec, MountSource};
+use orch_backend_modal::proto::{self, generic_result::GenericStatus};
+use orch_backend_modal::{Credentials, Modal, ModalError};
+
+fn client(fake: &FakeModal) -> Modal {
+    Modal::connect(Credentials {
+        token_id: "ak-t".into(),
+        token_secret: "as-t".into(),
+        server_url: fake.url().into(),
+        environment: String::new(),
+        source: "test".into(),
+    })
+    .unwrap()
+}
+
+async fn build(m: &Modal, app: &str, spec: &ImageSpec) -> (Result<String, ModalError>, String) {
+    let mut log = String::new();
+    let r = ops::image(m, app, spec, "2025.06", |l| log.push_str(l)).await;
+    (r.map(|b| b.image_id), log)
+}
+
+/// Runs `sh -c SCRIPT` in a sandbox of `image`: (exit status, stdout).
+async fn sandbox(m: &Modal, app: &str, image: &str, script: &str, extra: proto::Sandbox) -> (i32, String) {
+    let def = proto::Sandbox {
+        entrypoint_args: vec!["sh".into(), "-c".into(), script.into()],
+        image_id: image.into(),
+        timeout_secs: 60,
+        ..extra
+    };
+    let id = ops::sandbox_create(m, app, def, &[]).await.unwrap();
+    let mut out = String::new();
+    ops::sandbox_logs(m, &id, proto::FileDescriptor::Stdout, |c| out.push_str(c))
+        .await
+        .unwrap();
+    let r = ops::sandbox_wait(m, &id).await.unwrap();
+    (r.status, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_build_in_their_roots_and_sandboxes_see_only_them() {
+    if !container::available_or_skip("the fake Modal's sandboxes") {
+        return;
+    }
+    let busybox_bin = container::host_busybox().unwrap();
+    let lib = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(lib.path(), "stub-nvml").unwrap();
+    let fake = FakeModal::builder()
+        .image("debian:bookworm-slim", container::busybox_root().unwrap())
+        .nvml_stub(lib.path())
+        .start()
+        .unwrap();
+    let m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+
+    // A registry image the fake has no root for does not build, naming the step.
+    let (r, log) = build(&m, &app, &ImageSpec::registry("nosuch/image:v9")).await;
+    match r {
+        Err(ModalError::ImageBuild { step, .. }) => {
+            assert_eq!(step.as_deref(), Some("FROM nosuch/image:v9"), "{log}")
+        }
+        other => panic!("{other:?}\n{log}"),
+    }
+    assert!(log.contains("docker.io/nosuch/image:v9: not found"), "{log}");
+
+    // A RUN step runs in the image: python is not in a busybox image.
+    let spec = ImageSpec::dockerfile("py", "FROM debian:bookworm-slim\nRUN python3 -c 1\n", vec![]);
+    let (r, log) = build(&m, &app, &spec).await;
+    assert!(matches!(r, Err(ModalError::ImageBuild { .. })), "{log}");
+    assert!(log.contains("exit code: 127"), "{log}");
+
+    // FROM scratch + COPY + RUN + ENV + WORKDIR, as containers/quickstart builds.
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::copy(&busybox_bin, ctx.path().join("busybox")).unwrap();
+    let spec = ImageSpec::dockerfile(
+        "qs",
+        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin GREETING=\"hi there\"\nWORKDIR /work\n",
+        vec![("busybox".into(), ctx.path().join("busybox"))],
+    );
+    let (r, log) = build(&m, &app, &spec).await;
+    let qs = r.unwrap_or_else(|e| panic!("{e}\n{log}"));
+    assert!(log.contains("Step 3/5 : RUN"), "{log}");
+
+    let file = ctx.path().join("note.txt");
+    std::fs::write(&file, "mounted-file").unwrap();
+    let mount = ops::mount(
+        &m,
+        &app,
+        &[MountSource {
+            remote_path: "/orch/note.txt",
+            local: &file,
+            mode: 0o644,
+        }],
+    )
+    .await
+    .unwrap();
+    let vol = ops::volume(&m, "v", true).await.unwrap().unwrap();
+    std::fs::write(fake.volume_dir("v").join("in-volume"), "x").unwrap();
+    let script = "echo \"path=$PATH greet=$GREETING pwd=$(pwd) home=$HOME\"; cat /orch/note.txt; echo; ls /data; \
+        test -e /root/.cargo && echo LEAK; test -e /work/main && echo LEAK; echo \"gpu=${NVIDIA_VISIBLE_DEVICES-none}\"; \
+        echo w > /data/out; echo z > /orch/note.txt || echo read-only-mount";
+    let (status, out) = sandbox(
+        &m,
+        &app,
+        &qs,
+        script,
+        proto::Sandbox {
+            mount_ids: vec![mount],
+            volume_mounts: vec![proto::VolumeMount {
+                volume_id: vol,
+                mount_path: "/data".into(),
+                allow_background_commits: false,
+                read_only: false,
+            }],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(status, GenericStatus::Success as i32, "{out}");
+    assert!(
+        out.starts_with("path=/bin greet=hi there pwd=/work home=/root\nmounted-file\nin-volume\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("LEAK") && out.contains("gpu=none") && out.contains("read-only-mount"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fake.volume_dir("v").join("out")).unwrap(),
+        "w\n"
+    );
+
+    // A GPU sandbox: the library and its devices.
+    let deb = ops::image(
+        &m,
+        &app,
+        &ImageSpec::registry("debian:bookworm-slim"),
+        "2025.06",
+        |_| {},
+    )
+    .await
+    .unwrap()
+    .image_id;
+    let (status, out) = sandbox(
+        &m,
+        &app,
+        &deb,
+        "echo \"gpu=$NVIDIA_VISIBLE_DEVICES\"; cat /usr/lib64/libnvidia-ml.so.1",
+        proto::Sandbox {
+            resources: Some(proto::Resources {
+                gpu_config: ops::gpu_config(&"H100:2".into(), false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(status, GenericStatus::Success as i32, "{out}");
+    assert_eq!(out, "gpu=0,1\nstub-nvml");
+    // The mapped root did not change.
+    assert!(!container::busybox_root()
+        .unwrap()
+        .join("usr/lib64/libnvidia-ml.so.1")
+        .exists());
+}
