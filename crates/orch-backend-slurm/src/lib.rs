@@ -706,10 +706,21 @@ impl Platform for SlurmJob<'_> {
         }
     }
 
-    async fn stop(&mut self, _cell: &mut Cell, _why: Stop, _kill: bool) {
+    async fn stop(&mut self, cell: &mut Cell, _why: Stop, kill: bool) {
         // `scancel` signals every process of the job, the workload too.
         self.stopped = true;
         self.cancel_job().await;
+        if kill {
+            // The host stops following the job (a stop before it was seen
+            // running, or past the grace): wait, bounded, until it has left
+            // the queue, so that nothing it writes into the job folder (its
+            // `result.json` in the store's cell folder) comes after the
+            // record.
+            let until = Instant::now() + END_WAIT;
+            while !self.done && Instant::now() < until {
+                self.poll(cell).await;
+            }
+        }
     }
 
     async fn end(&mut self, cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {

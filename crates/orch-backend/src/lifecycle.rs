@@ -410,19 +410,18 @@ pub async fn drive<P: Platform + ?Sized>(
     let mut stopper = Stopper::new(cancel);
     let mut result: Option<CellResult> = None;
     let started = tokio::select! {
-        s = platform.started(&mut cell) => s,
-        why = stopper.next() => {
-            platform.stop(&mut cell, why, true).await;
-            Err(Early {
-                status: why.status(),
-                failure: Failure::new(
-                    if why == Stop::Cancelled { "cancelled" } else { "timeout" },
-                    format!("cancelled before {} started", platform.what()),
-                ),
-            })
-        }
+        s = platform.started(&mut cell) => s.map(|()| None),
+        // Stopped before the agent was seen running: stopped, and its end
+        // (it may have started meanwhile) judged like any other.
+        why = stopper.next() => Ok(Some(why)),
     };
     let mut result = match started {
+        Ok(Some(why)) => {
+            platform.stop(&mut cell, why, true).await;
+            let end = platform.end(&mut cell, Some(why)).await;
+            cell.stream.close();
+            judge(platform, &mut cell, None, Some(why), end)
+        }
         Err(early) => {
             if let Some(line) = platform.note_line(&early.failure) {
                 cell.note(&line);
@@ -432,7 +431,7 @@ pub async fn drive<P: Platform + ?Sized>(
             cell.stream.close();
             cell.stream.stamp(r)
         }
-        Ok(()) => {
+        Ok(None) => {
             stopper.arm(platform.limit(&cell.task.measure) + HOST_SLACK);
             let grace = grace(&cell.task.measure);
             // (when to act next, whether the cell was killed already)
@@ -643,6 +642,8 @@ mod tests {
     struct Script {
         lines: std::collections::VecDeque<String>,
         hang: bool,
+        never_starts: bool,
+        ended: bool,
         end: PlatformEnd,
         stops: Vec<(Stop, bool)>,
         finished: bool,
@@ -654,6 +655,9 @@ mod tests {
             "the script"
         }
         async fn started(&mut self, _cell: &mut Cell) -> Result<(), Early> {
+            if self.never_starts {
+                std::future::pending::<()>().await;
+            }
             Ok(())
         }
         async fn next_line(&mut self, _cell: &mut Cell) -> Option<String> {
@@ -667,6 +671,7 @@ mod tests {
             self.stops.push((why, kill));
         }
         async fn end(&mut self, _cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {
+            self.ended = true;
             self.end.clone()
         }
         async fn finish(&mut self, _cell: &mut Cell, _result: &mut CellResult) {
@@ -709,6 +714,8 @@ mod tests {
         Script {
             lines: lines.iter().cloned().collect(),
             hang: false,
+            never_starts: false,
+            ended: false,
             end,
             stops: vec![],
             finished: false,
@@ -790,6 +797,35 @@ mod tests {
         let mut s = Stopper::new(cancel);
         s.arm(Duration::from_millis(20));
         assert_eq!(s.next().await, Stop::Timeout);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_before_the_start_stops_kills_and_still_asks_how_it_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        // The platform recovers the agent's own result (it started meanwhile):
+        // a workload killed by the stop is still `cancelled`.
+        let killed = CellResult::failed("c", Status::Failed, "signal", "killed by SIGTERM");
+        let mut p = script(
+            &[],
+            PlatformEnd {
+                result: Some(killed),
+                ..Default::default()
+            },
+        );
+        p.never_starts = true;
+        let (tx, cancel) = watch::channel(false);
+        let stop = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tx.send(true);
+            tx
+        });
+        let r = drive(&mut p, c, cancel).await;
+        let _tx = stop.await.unwrap();
+        assert_eq!(r.status, Status::Cancelled);
+        assert_eq!(p.stops, vec![(Stop::Cancelled, true)]);
+        assert!(p.ended && p.finished);
+        assert!(r.failure.unwrap().message.contains("killed by SIGTERM"));
     }
 
     #[test]

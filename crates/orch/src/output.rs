@@ -2,8 +2,8 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orch_protocol::{Event, Phase};
-use orch_runner::Progress;
 use orch_record::RunRecord;
+use orch_runner::Progress;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
