@@ -8,7 +8,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `run.rs`: CLI (`orch-agent run --task F --out D`), task checks, signal
+//! `run.rs`: CLI (`orch-agent run --task F --out D`), task checks, signal
 //! flags, panic → failed cell; `ctx.rs`: phase timing and events; `command.rs`:
 //! supervised process group, markers, metrics file, timeout/stop, exit code/signal;
 //! `server.rs`: server start, readiness (http/tcp/log) polled with the process every 50

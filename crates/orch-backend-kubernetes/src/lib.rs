@@ -17,7 +17,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `--backend kubernetes`: `spec.rs` (the cell's Job and the run's Secret
+//! `--backend kubernetes`: `spec.rs` (the cell's Job and the run's Secret
 //! without IO: labels, deadlines, GPU limits and node affinity by GFD/GKE/Karpenter
 //! labels, tolerations, `/dev/shm`, the weights PVC, `secretKeyRef` env, the agent's init
 //! container; `--dry-run` YAML); `watch.rs` (a pod's status read without IO: pending,

@@ -16,7 +16,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `--backend modal`: `proto/modal_api.proto` (our subset of
+//! `--backend modal`: `proto/modal_api.proto` (our subset of
 //! `modal.client.ModalClient`, compiled by protox in `build.rs`: no system `protoc`;
 //! `tests/proto_matches_official.rs` checks it against the official wheel's descriptor);
 //! `config.rs` (token from env or `~/.modal.toml`, never shown); `client.rs` (Modal's

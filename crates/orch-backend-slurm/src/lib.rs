@@ -28,7 +28,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: the `slurm` backend: `script.rs` (the cell's `job.sh` with its
+//! the `slurm` backend: `script.rs` (the cell's `job.sh` with its
 //! `#SBATCH` options and rendezvous variables, the per-node `node.sh` that starts the
 //! agent into the job folder or `nodes/<rank>/`), `sched.rs` (`sbatch`, one `squeue` for
 //! every watched job, `scontrol`/`sacct` for a finished job, `scancel`, jobs of a run by

@@ -16,7 +16,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `lifecycle.rs` (the one cell lifecycle: `Platform`, `drive`, `judge`,
+//! `lifecycle.rs` (the one cell lifecycle: `Platform`, `drive`, `judge`,
 //! the host deadline, stop and kill); `host.rs` (`Host`, `Kind`, `Weights`, the folder
 //! weights check, `LocalHost`); `local.rs` (agent child process, events → `events.jsonl`,
 //! `CUDA_VISIBLE_DEVICES` from assigned GPUs); `fake.rs` (recording fake with scripted

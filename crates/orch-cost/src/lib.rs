@@ -15,7 +15,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `prices/catalog.yaml` (embedded; Modal's prices, 2025-08),
+//! `prices/catalog.yaml` (embedded; Modal's prices, 2025-08),
 //! `catalog.rs`: the user's prices file over it (strict, `file:line:column`),
 //! `Prices::rate` per backend/GPU/CPU/memory; `lib.rs`: `cell_cost` by phase + `other`,
 //! `RunCost`; `estimate.rs`: history → similar cells → timeout upper bound; `ledger.rs`:

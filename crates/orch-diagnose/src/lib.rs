@@ -12,7 +12,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `Rules` (embedded `rules/default.yaml`, extended by
+//! `Rules` (embedded `rules/default.yaml`, extended by
 //! `$ORCH_DIAGNOSE_RULES` or `~/.config/orch/diagnose.yaml`), `diagnose*` → `Diagnosis
 //! {kind, evidence, hint}`; ranking: error lines over warnings, priority, root cause at
 //! or above the first wrapper message, later line; exit status (SIGKILL, timeout) as weak

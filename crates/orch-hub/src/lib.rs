@@ -8,7 +8,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `download/`: `setup` of one repo through `hf-hub` (endpoint, token,
+//! `download/`: `setup` of one repo through `hf-hub` (endpoint, token,
 //! typed errors): listing, access check before any byte, parallel files and byte ranges
 //! under one connection limit, resume from `.incomplete.parts`, size/sha256 verification,
 //! links; `cache.rs`: the hub cache layout, refs, the `.orch/complete-<commit>.json`

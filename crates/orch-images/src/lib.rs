@@ -7,7 +7,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: image specs from `containers/<name>/`, `.dockerignore`, the content
+//! image specs from `containers/<name>/`, `.dockerignore`, the content
 //! hash that names `orch/<name>:<hash>`, builds (streamed output, failing step reported)
 //! and pushes with Docker-config credentials. It does not: run containers.
 

@@ -5,7 +5,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `suite.rs`: the YAML schema (every struct `deny_unknown_fields`);
+//! `suite.rs`: the YAML schema (every struct `deny_unknown_fields`);
 //! `gpu.rs`: GPU spec grammar and known types; `units.rs`: durations and byte sizes;
 //! `plan.rs`: matrix expansion, `{{param}}` templates, stable cell ids, measure defaults;
 //! `error.rs`: `file:line:column` errors with hints. It does not: know backends or the

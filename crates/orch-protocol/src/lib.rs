@@ -11,7 +11,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `TaskSpec` (one cell's work, versioned by `PROTOCOL_VERSION`),
+//! `TaskSpec` (one cell's work, versioned by `PROTOCOL_VERSION`),
 //! `Workload`, `Measure`, `LogLimits`, `Event`, `CellResult`, `Status`, `Phase`, the
 //! `ORCH_METRIC`/`ORCH_PHASE`/`ORCH_METRICS_FILE` names, `Event::from_line` and
 //! `parse_metrics_json` (the decoders the fuzz targets exercise); `mask.rs`: the one

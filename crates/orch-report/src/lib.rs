@@ -9,7 +9,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `model.rs`: a run's report from its `RunRecord` (throughput rankings
+//! `model.rs`: a run's report from its `RunRecord` (throughput rankings
 //! per metric, cost-efficiency in $ per 1k output tokens, per-cell latency stats,
 //! comparison tables from `info.comparison`, failures with diagnosis, hardware, totals);
 //! `metrics.rs`: which metric is throughput / token rate / latency (documented orders,

@@ -21,7 +21,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `execute`: launches unfinished cells in plan order under a semaphore,
+//! `execute`: launches unfinished cells in plan order under a semaphore,
 //! hands each GPU cell its own devices from a pool (when the host's GPUs are known),
 //! names the cause of each failed cell (and of each failed variant of a comparison) from
 //! its logs (`orch-diagnose`) into its record (a command that failed with the cause

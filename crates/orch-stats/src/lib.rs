@@ -46,7 +46,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: the statistics of comparisons: paired per-round log-ratios, Student-t
+//! the statistics of comparisons: paired per-round log-ratios, Student-t
 //! 95% interval (why not a bootstrap or a permutation test: its crate docs and
 //! `docs/comparisons.md`), p-values, minimum detectable effect, Holm adjustment,
 //! direction per metric (throughput up, latency down), the default primary metric,

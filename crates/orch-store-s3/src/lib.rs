@@ -52,7 +52,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `S3Store` (`--store s3://bucket/prefix`): `objects.rs` (aws-sdk-s3 on
+//! `S3Store` (`--store s3://bucket/prefix`): `objects.rs` (aws-sdk-s3 on
 //! its own runtime behind a blocking face: get/range, conditional create with the writer
 //! token, list, parallel gets, multipart file upload; errors classified, credentials
 //! named by source and redacted), the write-once layout (`run.json`, `state/`, `claims/`,

@@ -31,18 +31,6 @@
 //!   stay inside the run;
 //! - `ids.rs`: new run ids; `files.rs`: atomic writes and JSON files;
 //!   `environment.rs`: the host's [`Environment`]; `error.rs`: [`StoreError`].
-//!
-//! ## What is where
-//!
-//! What is where: `Store`/`Run`, the interface commands use, over `backend.rs`'s
-//! `StoreBackend` trait (one per store kind); `folder.rs`: the folder store;
-//! `check_name`/`check_relative`: ids and file names from manifests, agents and buckets
-//! must be one plain path component (no `..`, `/`, control characters) before they name a
-//! file; `list_checked`: damaged runs reported with their file, the others listed; the
-//! run folder layout, run ids, atomic writes, `RunRecord`/`CellRecord`/`RunSummary`,
-//! resume bookkeeping (`unfinished_cells`, `prepare_cell` moving an unfinished attempt to
-//! `interrupted/`); `ledger.rs`: `costs.jsonl` appended per record, freshness by stat,
-//! rebuild, parallel `cost_lines`, `history` for estimates. It does not: run anything.
 
 mod backend;
 mod environment;

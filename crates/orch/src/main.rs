@@ -2,7 +2,7 @@
 //!
 //! ## What is where
 //!
-//! What is where: `cli.rs` (clap types only), `hosts.rs` (the backends' host sides, one
+//! `cli.rs` (clap types only), `hosts.rs` (the backends' host sides, one
 //! line each), `commands/` (setup, build, plan, run, down, ls, show, logs, diagnose,
 //! report, compare, cost, prices, push: each a straight script over `Host`/`Backend`),
 //! `output.rs` (progress bar or plain lines, tables), `error.rs` (exit codes from
