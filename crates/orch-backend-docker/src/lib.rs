@@ -28,13 +28,12 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures::StreamExt;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
-use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Failure, Status};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
 
 pub use orch_backend::find_static_agent;
 
@@ -192,12 +191,7 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let cell = Cell::with_events(launch, events)?;
         let mut container = Container {
             backend: self,

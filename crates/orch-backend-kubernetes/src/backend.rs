@@ -23,11 +23,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
-use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Failure, Status};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch as tokio_watch, Mutex};
+use tokio::sync::{mpsc, Mutex};
 
 /// Longest wait for one API call inside a cell's watch loop (cancel and
 /// deadlines are looked at between calls).
@@ -488,12 +488,7 @@ impl Backend for KubernetesBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: tokio_watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let cell = Cell::with_frames(launch, events)?;
         let Some(image) = cell.launch.image.clone() else {
             let mut r = cell.failed(

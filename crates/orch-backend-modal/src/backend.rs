@@ -21,14 +21,14 @@ use crate::proto::{self, generic_result::GenericStatus, GenericResult};
 use crate::{ModalError, AGENT_PATH, APP_NAME, WEIGHTS_MOUNT};
 use async_trait::async_trait;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
-use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Failure, Status};
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Mutex};
+use tokio::sync::{mpsc, Mutex};
 
 /// Settings of the backend beyond the connection.
 #[derive(Debug, Clone)]
@@ -308,12 +308,7 @@ impl Backend for ModalBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let cell = Cell::with_frames(launch, events)?;
         let sandbox_log =
             std::fs::File::create(cell.dir.join("sandbox.log")).map_err(|e| BackendError::Io {

@@ -47,14 +47,13 @@ pub mod script;
 use async_trait::async_trait;
 use follow::{Mirror, Tail};
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
-use orch_backend::{Backend, BackendError, CellEvent, CellLaunch};
+use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Event, Failure, Status};
 use sched::{JobEnd, Scheduler, UNSATISFIABLE};
 use script::{GpuFlag, JobSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
 
 pub use host::SlurmHost;
 pub use script::GpuFlag as GpuRequest;
@@ -369,12 +368,7 @@ impl Backend for SlurmBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let (job_dir, mirrored) = self.job_dir(&launch);
         if mirrored {
             // A folder left by an earlier attempt of this cell goes first.

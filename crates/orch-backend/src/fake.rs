@@ -1,13 +1,12 @@
 //! A recording fake backend for tests of everything above the backends: it
 //! runs no agent, records every launch, and returns scripted results.
 
-use crate::{Backend, BackendError, CellEvent, CellLaunch};
+use crate::{Backend, BackendError, Cancel, CellEvent, CellLaunch, Events, Ran};
 use async_trait::async_trait;
 use orch_protocol::{CellResult, Event, Phase, Status};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
 
 #[derive(Default)]
 pub struct FakeBackend {
@@ -53,12 +52,7 @@ impl Backend for FakeBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        mut cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, mut cancel: Cancel) -> Ran {
         let id = launch.task.cell_id.clone();
         if let Ok(mut l) = self.launched.lock() {
             l.push(id.clone());

@@ -97,6 +97,14 @@ impl BackendError {
     }
 }
 
+/// Where a backend sends a cell's events (the runner's progress).
+pub type Events = mpsc::UnboundedSender<CellEvent>;
+/// A cell's stop signal: `true` stops it; its sender going away is no stop.
+pub type Cancel = watch::Receiver<bool>;
+/// How [`Backend::run_cell`] ends: the cell's result (a failed cell is a
+/// result), or the backend itself failing.
+pub type Ran = Result<CellResult, BackendError>;
+
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
@@ -109,12 +117,7 @@ pub trait Backend: Send + Sync {
     /// asks the agent to stop; the result is then `cancelled` (or whatever the
     /// cell reached first). A cell whose agent dies is a failed result, not an
     /// error: errors are for the backend itself failing.
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError>;
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran;
 
     /// Remove whatever a run left behind (containers, jobs, sandboxes).
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError>;

@@ -7,7 +7,7 @@
 //! no cell running.
 
 use crate::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
-use crate::{Backend, BackendError, CellEvent, CellLaunch};
+use crate::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use async_trait::async_trait;
 use orch_protocol::{CellResult, Failure, Status};
 use std::path::PathBuf;
@@ -15,7 +15,6 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, watch};
 
 /// How to start the agent: a program and the arguments before `run ...`.
 #[derive(Debug, Clone)]
@@ -88,12 +87,7 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
-    async fn run_cell(
-        &self,
-        launch: CellLaunch,
-        events: mpsc::UnboundedSender<CellEvent>,
-        cancel: watch::Receiver<bool>,
-    ) -> Result<CellResult, BackendError> {
+    async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let mut cell = Cell::with_events(launch, events)?;
         let mut child = self.spawn(&mut cell).await?;
         Ok(lifecycle::drive(&mut child, cell, cancel).await)
