@@ -224,12 +224,7 @@ pub fn run_with_logs(
         Ok(Some(m)) => metrics.extend(m),
         Ok(None) => {}
         Err(msg) => {
-            result.failure = Some(Failure {
-                kind: "bad_metrics".into(),
-                message: msg,
-                exit_code: None,
-                signal: None,
-            });
+            result.failure = Some(Failure::new("bad_metrics", msg));
             result.status = Status::Failed;
         }
     }

@@ -405,28 +405,13 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         .collect();
     if ctx.stop_requested() {
         result.status = Status::Cancelled;
-        result.failure = Some(Failure {
-            kind: "cancelled".into(),
-            message: "stopped on request".into(),
-            exit_code: None,
-            signal: None,
-        });
+        result.failure = Some(Failure::new("cancelled", "stopped on request"));
     } else if let Some(why) = primary_missing {
         result.status = Status::Failed;
-        result.failure = Some(Failure {
-            kind: "invalid_config".into(),
-            message: why,
-            exit_code: None,
-            signal: None,
-        });
+        result.failure = Some(Failure::new("invalid_config", why));
     } else if !failed.is_empty() {
         result.status = Status::Failed;
-        result.failure = Some(Failure {
-            kind: "variant_failed".into(),
-            message: failed.join("; "),
-            exit_code: None,
-            signal: None,
-        });
+        result.failure = Some(Failure::new("variant_failed", failed.join("; ")));
     }
     result
 }

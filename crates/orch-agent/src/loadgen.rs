@@ -366,18 +366,16 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     r.metrics = m;
     if ok.is_empty() {
         r.status = Status::Failed;
-        r.failure = Some(orch_protocol::Failure {
-            kind: "loadgen_failed".into(),
-            message: format!(
+        r.failure = Some(orch_protocol::Failure::new(
+            "loadgen_failed",
+            format!(
                 "no request succeeded against {url}: {}",
                 errors
                     .first()
                     .cloned()
                     .unwrap_or_else(|| "no requests were sent".into())
             ),
-            exit_code: None,
-            signal: None,
-        });
+        ));
     }
     r
 }

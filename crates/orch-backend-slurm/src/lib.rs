@@ -931,17 +931,15 @@ async fn node_results(job_dir: &Path, result: &mut CellResult) {
                 } else {
                     r.status
                 };
-                result.failure = Some(Failure {
-                    kind: "node_rank_failed".into(),
-                    message: format!(
+                result.failure = Some(Failure::new(
+                    "node_rank_failed",
+                    format!(
                         "node rank {rank} did not succeed: {}",
                         r.failure
                             .map(|f| f.message)
                             .unwrap_or_else(|| "it wrote no result".into())
                     ),
-                    exit_code: None,
-                    signal: None,
-                });
+                ));
             }
         }
     }

@@ -382,16 +382,7 @@ mod tests {
         let mut home = Home::new("c", dir.path(), tx).unwrap();
         home.line(&chunk(1, "stderr.log", 0, b"Killed\n")).unwrap();
         assert_eq!(home.verify(), Ok(false));
-        let r = home.finish_without_result(
-            "c",
-            Status::Failed,
-            Failure {
-                kind: "pod_lost".into(),
-                message: "gone".into(),
-                exit_code: None,
-                signal: None,
-            },
-        );
+        let r = home.finish_without_result("c", Status::Failed, Failure::new("pod_lost", "gone"));
         assert_eq!(r.status, Status::Failed);
         assert_eq!(std::fs::read(dir.path().join("stderr.log")).unwrap(), b"Killed\n");
     }
