@@ -16,7 +16,7 @@
 use crate::{CellEvent, EventRelay};
 use base64::Engine as _;
 use orch_protocol::ship::{safe_relative_path, EndFiles, Frame, FrameBody};
-use orch_protocol::{CellResult, Event, Failure, Status, TaskSpec};
+use orch_protocol::{CellResult, Event, TaskSpec};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Seek, SeekFrom, Write};
@@ -186,7 +186,7 @@ impl Home {
 
     /// Feed every line of `reader` until its end or the result, whichever
     /// comes first. `Ok(None)`: the stream ended without a result (look at
-    /// [`Home::gaps`] and replay, or [`Home::finish_without_result`]).
+    /// [`Home::gaps`] and replay; the lifecycle then judges the end).
     pub async fn pump<R>(&mut self, reader: R) -> Result<Option<CellResult>, HomeError>
     where
         R: tokio::io::AsyncBufRead + Unpin,
@@ -248,21 +248,13 @@ impl Home {
         }
         Ok(true)
     }
-
-    /// The cell's result when the stream ended without one (the pod or the
-    /// sandbox died, or was stopped): what came home stays in the folder.
-    pub fn finish_without_result(&mut self, cell_id: &str, status: Status, failure: Failure) -> CellResult {
-        let mut r = CellResult::new(cell_id, status);
-        r.failure = Some(failure);
-        self.events_file.take();
-        self.relay.stamp(r)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use orch_protocol::ship::FileChunk;
+    use orch_protocol::Status;
 
     fn chunk(n: u64, path: &str, offset: u64, data: &[u8]) -> String {
         Frame {
@@ -382,8 +374,8 @@ mod tests {
         let mut home = Home::new("c", dir.path(), tx).unwrap();
         home.line(&chunk(1, "stderr.log", 0, b"Killed\n")).unwrap();
         assert_eq!(home.verify(), Ok(false));
-        let r = home.finish_without_result("c", Status::Failed, Failure::new("pod_lost", "gone"));
-        assert_eq!(r.status, Status::Failed);
+        home.close();
+        assert!(home.result().is_none());
         assert_eq!(std::fs::read(dir.path().join("stderr.log")).unwrap(), b"Killed\n");
     }
 }

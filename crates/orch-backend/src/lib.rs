@@ -164,16 +164,6 @@ impl EventRelay {
         }
     }
 
-    /// A message of the host's about this cell (shown like the agent's).
-    pub fn message(&self, text: &str) {
-        let _ = self.events.send(CellEvent {
-            cell_id: self.cell_id.clone(),
-            event: Event::Message {
-                text: text.to_string(),
-            },
-        });
-    }
-
     /// Seconds from launch until the agent started, once it has.
     pub fn provision_s(&self) -> Option<f64> {
         self.provision_s
