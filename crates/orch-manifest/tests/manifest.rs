@@ -295,3 +295,24 @@ fn slurm_mistakes_are_named() {
         "{e}"
     );
 }
+
+/// What must travel with a cell: the shipped 3-way comparison names its
+/// local repository and its two patches as host paths (issue 28 ships them;
+/// today only the local backend can read them).
+#[test]
+fn the_standin_comparison_names_its_repo_and_patches_as_host_paths() {
+    use orch_protocol::paths::PathRole;
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/seed-threeway-standin.yaml");
+    let plan = orch_manifest::load(&file, &ExpandOptions::default()).unwrap();
+    let paths = plan.cells[0].task.local_paths();
+    let roles: Vec<PathRole> = paths.iter().map(|(r, _)| *r).collect();
+    assert!(roles.contains(&PathRole::Repo), "{paths:?}");
+    assert_eq!(
+        roles.iter().filter(|r| **r == PathRole::Patch).count(),
+        2,
+        "{paths:?}"
+    );
+    for (_, p) in &paths {
+        assert!(Path::new(p).is_absolute() && Path::new(p).exists(), "{p}");
+    }
+}

@@ -23,6 +23,7 @@
 pub mod error;
 pub mod gpu;
 pub mod mask;
+pub mod paths;
 
 pub use error::ErrorClass;
 pub use gpu::GpuRequest;
