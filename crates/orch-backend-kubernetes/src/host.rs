@@ -276,12 +276,7 @@ impl Host for KubernetesHost {
 
     async fn weights(&self, plan: Option<&Plan>, _create: bool) -> Result<Weights, BackendError> {
         let def = plan.and_then(|p| p.kubernetes.clone()).unwrap_or_default();
-        let namespace = self
-            .flags
-            .namespace
-            .clone()
-            .or(def.namespace.clone())
-            .unwrap_or_else(|| "the context's namespace".into());
+        let namespace = self.flags.namespace.clone().or(def.namespace.clone());
         Ok(Weights::Pvc {
             name: def
                 .weights_pvc

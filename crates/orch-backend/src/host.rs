@@ -76,8 +76,13 @@ pub enum Weights {
     Folder(PathBuf),
     /// Docker's named volume, and its folder on this host once it exists.
     DockerVolume { name: String, dir: Option<PathBuf> },
-    /// A PersistentVolumeClaim of the cluster (`None`: the suite names none).
-    Pvc { name: Option<String>, namespace: String },
+    /// A PersistentVolumeClaim of the cluster (`None`: the suite names
+    /// none), in the namespace the flag or the suite names (`None`: the
+    /// kubeconfig context's).
+    Pvc {
+        name: Option<String>,
+        namespace: Option<String>,
+    },
     /// A Modal volume.
     ModalVolume(String),
 }
@@ -101,15 +106,15 @@ impl std::fmt::Display for Weights {
                 write!(f, "docker volume `{name}` ({})", d.display())
             }
             Weights::DockerVolume { name, dir: None } => write!(f, "docker volume `{name}` (not made yet)"),
-            Weights::Pvc {
-                name: Some(n),
-                namespace,
-            } => write!(f, "PVC `{n}` in namespace `{namespace}`"),
-            Weights::Pvc {
-                name: None,
-                namespace,
-            } => {
-                write!(f, "no weights PVC (namespace `{namespace}`)")
+            Weights::Pvc { name, namespace } => {
+                match name {
+                    Some(n) => write!(f, "PVC `{n}`")?,
+                    None => f.write_str("no weights PVC")?,
+                }
+                match namespace {
+                    Some(ns) => write!(f, " in namespace `{ns}`"),
+                    None => f.write_str(" in the kubeconfig context's namespace"),
+                }
             }
             Weights::ModalVolume(v) => write!(f, "modal volume `{v}`"),
         }
@@ -432,7 +437,7 @@ mod tests {
     fn weights_places_say_where_they_are() {
         let w = Weights::Pvc {
             name: Some("weights".into()),
-            namespace: "ml".into(),
+            namespace: Some("ml".into()),
         };
         assert_eq!(w.to_string(), "PVC `weights` in namespace `ml`");
         assert_eq!(w.folder(), None);
