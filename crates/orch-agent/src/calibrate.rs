@@ -461,6 +461,7 @@ mod tests {
             weights_dir: None,
             strict_hardware: false,
             gpu_fallback: vec![],
+            files: None,
         };
         let cfg = CalibrateConfig {
             matmul_size: Some(128),

@@ -59,7 +59,7 @@ fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
 }
 
 /// Checkout, patch, install. `Err` is the reason the variant cannot run.
-fn setup(v: &Variant, repo: Option<&str>, root: &Path) -> Result<PathBuf, String> {
+fn setup(v: &Variant, repo: Option<&str>, worktree: Option<&str>, root: &Path) -> Result<PathBuf, String> {
     let vdir = root.join("variants").join(&v.name);
     let src = vdir.join("src");
     let _ = std::fs::remove_dir_all(&src);
@@ -80,7 +80,9 @@ fn setup(v: &Variant, repo: Option<&str>, root: &Path) -> Result<PathBuf, String
             std::fs::create_dir_all(&src).map_err(|e| format!("cannot create `{}`: {e}", src.display()))?
         }
     }
-    if let Some(patch) = &v.patch {
+    // The uncommitted changes of the host's tree go on HEAD's checkouts.
+    let worktree = worktree.filter(|_| repo.is_some() && v.git_ref.is_none());
+    for patch in worktree.into_iter().chain(v.patch.as_deref()) {
         // `--check` first: nothing is applied unless all of it applies.
         if let Err(e) = git(&["apply", "--check", "--verbose", patch], Some(&src)) {
             // git's report, kept beside the variant's other logs.
@@ -173,7 +175,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let mut variants: Vec<VariantState> = Vec::new();
     for v in &cmp.variants {
         ctx.message(format!("setting up variant `{}`", v.name));
-        let (dir, failed) = match setup(v, cmp.repo.as_deref(), out_dir) {
+        let (dir, failed) = match setup(v, cmp.repo.as_deref(), cmp.worktree_patch.as_deref(), out_dir) {
             Ok(d) => (d, None),
             Err(e) => {
                 ctx.message(format!("variant `{}` failed: {e}", v.name));

@@ -9,12 +9,14 @@
 //! ## What is where
 //!
 //! `run.rs`: CLI (`orch-agent run --task F --out D`), task checks, signal
-//! flags, panic → failed cell; `ctx.rs`: phase timing and events; `command.rs`:
+//! flags, panic → failed cell; `files.rs`: the files that travel with the cell laid out
+//! from their blobs (whole or chunked), each SHA-256 checked, before the workload;
+//! `ctx.rs`: phase timing and events; `command.rs`:
 //! supervised process group, markers, metrics file, timeout/stop, exit code/signal;
 //! `server.rs`: server start, readiness (http/tcp/log) polled with the process every 50
 //! ms (a dead server fails the cell at once), client, group teardown until the port is
 //! free; `loadgen.rs`: OpenAI-compatible load (threads, gamma arrivals, SSE) with vllm
-//! bench serve field names; `compare.rs`: variants (git checkout, `git apply --check`
+//! bench serve field names; `compare.rs`: variants (git checkout, the host tree's uncommitted changes, `git apply --check`
 //! with git's report in `patch.log`, install), rounds of the server workload in a seeded
 //! per-round shuffled order, `rounds: auto` (until the primary metric's interval is
 //! within the noise threshold, `max_rounds` or the cell timeout), pairwise comparisons
@@ -49,6 +51,7 @@ pub mod command;
 pub mod compare;
 pub mod ctx;
 pub mod device;
+pub mod files;
 pub mod fused;
 pub mod gpu;
 pub mod launch;

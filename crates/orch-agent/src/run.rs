@@ -68,6 +68,22 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         probe.record(&mut r.info);
         return finish(r, out_dir, ctx);
     }
+    if let Some(set) = &task.files {
+        match crate::files::lay_out(set) {
+            Ok(summary) => ctx.message(summary),
+            Err(e) => {
+                let mut r = CellResult::failed(
+                    &task.cell_id,
+                    Status::Failed,
+                    "files_error",
+                    format!("the cell's files could not be laid out: {e}"),
+                );
+                r.hardware = Some(hardware);
+                probe.record(&mut r.info);
+                return finish(r, out_dir, ctx);
+            }
+        }
+    }
     if let Some(msg) = builtin_without_cuda(task, &hardware) {
         let mut r = CellResult::failed(&task.cell_id, Status::Failed, "workload_error", msg);
         r.hardware = Some(hardware);
@@ -516,6 +532,7 @@ mod tests {
             weights_dir: None,
             strict_hardware: false,
             gpu_fallback: vec![],
+            files: None,
         }
     }
 

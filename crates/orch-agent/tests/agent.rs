@@ -29,6 +29,7 @@ fn task(workload: Workload) -> TaskSpec {
         weights_dir: Some("/weights".into()),
         strict_hardware: false,
         gpu_fallback: vec![],
+        files: None,
     }
 }
 

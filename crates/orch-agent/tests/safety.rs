@@ -33,6 +33,7 @@ fn task(script: &str, timeout_s: f64) -> TaskSpec {
         weights_dir: None,
         strict_hardware: false,
         gpu_fallback: vec![],
+        files: None,
     }
 }
 

@@ -159,7 +159,14 @@ pub fn images(plan: &Plan) -> Result<BTreeMap<String, String>, BackendError> {
 }
 
 /// `orch run --backend kubernetes --dry-run`: the manifests, as YAML.
-pub fn dry_run(plan: &Plan, namespace: Option<&str>, context: Option<&str>) -> Result<String, BackendError> {
+pub fn dry_run(
+    plan: &Plan,
+    files: &orch_files::Files,
+    namespace: Option<&str>,
+    context: Option<&str>,
+) -> Result<String, BackendError> {
+    // TODO(files): the Jobs with their tasks rewritten and the ConfigMaps.
+    let _ = files;
     let images = images(plan)?;
     let ns = namespace_choice(plan, namespace).unwrap_or("default");
     let mut s = settings(plan, ns);
@@ -330,9 +337,10 @@ impl Host for KubernetesHost {
         ))
     }
 
-    fn dry_run(&self, plan: &Plan) -> Result<String, BackendError> {
+    fn dry_run(&self, plan: &Plan, files: &orch_files::Files) -> Result<String, BackendError> {
         dry_run(
             plan,
+            files,
             self.flags.namespace.as_deref(),
             self.flags.context.as_deref(),
         )

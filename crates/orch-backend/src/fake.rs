@@ -48,6 +48,11 @@ impl Backend for FakeBackend {
         "fake"
     }
 
+    /// Cells run here, where the task's paths are.
+    fn ships_files(&self) -> bool {
+        false
+    }
+
     async fn preflight(&self) -> Result<(), BackendError> {
         Ok(())
     }

@@ -252,13 +252,21 @@ pub trait Host: Send + Sync {
     /// `orch down RUN`: remove whatever the run left; what was done, in words.
     async fn down(&self, run_id: &str, plan: &Plan) -> Result<String, BackendError>;
 
-    /// `orch run --dry-run`: what would be applied, as text.
-    fn dry_run(&self, plan: &Plan) -> Result<String, BackendError> {
-        Err(BackendError::User(format!(
-            "`--dry-run` prints the manifests of the kubernetes backend, not of `{}`\nhint: `orch plan -f {}` shows the cells, weights and estimates of any backend",
+    /// `orch run --dry-run`: what would be applied and what would travel
+    /// with the cells, as text; nothing is sent.
+    fn dry_run(&self, plan: &Plan, files: &orch_files::Files) -> Result<String, BackendError> {
+        let mut out = format!(
+            "# orch run --backend {} --dry-run: {} cell(s) of suite `{}`; nothing is sent\n",
             self.kind(),
-            plan.manifest.display()
-        )))
+            plan.cells.len(),
+            plan.suite
+        );
+        if self.kind() == Kind::Local {
+            out.push_str("# cells run on this machine, where their files are: no files travel\n");
+        } else {
+            out.push_str(&files_listing(plan, files, orch_files::CELL_ROOT)?);
+        }
+        Ok(out)
     }
 
     /// Do the cells share this host's GPUs (the runner then assigns them)?
@@ -442,5 +450,49 @@ mod tests {
         assert_eq!(w.to_string(), "PVC `weights` in namespace `ml`");
         assert_eq!(w.folder(), None);
         assert_eq!(Weights::Folder("/w".into()).folder(), Some(Path::new("/w")));
+    }
+}
+
+/// What travels with the cells of `plan` (`--dry-run`): each distinct set
+/// of files once, with the cells it goes with, its files, sizes and digests.
+pub fn files_listing(plan: &Plan, files: &orch_files::Files, root: &str) -> Result<String, BackendError> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for c in &plan.cells {
+        let listing = files
+            .shipment(&c.task)
+            .map_err(|e| files_error(&e))?
+            .listing(root);
+        match groups.iter_mut().find(|(l, _)| *l == listing) {
+            Some((_, cells)) => cells.push(c.id.clone()),
+            None => groups.push((listing, vec![c.id.clone()])),
+        }
+    }
+    let mut out = String::new();
+    for (listing, cells) in groups {
+        if listing.starts_with("  0 files") {
+            out.push_str(&format!("# no files travel with {}\n", cells.join(", ")));
+            continue;
+        }
+        out.push_str(&format!(
+            "# files that travel with {} (under `{root}`):\n",
+            cells.join(", ")
+        ));
+        for line in listing.lines() {
+            out.push_str(&format!("#{line}\n"));
+        }
+    }
+    Ok(out)
+}
+
+/// A [`orch_files::FilesError`] as a backend error: the user's (exit 2) or
+/// this machine's.
+pub fn files_error(e: &orch_files::FilesError) -> BackendError {
+    if e.is_user() {
+        BackendError::User(e.to_string())
+    } else {
+        BackendError::Io {
+            action: "stage the cell's files".into(),
+            source: std::io::Error::other(e.to_string()),
+        }
     }
 }

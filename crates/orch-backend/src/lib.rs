@@ -60,6 +60,12 @@ pub struct CellLaunch {
     pub image: Option<String>,
     /// GPU devices assigned to this cell (indices), when known.
     pub devices: Vec<String>,
+    /// The host files that travel with the cell (staged as blobs in the
+    /// host's cache), for a backend whose cells do not run on this host's
+    /// filesystem: it delivers the blobs and applies the shipment to the
+    /// task (`Shipment::apply`) before the agent gets it. `None` for the
+    /// local backend (see [`Backend::ships_files`]).
+    pub files: Option<std::sync::Arc<orch_files::Shipment>>,
 }
 
 /// An agent event, tagged with its cell.
@@ -121,6 +127,12 @@ pub trait Backend: Send + Sync {
 
     /// Remove whatever a run left behind (containers, jobs, sandboxes).
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError>;
+
+    /// Do cells run away from this host's filesystem, so that the files a
+    /// task names must travel with them (`CellLaunch::files`)?
+    fn ships_files(&self) -> bool {
+        true
+    }
 }
 
 /// The event stream of one cell, shared by every backend: relays the

@@ -697,6 +697,7 @@ mod tests {
             weights_dir: None,
             strict_hardware: false,
             gpu_fallback: vec![],
+            files: None,
         };
         let launch = CellLaunch {
             task,
@@ -705,6 +706,7 @@ mod tests {
             weights_dir: None,
             image: None,
             devices: vec![],
+            files: None,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         (Cell::with_events(launch, tx).unwrap(), rx)

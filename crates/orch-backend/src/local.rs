@@ -61,6 +61,11 @@ impl Backend for LocalBackend {
         "local"
     }
 
+    /// Cells run here, where the task's paths are.
+    fn ships_files(&self) -> bool {
+        false
+    }
+
     async fn preflight(&self) -> Result<(), BackendError> {
         let out = Command::new(&self.agent.program)
             .args(&self.agent.prefix)

@@ -20,7 +20,9 @@ pub mod units;
 pub use error::{ManifestError, Pos};
 pub use gpu::{GpuSpec, GpuSpecError, KNOWN_GPUS};
 pub use plan::{CellPlan, ExpandOptions, Plan};
-pub use suite::{BuildDef, ImageDef, KubernetesDef, ModelRef, SlurmDef, Suite, TolerationDef};
+pub use suite::{
+    BuildDef, DirtyDef, ImageDef, KubernetesDef, ModelRef, SlurmDef, Suite, SyncDef, TolerationDef,
+};
 
 use std::path::Path;
 

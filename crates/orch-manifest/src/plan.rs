@@ -3,7 +3,9 @@
 
 use crate::error::{ManifestError, Pos};
 use crate::gpu::GpuSpec;
-use crate::suite::{Benchmark, ImageDef, KubernetesDef, MeasureDef, ModelRef, SlurmDef, Suite, WorkloadDef};
+use crate::suite::{
+    Benchmark, ImageDef, KubernetesDef, MeasureDef, ModelRef, SlurmDef, Suite, SyncDef, WorkloadDef,
+};
 use orch_protocol::{
     BuiltinWorkload, Client, CommandWorkload, CompareWorkload, LoadGen, LogLimits, Measure, Readiness,
     ServerWorkload, TaskSpec, TransformerConfig, Variant, Workload, PROTOCOL_VERSION,
@@ -42,6 +44,9 @@ pub struct Plan {
     /// The suite's `kubernetes:` section.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesDef>,
+    /// The suite's `sync:` section, its paths absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncDef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -239,6 +244,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                             .get(&gpu.to_string())
                             .map(|alts| alts.iter().map(|g| g.to_string().into()).collect())
                             .unwrap_or_default(),
+                        files: None,
                     },
                 });
             }
@@ -261,6 +267,14 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         cells,
         slurm: check_slurm(suite.slurm, path)?,
         kubernetes: check_kubernetes(suite.kubernetes, path)?,
+        sync: suite.sync.map(|mut s| {
+            for p in &mut s.paths {
+                if !Path::new(p.as_str()).is_absolute() {
+                    *p = base_dir.join(p.as_str()).to_string_lossy().into_owned();
+                }
+            }
+            s
+        }),
     })
 }
 
@@ -647,6 +661,7 @@ fn compare_workload(
         primary_metric: c.primary_metric.clone(),
         seed: c.seed,
         server,
+        worktree_patch: None,
     }))
 }
 

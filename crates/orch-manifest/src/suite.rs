@@ -52,7 +52,38 @@ pub struct Suite {
     /// How cells run on a Kubernetes cluster (`--backend kubernetes`).
     #[serde(default)]
     pub kubernetes: Option<KubernetesDef>,
+    /// What travels with cells that run away from this machine, besides
+    /// the files they name (workdirs, patches, prompt files, a local repo).
+    #[serde(default)]
+    pub sync: Option<SyncDef>,
     pub benchmarks: Vec<Benchmark>,
+}
+
+/// `sync: {paths: [../common], ignore: ["*.ckpt"], max_size: 200MiB, dirty: patch}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncDef {
+    /// Files and folders that travel too (relative to the suite file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// Patterns (gitignore syntax) left home, on top of `.gitignore`,
+    /// `.dockerignore` and `.orchignore`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
+    /// The most one cell's files may come to (default 1 GiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<Bytes>,
+    /// A local `compare.repo` with uncommitted changes: `refuse` (the
+    /// default) or `patch` (applied on top of HEAD's checkouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<DirtyDef>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirtyDef {
+    Refuse,
+    Patch,
 }
 
 /// `image: vllm/vllm-openai:v0.6.3` (any image), or `image: {build: NAME}`

@@ -84,6 +84,38 @@ pub struct TaskSpec {
     /// alternative it runs, so the agent checks the hardware against that.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_fallback: Vec<GpuRequest>,
+    /// The host files that travel with the cell (its workdir, patches,
+    /// prompt file, local repository as a git bundle, `sync:` paths): the
+    /// agent lays them out, checking each digest, before the workload runs.
+    /// `None`: the cell runs where the task's paths are (the local backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<FileSet>,
+}
+
+/// Files the agent lays out before the workload runs: each from the blob
+/// named by its SHA-256 in `blobs` (or its chunks `<sha256>.0`, `.1`, ...,
+/// concatenated), checked against the digest, copied to `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSet {
+    /// The folder of the blobs as the cell sees it.
+    pub blobs: String,
+    /// Where the files land (the prefix of every `path`), for messages.
+    pub root: String,
+    pub files: Vec<FileEntry>,
+}
+
+/// One file of a [`FileSet`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    /// Where it lands in the cell (absolute).
+    pub path: String,
+    /// Lowercase hex SHA-256 of its content.
+    pub sha256: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,6 +160,11 @@ pub struct CompareWorkload {
     /// The server and client every variant runs (relative paths are in the
     /// variant's checkout).
     pub server: ServerWorkload,
+    /// The uncommitted changes of a local `repo` (`sync: {dirty: patch}`):
+    /// applied to the checkout of every variant that names no `ref`, before
+    /// the variant's own patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree_patch: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -735,6 +772,7 @@ mod tests {
             weights_dir: None,
             strict_hardware: false,
             gpu_fallback: vec![],
+            files: None,
         };
         let json = serde_json::to_string(&task).unwrap();
         let back: TaskSpec = serde_json::from_str(&json).unwrap();

@@ -61,6 +61,7 @@ impl TaskSpec {
                 if c.repo.as_deref().is_some_and(is_local_repo) {
                     each(PathRole::Repo, &mut c.repo);
                 }
+                each(PathRole::Patch, &mut c.worktree_patch);
                 for v in &mut c.variants {
                     each(PathRole::Patch, &mut v.patch);
                 }
@@ -101,6 +102,7 @@ mod tests {
             weights_dir: None,
             strict_hardware: false,
             gpu_fallback: vec![],
+            files: None,
         }
     }
 
@@ -124,6 +126,7 @@ mod tests {
             max_rounds: None,
             primary_metric: None,
             seed: None,
+            worktree_patch: None,
             server: ServerWorkload {
                 argv: vec!["python3".into(), "serve.py".into()],
                 workdir: None,

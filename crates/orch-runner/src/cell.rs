@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) budget: Option<Arc<Mutex<BudgetTracker>>>,
     /// Every secret value (and its encodings), masked in records.
     pub(crate) masker: Masker,
+    /// The files that travel with cells (backends that ship files).
+    pub(crate) files: Option<Arc<orch_files::Files>>,
 }
 
 impl Shared {
@@ -86,6 +88,13 @@ pub(crate) async fn run_cell(
             b.begin(&cell.id, Instant::now());
         }
     }
+    // What travels with the cell, staged once per set of paths (cheap for
+    // every cell after the first of a suite).
+    let files = match (&shared.files, shared.backend.ships_files()) {
+        (Some(f), true) => Some(f.shipment(&cell.task)),
+        _ => None,
+    }
+    .transpose();
     let launch = CellLaunch {
         task: cell.task.clone(),
         cell_dir: dir,
@@ -93,8 +102,11 @@ pub(crate) async fn run_cell(
         weights_dir: shared.weights_dir.clone(),
         image,
         devices: devices.as_ref().map(|d| d.ids.clone()).unwrap_or_default(),
+        files: files.as_ref().ok().cloned().flatten(),
     };
-    let result = match &devices {
+    let result = match (&devices, files) {
+        (_, Err(e)) => CellResult::failed(&cell.id, Status::Failed, "files_error", e.to_string()),
+        (devices, Ok(_)) => match devices {
         Err(total) => CellResult::failed(
             &cell.id,
             Status::Failed,
@@ -111,6 +123,7 @@ pub(crate) async fn run_cell(
         {
             Ok(r) => r,
             Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+        },
         },
     };
     let mut record = CellRecord::from_result(&cell, result, started, Utc::now(), attempt);

@@ -96,6 +96,9 @@ pub struct RunnerOptions {
     pub diagnose_rules: Option<orch_diagnose::Rules>,
     /// Prices of the cells, and the budget.
     pub cost: CostOptions,
+    /// The files that travel with cells, for a backend that ships them
+    /// (`Backend::ships_files`); `None`: none travel.
+    pub files: Option<Arc<orch_files::Files>>,
 }
 
 /// How an invocation ended.
@@ -157,6 +160,7 @@ pub async fn execute(
         run: run.clone(),
         budget: budget.as_ref().map(|b| b.tracker.clone()),
         masker,
+        files: opts.files.clone(),
     });
     let (mut tasks, not_launched) =
         launch_cells(&cells, &shared, &opts, &cancel, &stop_rx, budget.as_ref()).await?;

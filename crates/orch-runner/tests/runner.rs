@@ -26,6 +26,7 @@ fn opts(concurrency: usize) -> RunnerOptions {
         gpu_devices: GpuDevices::Platform,
         diagnose_rules: None,
         cost: Default::default(),
+        files: None,
     }
 }
 

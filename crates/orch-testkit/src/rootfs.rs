@@ -183,27 +183,47 @@ fn check_release(release: &str) -> io::Result<()> {
 /// installs debootstrap with `apt-get` when missing. debootstrap's log is kept next to the root
 /// (`rootfs/<release>.log`) and its tail is in the error when it fails.
 pub fn debian_root(release: &str) -> io::Result<PathBuf> {
+    debian_root_with(release, &[])
+}
+
+/// The name of a root of `release` with `packages` added (`bookworm+git+python3`).
+fn flavour(release: &str, packages: &[&str]) -> String {
+    std::iter::once(release)
+        .chain(packages.iter().copied())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// [`debian_root`] with `packages` installed too (debootstrap's `--include`), for cells that
+/// need programs a GPU image has (`git`, `python3`, `python3-numpy`): cached as
+/// `rootfs/<release>+<package>+...`.
+pub fn debian_root_with(release: &str, packages: &[&str]) -> io::Result<PathBuf> {
     check_release(release)?;
+    for p in packages {
+        check_release(p)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("package {p:?}")))?;
+    }
+    let name = flavour(release, packages);
     let parent = cache_dir()?.join("rootfs");
-    let root = parent.join(release);
+    let root = parent.join(&name);
     if root.is_dir() {
         return Ok(root);
     }
     fs::create_dir_all(&parent)?;
-    let _lock = FileLock::acquire(&parent.join(format!(".{release}.lock")))?;
+    let _lock = FileLock::acquire(&parent.join(format!(".{name}.lock")))?;
     if root.is_dir() {
         return Ok(root);
     }
     // Holding the lock: any temporary folder of this release is left from a build that died.
-    let stale = format!(".{release}.tmp-");
+    let stale = format!(".{name}.tmp-");
     for entry in fs::read_dir(&parent)?.flatten() {
         if entry.file_name().to_string_lossy().starts_with(&stale) {
             remove_root(&entry.path())?;
         }
     }
     let debootstrap = debootstrap_program()?;
-    let tmp = parent.join(temp_name(release));
-    let log_path = parent.join(format!("{release}.log"));
+    let tmp = parent.join(temp_name(&name));
+    let log_path = parent.join(format!("{name}.log"));
     let log = File::create(&log_path)?;
     let mirror = std::env::var("ORCH_TESTKIT_DEBIAN_MIRROR")
         .ok()
@@ -214,6 +234,9 @@ pub fn debian_root(release: &str) -> io::Result<PathBuf> {
     // would merge them.
     if UNMERGED_USR.contains(&release) {
         cmd.arg("--no-merged-usr");
+    }
+    if !packages.is_empty() {
+        cmd.arg(format!("--include={}", packages.join(",")));
     }
     cmd.arg(release)
         .arg(&tmp)
@@ -378,12 +401,20 @@ fn ensure_image(
 /// (`tar -C ROOT -c . | docker import - TAG`, with `PATH` set as in Docker's images, `CMD
 /// ["bash"]` and a label `org.orch-testkit.glibc`), reused while the tag exists.
 pub fn debian_image(release: &str) -> io::Result<String> {
+    debian_image_with(release, &[])
+}
+
+/// [`debian_image`] of [`debian_root_with`]: `orch-testkit/debian:<release>-<package>-...`.
+pub fn debian_image_with(release: &str, packages: &[&str]) -> io::Result<String> {
     check_release(release)?;
-    let tag = format!("orch-testkit/debian:{release}");
+    let tag = format!(
+        "orch-testkit/debian:{}",
+        flavour(release, packages).replace('+', "-")
+    );
     if image_exists(&tag)? {
         return Ok(tag);
     }
-    let root = debian_root(release)?;
+    let root = debian_root_with(release, packages)?;
     let changes = [
         format!("ENV PATH={IMAGE_PATH}"),
         r#"CMD ["bash"]"#.to_string(),

@@ -34,6 +34,7 @@ fn task(cfg: &TransformerConfig) -> TaskSpec {
         weights_dir: None,
         strict_hardware: false,
         gpu_fallback: vec![],
+        files: None,
     }
 }
 

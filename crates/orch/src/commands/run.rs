@@ -7,6 +7,55 @@ use orch_manifest::{ExpandOptions, GpuSpec};
 use orch_runner::{execute, RunnerOptions};
 use tokio::sync::{mpsc, watch};
 
+/// The files that travel with the plan's cells, per its `sync:` section.
+fn files_of(plan: &orch_manifest::Plan) -> orch_files::Files {
+    let sync = plan.sync.clone().unwrap_or_default();
+    orch_files::Files::new(
+        orch_files::default_cache_dir(),
+        orch_files::SyncSpec {
+            paths: sync.paths.iter().map(std::path::PathBuf::from).collect(),
+            ignore: sync.ignore,
+            max_bytes: sync
+                .max_size
+                .map(|b| b.0)
+                .unwrap_or(orch_files::DEFAULT_MAX_BYTES),
+            dirty: match sync.dirty {
+                Some(orch_manifest::DirtyDef::Patch) => orch_files::Dirty::Patch,
+                _ => orch_files::Dirty::Refuse,
+            },
+        },
+    )
+}
+
+/// A local repository's uncommitted changes refused, or made the patch
+/// every backend applies (before the run exists: its tasks keep it).
+fn prepare_files(files: &orch_files::Files, plan: &mut orch_manifest::Plan) -> anyhow::Result<()> {
+    for cell in &mut plan.cells {
+        files
+            .prepare(&mut cell.task)
+            .map_err(|e| orch_backend::host::files_error(&e))?;
+    }
+    Ok(())
+}
+
+/// Everything that travels staged before any cell starts, so that a missing
+/// file or a set over `sync.max_size` stops the run at once (exit 2).
+fn stage_files(
+    files: &orch_files::Files,
+    plan: &orch_manifest::Plan,
+    backend: &dyn orch_backend::Backend,
+) -> anyhow::Result<()> {
+    if !backend.ships_files() {
+        return Ok(());
+    }
+    for cell in &plan.cells {
+        files
+            .shipment(&cell.task)
+            .map_err(|e| orch_backend::host::files_error(&e))?;
+    }
+    Ok(())
+}
+
 /// Refuse (exit 2) when a model the suite needs is not in the weights place.
 async fn preflight(
     host: &dyn Host,
@@ -70,7 +119,7 @@ pub async fn run(
             "`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time",
         ));
     }
-    let (mut run, secrets, backend, images, cost_opts) = match (&args.resume, &args.file) {
+    let (mut run, secrets, backend, images, cost_opts, files) = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
                 return Err(user(
@@ -89,6 +138,8 @@ pub async fn run(
             }
             let secrets = check(host, &run.plan, &args).await?;
             let (backend, images) = host.backend(&run.plan).await?;
+            let files = files_of(&run.plan);
+            stage_files(&files, &run.plan, backend.as_ref())?;
             // The cap counts what the run already spent.
             let todo = run.unfinished_cells()?;
             let prior = run.cost()?.map(|c| c.usd).unwrap_or(0.0);
@@ -98,7 +149,7 @@ pub async fn run(
             // (containers, Jobs, sandboxes, queued jobs) goes first.
             backend.cleanup(run.id()).await?;
             run.note_resume()?;
-            (run, secrets, backend, images, cost_opts)
+            (run, secrets, backend, images, cost_opts, files)
         }
         (None, Some(file)) => {
             let gpus = match &args.gpu {
@@ -110,8 +161,10 @@ pub async fn run(
                 None => None,
             };
             let mut plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            let files = files_of(&plan);
+            prepare_files(&files, &mut plan)?;
             if args.dry_run {
-                print!("{}", host.dry_run(&plan)?);
+                print!("{}", host.dry_run(&plan, &files)?);
                 return Ok(0);
             }
             for cell in &mut plan.cells {
@@ -119,6 +172,7 @@ pub async fn run(
             }
             let secrets = check(host, &plan, &args).await?;
             let (backend, images) = host.backend(&plan).await?;
+            stage_files(&files, &plan, backend.as_ref())?;
             let cells = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
             let todo: Vec<String> = plan.cells.iter().map(|c| c.id.clone()).collect();
             let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
@@ -127,7 +181,7 @@ pub async fn run(
             let argv: Vec<String> = std::env::args().collect();
             let env = orch_store::host_environment(file, argv);
             let run = store.create_run(&plan, &text, args.backend.as_str(), env)?;
-            (run, secrets, backend, images, cost_opts)
+            (run, secrets, backend, images, cost_opts, files)
         }
         (None, None) => {
             return Err(user(
@@ -170,6 +224,7 @@ pub async fn run(
             gpu_devices,
             diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
             cost: cost_opts,
+            files: Some(std::sync::Arc::new(files)),
         },
         tx,
         cancel_rx,

@@ -31,6 +31,7 @@ fn task(script: &str) -> TaskSpec {
         weights_dir: None,
         strict_hardware: false,
         gpu_fallback: vec![],
+        files: None,
     }
 }
 
