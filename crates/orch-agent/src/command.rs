@@ -286,6 +286,9 @@ fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, s
     }
 }
 
+/// The variable naming where the cell's files landed (`orch-files`).
+const FILES_ENV: &str = "ORCH_FILES";
+
 /// A workload process as every workload runs one: piped output, its own
 /// process group, killed if the agent dies, the cell's environment
 /// (weights offline from the weights volume, `ORCH_*`, params, the suite's
@@ -305,9 +308,16 @@ pub(crate) fn supervised(
             "the command is empty",
         )));
     };
-    let mut command = Command::new(program);
+    // `{{files}}` in a suite is `${ORCH_FILES}`: where the cell's files
+    // landed, in a command's arguments as in a shell's.
+    let files = task.env.get(FILES_ENV);
+    let expand = |a: &String| match files {
+        Some(f) => a.replace("${ORCH_FILES}", f),
+        None => a.clone(),
+    };
+    let mut command = Command::new(expand(program));
     command
-        .args(&argv[1..])
+        .args(argv[1..].iter().map(expand))
         .env("HF_HUB_OFFLINE", "1")
         .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
         .env("ORCH_CELL_ID", &task.cell_id)
@@ -326,7 +336,7 @@ pub(crate) fn supervised(
     }
     command
         .envs(extra_env.iter().map(|(k, v)| (k, v)))
-        .envs(&task.env);
+        .envs(task.env.iter().map(|(k, v)| (k, expand(v))));
     if let Some(dir) = workdir {
         if !Path::new(dir).is_dir() {
             return Err(Box::new(CellResult::failed(

@@ -13,6 +13,11 @@
 //!   for NCCL; `none` asks for no GPU;
 //! - the weights volume (`orch-weights`, filled by `orch setup --backend
 //!   docker`) is mounted read-only at `/weights` with `HF_HUB_CACHE` set;
+//! - the files a cell names (workdir, patches, prompt file, a local repo as
+//!   a git bundle, `sync:` paths) travel as the host cache's folder of
+//!   content-addressed blobs, bind-mounted read-only at `/orch/blobs`; the
+//!   task names their places under `/orch/files`, where the agent copies
+//!   them and checks each digest (`orch-files`);
 //! - secrets are container environment only;
 //! - labels `orch.run` and `orch.cell` mark every container; a container is
 //!   removed once its result is stored (unless `keep`), and `cleanup` removes
@@ -264,11 +269,21 @@ impl Container<'_> {
         let devices = &cell.launch.devices;
         let gpus = task.gpu.count();
         let wants_gpu = !task.gpu.is_cpu();
+        let mut binds = vec![
+            format!("{}:/orch/agent:ro", backend.agent.display()),
+            format!("{}:/orch/cell", cell.dir.display()),
+        ];
+        // The files that travel: the cache's folder of blobs, read-only (the
+        // agent copies each to its place and checks its digest).
+        if let Some(dir) = cell.launch.files.as_ref().and_then(|f| {
+            f.blobs()
+                .first()
+                .and_then(|(_, p, _)| p.parent().map(|d| d.to_path_buf()))
+        }) {
+            binds.push(format!("{}:{}:ro", dir.display(), orch_files::CELL_BLOBS));
+        }
         let mut host = HostConfig {
-            binds: Some(vec![
-                format!("{}:/orch/agent:ro", backend.agent.display()),
-                format!("{}:/orch/cell", cell.dir.display()),
-            ]),
+            binds: Some(binds),
             ..Default::default()
         };
         if weights {
@@ -364,6 +379,9 @@ impl Container<'_> {
         std::fs::set_permissions(&cell.dir, std::fs::Permissions::from_mode(0o777))?;
         let mut task = cell.task.clone();
         task.weights_dir = weights.then(|| WEIGHTS_MOUNT.to_string());
+        if let Some(files) = &cell.launch.files {
+            files.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
+        }
         let json = serde_json::to_vec_pretty(&task).map_err(std::io::Error::other)?;
         std::fs::write(cell.dir.join("task.json"), json)
     }

@@ -12,15 +12,17 @@
 //! dropped by number). When the stream ends without a result, the cell's
 //! end comes from the pod: the agent's summary in the termination message,
 //! `OOMKilled`, eviction, the Job's deadline. The Job is deleted (with its
-//! pod) when the cell ends, on cancel and on timeout.
+//! pod) when the cell ends, on cancel and on timeout. The cell's files go
+//! first, as the run's ConfigMaps ([`crate::files`]), each created once.
 
+use crate::files;
 use crate::spec::{self, KubeSettings};
 use crate::watch::{self, Action, Pending, PendingLimits, PodState, Seen};
 use crate::{KubeError, CELL_CONTAINER, JOB_LABEL};
 use async_trait::async_trait;
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event as K8sEvent, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as K8sEvent, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
@@ -38,6 +40,8 @@ pub struct KubernetesBackend {
     settings: KubeSettings,
     /// Runs whose Secret this process created.
     secrets_made: Mutex<Vec<String>>,
+    /// ConfigMaps of files this process created or found: (run, name).
+    files_made: Mutex<std::collections::HashSet<(String, String)>>,
     poll: Duration,
 }
 
@@ -47,6 +51,7 @@ impl KubernetesBackend {
             client,
             settings,
             secrets_made: Mutex::new(Vec::new()),
+            files_made: Mutex::new(Default::default()),
             poll: Duration::from_millis(500),
         }
     }
@@ -100,6 +105,32 @@ impl KubernetesBackend {
         }
         made.push(run_id.to_string());
         Ok(())
+    }
+
+    /// The ConfigMaps of a cell's files, each created once per run (one
+    /// already there has the same content: its name is its keys' digest).
+    /// Returns how many were new and their bytes.
+    async fn ensure_files(&self, run_id: &str, packs: &[files::Pack]) -> Result<(usize, u64), KubeError> {
+        let api: Api<ConfigMap> = self.api();
+        let mut new = (0, 0);
+        for pack in packs {
+            let key = (run_id.to_string(), pack.name.clone());
+            if self.files_made.lock().await.contains(&key) {
+                continue;
+            }
+            let cm = files::config_map(pack, run_id, &self.settings)?;
+            match api.create(&PostParams::default(), &cm).await {
+                Ok(_) => {
+                    new.0 += 1;
+                    new.1 += pack.bytes();
+                }
+                // Made by another cell of the run, or an earlier invocation of it.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(KubeError::api(format!("create configmap {}", pack.name))(e)),
+            }
+            self.files_made.lock().await.insert(key);
+        }
+        Ok(new)
     }
 
     /// Create the Job and return its uid. One of the same name left by an
@@ -506,7 +537,19 @@ impl Backend for KubernetesBackend {
         } else {
             cell.launch.secrets.iter().map(|(k, _)| k.clone()).collect()
         };
-        let job = spec::cell_job(&cell.task, &image, &names, &self.settings);
+        // The task as the pod sees it: its files under `/orch/files`.
+        let mut task = cell.task.clone();
+        let mut packs = Vec::new();
+        let shipment = cell.launch.files.clone().filter(|s| !s.is_empty());
+        if let Some(shipment) = &shipment {
+            files::check_size(&cell.id, shipment)?;
+            shipment.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
+            packs = files::packs(&task.run_id, &shipment.blobs());
+        }
+        let mut job = spec::cell_job(&task, &image, &names, &self.settings);
+        if shipment.is_some() {
+            files::mount(&mut job, &packs);
+        }
         let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
@@ -523,6 +566,7 @@ impl Backend for KubernetesBackend {
             follower: None,
             lines: None,
             deleted: false,
+            packs,
         };
         Ok(lifecycle::drive(&mut platform, cell, cancel).await)
     }
@@ -532,9 +576,14 @@ impl Backend for KubernetesBackend {
         let jobs: Api<Job> = self.api();
         let pods: Api<Pod> = self.api();
         let secrets: Api<Secret> = self.api();
+        let config_maps: Api<ConfigMap> = self.api();
         // Every kind is tried (the Secret first: it holds values), the
         // first error is returned after.
         let s = secrets
+            .delete_collection(&DeleteParams::default(), &lp)
+            .await
+            .map(|_| ());
+        let f = config_maps
             .delete_collection(&DeleteParams::default(), &lp)
             .await
             .map(|_| ());
@@ -555,7 +604,9 @@ impl Backend for KubernetesBackend {
             }
         }
         self.secrets_made.lock().await.retain(|r| r != run_id);
+        self.files_made.lock().await.retain(|(r, _)| r != run_id);
         s.map_err(KubeError::api("delete the run's secret"))?;
+        f.map_err(KubeError::api("delete the run's configmaps"))?;
         j.map_err(KubeError::api("delete the run's jobs"))?;
         p.map_err(KubeError::api("delete the run's pods"))?;
         Ok(())
@@ -575,6 +626,8 @@ struct JobCell<'a> {
     follower: Option<tokio::task::JoinHandle<Result<(), String>>>,
     lines: Option<mpsc::UnboundedReceiver<String>>,
     deleted: bool,
+    /// The ConfigMaps of the cell's files.
+    packs: Vec<files::Pack>,
 }
 
 impl JobCell<'_> {
@@ -657,6 +710,20 @@ impl Platform for JobCell<'_> {
             .ensure_secret(&cell.task.run_id, &cell.launch.secrets)
             .await
             .map_err(err)?;
+        if !self.packs.is_empty() {
+            let (made, bytes) = backend
+                .ensure_files(&cell.task.run_id, &self.packs)
+                .await
+                .map_err(err)?;
+            let total: u64 = self.packs.iter().map(files::Pack::bytes).sum();
+            let line = format!(
+                "orch: files: {} ConfigMap(s), {} ({made} new, {}; the rest already in the cluster)",
+                self.packs.len(),
+                orch_files::human_bytes(total),
+                orch_files::human_bytes(bytes)
+            );
+            self.log(&line);
+        }
         self.job_uid = Some(backend.create_job(&self.job).await.map_err(err)?);
         let line = format!(
             "orch: job {} created in namespace {} (image {}, gpu {})",

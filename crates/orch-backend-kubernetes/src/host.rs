@@ -165,8 +165,6 @@ pub fn dry_run(
     namespace: Option<&str>,
     context: Option<&str>,
 ) -> Result<String, BackendError> {
-    // TODO(files): the Jobs with their tasks rewritten and the ConfigMaps.
-    let _ = files;
     let images = images(plan)?;
     let ns = namespace_choice(plan, namespace).unwrap_or("default");
     let mut s = settings(plan, ns);
@@ -175,11 +173,31 @@ pub fn dry_run(
     }
     let run_id = format!("dry-run-{}", plan.suite);
     let mut jobs = Vec::new();
+    // The ConfigMaps of every cell's files, each once.
+    let mut packs: Vec<crate::files::Pack> = Vec::new();
     for c in &plan.cells {
         let mut task = c.task.clone();
         task.run_id = run_id.clone();
+        let shipment = files
+            .shipment(&task)
+            .map_err(|e| orch_backend::host::files_error(&e))?;
+        let mut cell_packs = None;
+        if !shipment.is_empty() {
+            crate::files::check_size(&c.id, &shipment)?;
+            shipment.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
+            cell_packs = Some(crate::files::packs(&run_id, &shipment.blobs()));
+        }
         let image = images.get(&c.id).cloned().unwrap_or_default();
-        jobs.push(spec::cell_job(&task, &image, &plan.secrets, &s));
+        let mut job = spec::cell_job(&task, &image, &plan.secrets, &s);
+        if let Some(cell_packs) = cell_packs {
+            crate::files::mount(&mut job, &cell_packs);
+            for p in cell_packs {
+                if !packs.iter().any(|q| q.name == p.name) {
+                    packs.push(p);
+                }
+            }
+        }
+        jobs.push(job);
     }
     let mut out = format!(
         "# orch run --backend kubernetes --dry-run: {} Job(s) of suite `{}` for namespace `{ns}`{}\n",
@@ -187,6 +205,12 @@ pub fn dry_run(
         plan.suite,
         context.map(|c| format!(", context `{c}`")).unwrap_or_default()
     );
+    out.push_str(&orch_backend::host::files_listing(
+        plan,
+        files,
+        orch_files::CELL_ROOT,
+    )?);
+    out.push_str(&crate::files::describe(&packs, &s));
     out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
     Ok(out)
 }
@@ -332,7 +356,7 @@ impl Host for KubernetesHost {
         .await?;
         backend.cleanup(run_id).await?;
         Ok(format!(
-            "deleted every Job, pod and Secret of run {run_id} in namespace {}",
+            "deleted every Job, pod, Secret and ConfigMap of run {run_id} in namespace {}",
             backend.settings().namespace
         ))
     }

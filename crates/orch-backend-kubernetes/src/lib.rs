@@ -9,6 +9,12 @@
 //!   create, watch, follow the pod log home through
 //!   [`orch_backend::home::Home`], name failures, delete.
 //!
+//! The cell's files (a command's `workdir`, a local compare `repo`, `patch`
+//! files, a `prompt_file`, `sync.paths`) travel in content-addressed
+//! ConfigMaps, mounted into the pod as one `projected` volume, no shared
+//! filesystem needed: see [`files`] for the design and its limits (64 MiB a
+//! cell, 768 KiB a ConfigMap).
+//!
 //! The agent reaches ANY image through an init container: the small agent
 //! image (`FROM scratch`, the static agent only) copies the agent into an
 //! `emptyDir` (`orch-agent install /orch/bin/orch-agent`), and the cell's
@@ -28,11 +34,13 @@
 //! (the weights PVC checked by a probe Job: refs and completeness markers);
 //! `spec::setup_job` + `run_setup` (`orch setup --backend kubernetes`: the static `orch`
 //! from the agent image runs `orch setup` in the cluster with the PVC read-write);
-//! `lib.rs` (`connect` like `kubectl`: `KUBECONFIG`, context, in-cluster). Its host side
+//! `files.rs` (the cell's files packed into ConfigMaps by digest, their projected volume, the
+//! 64 MiB cap); `lib.rs` (`connect` like `kubectl`: `KUBECONFIG`, context, in-cluster). Its host side
 //! (`host.rs`): settings from the suite and the flags, each cell's image, the weights
 //! check, `orch setup` run remotely, `orch down`.
 
 pub mod backend;
+pub mod files;
 pub mod host;
 pub mod spec;
 pub mod watch;
@@ -94,7 +102,7 @@ impl KubeError {
                     "the cluster refused orch's credentials for `{call}` ({}): {}",
                     s.code, s.message
                 ),
-                hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods and Secrets in the namespace".into(),
+                hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods, Secrets and ConfigMaps in the namespace".into(),
             },
             kube::Error::Api(s) if s.code == 422 => KubeError::Unavailable {
                 message: format!("the cluster refused `{call}` as invalid: {}", s.message),

@@ -9,7 +9,19 @@
 //! `--strict-hardware`), tagged `orch.run`/`orch.cell`. Its stdout is the
 //! agent's frame stream, read until EOF and resumed from the last entry id,
 //! fed to the shared [`orch_backend::home::Home`], which writes the cell's
-//! files and events live; its stderr goes to `sandbox.log`. A GPU type that
+//! files and events live; its stderr goes to `sandbox.log`.
+//!
+//! The cell's files (`launch.files`: a workdir, a local repository as a git
+//! bundle, patches, a prompt file, `sync.paths`; see [`orch_files`]) travel
+//! as a second content-addressed mount: every blob once at
+//! `/orch/blobs/<sha256>` ([`orch_files::CELL_BLOBS`]), offered to Modal by
+//! its digest and uploaded only when Modal lacks it (inline under 4 MiB,
+//! through `BlobCreate` above), the mount made once per set of blobs in a
+//! run (the cells of a suite that name the same files share it). The task
+//! the sandbox gets is rewritten by [`orch_files::Shipment::apply`]: its
+//! paths point under `/orch/files` ([`orch_files::CELL_ROOT`]), where the
+//! agent lays the files out from the blobs, checking each SHA-256, before
+//! the workload runs; no host path is in it. A GPU type that
 //! gets no capacity within the scheduling wait is given up for the cell's
 //! next alternative (`gpu_fallback`). A sandbox that ends without a result
 //! (OOM kill, terminated, timeout) is a failed cell with what came home and
@@ -22,6 +34,7 @@ use crate::{ModalError, AGENT_PATH, APP_NAME, WEIGHTS_MOUNT};
 use async_trait::async_trait;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
+use orch_files::{Shipment, CELL_BLOBS, CELL_ROOT};
 use orch_protocol::{CellResult, Failure, Status};
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -61,6 +74,10 @@ impl Default for ModalOptions {
     }
 }
 
+/// The mount of one set of blobs (the cell's files), shared by the cells
+/// that ship the same set: its id once made.
+type MountSlot = Arc<Mutex<Option<String>>>;
+
 /// One image's build, shared by the cells that need it: (id, build seconds)
 /// or the build's failure message.
 type ImageSlot = Arc<Mutex<Option<Result<(String, f64), String>>>>;
@@ -73,6 +90,8 @@ struct Cache {
     /// Weights volume id (`Some(None)`: looked up, absent).
     volume: Option<Option<String>>,
     images: HashMap<ImageSpec, ImageSlot>,
+    /// The files' mounts, by the sorted digests of their blobs.
+    files_mounts: HashMap<Vec<String>, MountSlot>,
 }
 
 pub struct ModalBackend {
@@ -130,6 +149,43 @@ impl ModalBackend {
         )
         .await?;
         c.agent_mount = Some(id.clone());
+        Ok(id)
+    }
+
+    /// The mount holding every blob of `shipment` at `/orch/blobs/<sha256>`;
+    /// made once per set of blobs (cells shipping the same files wait for
+    /// the first one's, and the blobs are offered to Modal once).
+    async fn files_mount(&self, app_id: &str, shipment: &Shipment) -> Result<String, ModalError> {
+        let blobs = shipment.blobs();
+        let mut key: Vec<String> = blobs.iter().map(|(sha, _, _)| sha.to_string()).collect();
+        key.sort();
+        let slot = self
+            .cache
+            .lock()
+            .await
+            .files_mounts
+            .entry(key)
+            .or_default()
+            .clone();
+        let mut guard = slot.lock().await;
+        if let Some(id) = guard.as_ref() {
+            return Ok(id.clone());
+        }
+        let remote: Vec<String> = blobs
+            .iter()
+            .map(|(sha, _, _)| format!("{}/{sha}", CELL_BLOBS.trim_end_matches('/')))
+            .collect();
+        let sources: Vec<MountSource<'_>> = blobs
+            .iter()
+            .zip(&remote)
+            .map(|((_, local, _), remote_path)| MountSource {
+                remote_path,
+                local,
+                mode: 0o644,
+            })
+            .collect();
+        let id = ops::mount(&self.modal, app_id, &sources).await?;
+        *guard = Some(id.clone());
         Ok(id)
     }
 
@@ -423,7 +479,25 @@ impl Sandbox<'_> {
         };
         self.info.push(("modal_image_id", image_id.clone().into()));
         self.info.push(("modal_image_build_s", build_s.into()));
-        let mount_id = backend.agent_mount(&app_id).await.map_err(backend_err)?;
+        let mut mount_ids = vec![backend.agent_mount(&app_id).await.map_err(backend_err)?];
+        let shipment = cell.launch.files.clone().filter(|s| !s.is_empty());
+        if let Some(s) = &shipment {
+            if !s.items.is_empty() {
+                let id = backend.files_mount(&app_id, s).await.map_err(|e| {
+                    Early::failed(
+                        "files_error",
+                        format!("the cell's files did not reach Modal: {}", BackendError::from(e)),
+                    )
+                })?;
+                self.log(&format!(
+                    "{} file{} ({}) in mount {id} at `{CELL_BLOBS}`",
+                    s.items.len(),
+                    if s.items.len() == 1 { "" } else { "s" },
+                    orch_files::human_bytes(s.total_bytes())
+                ));
+                mount_ids.push(id);
+            }
+        }
         let secret_ids = if cell.launch.secrets.is_empty() {
             vec![]
         } else {
@@ -438,6 +512,9 @@ impl Sandbox<'_> {
             let mut task = cell.task.clone();
             task.gpu = gpu.clone();
             task.weights_dir = volume.as_ref().map(|_| WEIGHTS_MOUNT.to_string());
+            if let Some(s) = &shipment {
+                s.apply(&mut task, CELL_ROOT, CELL_BLOBS);
+            }
             let definition = proto::Sandbox {
                 entrypoint_args: vec![
                     AGENT_PATH.into(),
@@ -448,7 +525,7 @@ impl Sandbox<'_> {
                     out_dir.clone(),
                     "--ship".into(),
                 ],
-                mount_ids: vec![mount_id.clone()],
+                mount_ids: mount_ids.clone(),
                 image_id: image_id.clone(),
                 secret_ids: secret_ids.clone(),
                 resources: Some(proto::Resources {

@@ -8,7 +8,7 @@
 //!   active profile of `~/.modal.toml`), `MODAL_SERVER_URL`, `MODAL_ENVIRONMENT`;
 //! - [`client`]: headers, the auth token, retries with idempotency keys;
 //! - [`ops`]: app, image (with the build log streamed), content-addressed
-//!   mounts for the static agent and `orch`, secrets, volumes, sandboxes
+//!   mounts for the static agent, `orch` and the cell's files, secrets, volumes, sandboxes
 //!   (create, schedule, logs from the last entry id, wait, terminate, list);
 //! - [`backend`]: the [`orch_backend::Backend`] for `--backend modal`;
 //! - [`setup`]: `orch setup --backend modal`, the download run inside a sandbox
@@ -23,7 +23,8 @@
 //! headers, `AuthTokenGet`, retries with one idempotency key per call); `ops.rs`
 //! (environment, app, image build with streamed log and failing step, content-addressed
 //! mounts with blob upload, secrets, volumes, sandbox create/schedule/logs from the last
-//! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, GPU fallback, ends
+//! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, the cell's files as a
+//! mount of their blobs at `/orch/blobs` with the task rewritten to `/orch/files`, GPU fallback, ends
 //! mapped to `oom`/`sandbox_terminated`/`timeout`, `cleanup` by tag); `setup.rs` (setup
 //! in a sandbox, weights check from the volume). Its host side (`host.rs`): settings from
 //! the suite and the flags, each cell's image, the weights check, `orch setup` run

@@ -17,6 +17,12 @@
 //!   `OUT_OF_MEMORY`, `TIMEOUT`, `NODE_FAIL`, `PREEMPTED` become `oom`,
 //!   `timeout`, `node_failure` and `preempted` (a preempted cell is recorded
 //!   `cancelled`, so `orch run --resume` runs it again);
+//! - the files a cell names (workdir, patches, prompt file, a local repo as
+//!   a git bundle, `sync:` paths) travel through the shared filesystem:
+//!   their content-addressed blobs are copied once into
+//!   `<shared_dir>/blobs/` (without `shared_dir`, the host cache's folder is
+//!   used in place, and must be shared like the agent); the agent lays them
+//!   out under the job folder's `files/` and checks each digest;
 //! - `nodes: N` cells get `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`,
 //!   `NNODES`, `NODE_RANK`; every node's agent writes its own result, and
 //!   each node's hardware and telemetry go into the record (`info.nodes`);
@@ -312,6 +318,42 @@ impl SlurmBackend {
         }
     }
 
+    /// The folder of the cell's blobs as the compute nodes see it:
+    /// `<shared_dir>/blobs`, each blob copied there once (content-addressed:
+    /// one already there is not copied again); without `shared_dir`, the
+    /// host cache's own folder, which must then be on the shared filesystem
+    /// like the agent (a home folder usually is).
+    async fn deliver_blobs(&self, files: &orch_files::Shipment) -> Result<PathBuf, BackendError> {
+        let Some(shared) = &self.cfg.shared_dir else {
+            let dir = files
+                .blobs()
+                .first()
+                .and_then(|(_, p, _)| p.parent().map(Path::to_path_buf))
+                .unwrap_or_default();
+            return Ok(dir);
+        };
+        let dir = shared.join("blobs");
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(io_err(format!("create `{}`", dir.display())))?;
+        for (sha, blob, size) in files.blobs() {
+            let dest = dir.join(sha);
+            if tokio::fs::metadata(&dest).await.is_ok_and(|m| m.len() == size) {
+                continue;
+            }
+            let tmp = dir.join(format!(".{sha}.{}.part", std::process::id()));
+            tokio::fs::copy(blob, &tmp).await.map_err(io_err(format!(
+                "copy `{}` to `{}`",
+                blob.display(),
+                tmp.display()
+            )))?;
+            tokio::fs::rename(&tmp, &dest)
+                .await
+                .map_err(io_err(format!("write `{}`", dest.display())))?;
+        }
+        Ok(dir)
+    }
+
     fn job_spec(&self, launch: &CellLaunch, job_dir: &Path) -> JobSpec {
         let task = &launch.task;
         let gpu = task.gpu.type_name().map(|ty| {
@@ -382,6 +424,11 @@ impl Backend for SlurmBackend {
             .weights_dir
             .as_ref()
             .map(|d| d.to_string_lossy().into_owned());
+        if let Some(files) = launch.files.as_ref().filter(|f| !f.is_empty()) {
+            let blobs = self.deliver_blobs(files).await?;
+            let root = job_dir.join("files");
+            files.apply(&mut task, &root.to_string_lossy(), &blobs.to_string_lossy());
+        }
         let task_json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
             action: "serialise the task".into(),
             source: std::io::Error::other(e),

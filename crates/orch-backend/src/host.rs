@@ -423,36 +423,6 @@ impl Host for LocalHost {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kinds_parse_by_name_and_others_are_refused_with_the_list() {
-        for k in Kind::ALL {
-            assert_eq!(k.as_str().parse::<Kind>().unwrap(), k);
-        }
-        let e = "lambda".parse::<Kind>().unwrap_err();
-        assert!(e.is_user_error());
-        assert!(
-            e.to_string()
-                .contains("local, docker, kubernetes, modal and slurm"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn weights_places_say_where_they_are() {
-        let w = Weights::Pvc {
-            name: Some("weights".into()),
-            namespace: Some("ml".into()),
-        };
-        assert_eq!(w.to_string(), "PVC `weights` in namespace `ml`");
-        assert_eq!(w.folder(), None);
-        assert_eq!(Weights::Folder("/w".into()).folder(), Some(Path::new("/w")));
-    }
-}
-
 /// What travels with the cells of `plan` (`--dry-run`): each distinct set
 /// of files once, with the cells it goes with, its files, sizes and digests.
 pub fn files_listing(plan: &Plan, files: &orch_files::Files, root: &str) -> Result<String, BackendError> {
@@ -494,5 +464,35 @@ pub fn files_error(e: &orch_files::FilesError) -> BackendError {
             action: "stage the cell's files".into(),
             source: std::io::Error::other(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_by_name_and_others_are_refused_with_the_list() {
+        for k in Kind::ALL {
+            assert_eq!(k.as_str().parse::<Kind>().unwrap(), k);
+        }
+        let e = "lambda".parse::<Kind>().unwrap_err();
+        assert!(e.is_user_error());
+        assert!(
+            e.to_string()
+                .contains("local, docker, kubernetes, modal and slurm"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn weights_places_say_where_they_are() {
+        let w = Weights::Pvc {
+            name: Some("weights".into()),
+            namespace: Some("ml".into()),
+        };
+        assert_eq!(w.to_string(), "PVC `weights` in namespace `ml`");
+        assert_eq!(w.folder(), None);
+        assert_eq!(Weights::Folder("/w".into()).folder(), Some(Path::new("/w")));
     }
 }

@@ -279,8 +279,11 @@ pub struct Files {
     sync: SyncSpec,
     memo: Mutex<HashMap<Vec<String>, Arc<Shipment>>>,
     /// Each folder or file walked once: canonical path → (rel inside it, item).
-    walked: Mutex<HashMap<PathBuf, Arc<Vec<(String, Item)>>>>,
+    walked: Mutex<HashMap<PathBuf, Walked>>,
 }
+
+/// The files under a path that travel: (where inside it, the staged file).
+type Walked = Arc<Vec<(String, Item)>>;
 
 impl Files {
     pub fn new(cache: PathBuf, sync: SyncSpec) -> Files {
@@ -303,8 +306,29 @@ impl Files {
 
     /// Before the run is made, for every backend: a local repository's
     /// uncommitted changes refused or turned into the comparison's
-    /// `worktree_patch`. Idempotent.
+    /// `worktree_patch`, and `ORCH_FILES` set to the host folder the
+    /// cell's root stands for. Idempotent.
     pub fn prepare(&self, task: &mut TaskSpec) -> Result<(), FilesError> {
+        self.prepare_repo(task)?;
+        // `$ORCH_FILES` on this machine: the folder the cell's root stands
+        // for, so a workload that uses it runs alike everywhere (a backend
+        // that ships the files points it at the copies).
+        let named = task.local_paths().into_iter().map(|(_, p)| PathBuf::from(p));
+        let cache = std::fs::canonicalize(&self.cache).unwrap_or(self.cache.clone());
+        let paths: Vec<PathBuf> = named
+            .chain(self.sync.paths.iter().cloned())
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| !p.starts_with(&cache))
+            .collect();
+        if !paths.is_empty() {
+            let base = common_parent(paths.iter().map(PathBuf::as_path));
+            task.env
+                .insert(ENV_FILES.into(), base.to_string_lossy().into_owned());
+        }
+        Ok(())
+    }
+
+    fn prepare_repo(&self, task: &mut TaskSpec) -> Result<(), FilesError> {
         let Workload::Compare(c) = &mut task.workload else {
             return Ok(());
         };
@@ -381,13 +405,21 @@ impl Files {
         if named.is_empty() && sync.is_empty() {
             return Ok(Shipment::default());
         }
+        // What orch made itself (the uncommitted changes' patch, in the
+        // cache) lands in `.orch/` and does not move the root.
+        let cache = std::fs::canonicalize(&self.cache).unwrap_or(self.cache.clone());
+        let ours = |p: &Path| p.starts_with(&cache);
         let base = common_parent(
             named
                 .iter()
                 .map(|n| n.path.as_path())
+                .filter(|p| !ours(p))
                 .chain(sync.iter().map(|p| p.as_path())),
         );
         let rel_of = |p: &Path| -> String {
+            if ours(p) {
+                return format!(".orch/{}", p.file_name().unwrap_or_default().to_string_lossy());
+            }
             p.strip_prefix(&base)
                 .map(|r| r.to_string_lossy().into_owned())
                 .unwrap_or_default()
@@ -431,7 +463,7 @@ impl Files {
         let total = shipment.total_bytes();
         if total > self.sync.max_bytes {
             let mut by_size: Vec<&Item> = shipment.items.iter().collect();
-            by_size.sort_by(|a, b| b.size.cmp(&a.size));
+            by_size.sort_by_key(|i| std::cmp::Reverse(i.size));
             let largest = by_size
                 .iter()
                 .take(3)
@@ -449,7 +481,7 @@ impl Files {
     }
 
     /// A file, or every file under a folder that the ignore rules keep, staged.
-    fn walk(&self, path: &Path, role: &'static str) -> Result<Arc<Vec<(String, Item)>>, FilesError> {
+    fn walk(&self, path: &Path, role: &'static str) -> Result<Walked, FilesError> {
         if let Some(w) = self.walked.lock().ok().and_then(|m| m.get(path).cloned()) {
             return Ok(w);
         }

@@ -128,6 +128,13 @@ fn a_workdir_travels_with_its_ignore_rules_and_the_task_points_at_the_copies() {
         },
     );
     let mut t = task(command(&d.path().join("bench")));
+    // On this machine `$ORCH_FILES` is the folder the root stands for.
+    f.prepare(&mut t).unwrap();
+    let here = d.path().canonicalize().unwrap();
+    assert_eq!(
+        t.env.get(ENV_FILES).map(String::as_str),
+        Some(&*here.to_string_lossy())
+    );
     let s = f.shipment(&t).unwrap();
     let rels: Vec<&str> = s.items.iter().map(|i| i.rel.as_str()).collect();
     // `.git`, `.gitignore`d `cache/`, `.dockerignore`d `ckpt/` and the
@@ -260,7 +267,15 @@ fn a_dirty_tree_is_refused_or_shipped_as_a_patch() {
     let Workload::Compare(c) = &t.workload else {
         unreachable!()
     };
-    assert!(c.worktree_patch.as_deref().unwrap().starts_with("/orch/files/"));
+    // It lands in `.orch/`; the root stays the suite's folder.
+    assert!(
+        c.worktree_patch
+            .as_deref()
+            .unwrap()
+            .starts_with("/orch/files/.orch/"),
+        "{c:?}"
+    );
+    assert_eq!(c.repo.as_deref(), Some("/orch/files/repo.bundle"));
 }
 
 #[test]

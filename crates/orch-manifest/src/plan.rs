@@ -74,7 +74,7 @@ pub struct ExpandOptions {
 }
 
 /// Placeholders every template may use besides the matrix parameters.
-const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark"];
+const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark", "files"];
 
 /// Transformer fields a matrix parameter of the same name overrides.
 const TRANSFORMER_FIELDS: &[&str] = &[
@@ -798,6 +798,9 @@ fn template_vars(
         params.iter().map(|(k, v)| (k.clone(), scalar_text(v))).collect();
     vars.insert("gpu".into(), gpu.to_string());
     vars.insert("gpu_count".into(), gpu.count.to_string());
+    // Where the cell's files are: the agent expands it in arguments, a
+    // shell in a script (`orch-files` sets it on every backend).
+    vars.insert("files".into(), "${ORCH_FILES}".into());
     vars.insert("cell".into(), id.to_string());
     vars.insert("benchmark".into(), bench.to_string());
     vars
@@ -826,7 +829,7 @@ fn substitute(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Msg
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
-                    "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`",
+                    "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`, `files`",
                 ))
             }
         }

@@ -22,6 +22,7 @@ pub mod rootfs;
 pub mod s3;
 pub mod skip;
 pub mod slurm;
+pub mod suites;
 
 /// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.
 ///

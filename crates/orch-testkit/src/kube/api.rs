@@ -409,6 +409,7 @@ fn create(
     obj["metadata"]["uid"] = json!(uuid());
     match ri.resource {
         "secrets" => prepare_secret(&mut obj)?,
+        "configmaps" => prepare_config_map(&mut obj)?,
         "jobs" => prepare_job(&mut obj)?,
         "pods" => {
             let errs = validate_pod_spec(&obj["spec"], "spec", false);
@@ -490,6 +491,61 @@ fn prepare_secret(obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The API server's most bytes of data in a ConfigMap or Secret (`MaxSecretSize`): the values
+/// of `data` and the decoded values of `binaryData` together.
+pub(crate) const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+/// A ConfigMap as the API server validates it: config keys, `binaryData` as base64, no key in
+/// both `data` and `binaryData`, at most [`MAX_CONFIG_BYTES`] of data.
+fn prepare_config_map(obj: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let invalid = |field: String, reason: &'static str, msg: String| {
+        ApiError::invalid("ConfigMap", "", &name, &[(field, reason, msg)])
+    };
+    let mut total = 0usize;
+    for (field, decode) in [("data", false), ("binaryData", true)] {
+        let Some(map) = obj[field].as_object() else {
+            continue;
+        };
+        for (k, v) in map {
+            let ok = !k.is_empty()
+                && k.len() <= 253
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            if !ok {
+                return Err(invalid(format!("{field}[{k}]"), "FieldValueInvalid", format!("Invalid value: \"{k}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")));
+            }
+            let s = v.as_str().unwrap_or_default();
+            total += if decode {
+                base64::engine::general_purpose::STANDARD
+                    .decode(s)
+                    .map_err(|_| {
+                        ApiError::bad_request(format!("ConfigMap in version \"v1\" cannot be handled as a ConfigMap: illegal base64 data at input byte 0 (key {k})"))
+                    })?
+                    .len()
+            } else {
+                s.len()
+            };
+            if decode && obj["data"].get(k).is_some() {
+                return Err(invalid(
+                    format!("data[{k}]"),
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"{k}\": duplicate of key present in binaryData"),
+                ));
+            }
+        }
+    }
+    if total > MAX_CONFIG_BYTES {
+        return Err(invalid(
+            "[]".into(),
+            "FieldValueTooLong",
+            format!("Too long: must have at most {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 async fn item(
     cx: &Ctx<'_>,
     ri: &'static ResourceInfo,
@@ -556,6 +612,23 @@ async fn item(
             };
             if ri.resource == "secrets" {
                 prepare_secret(&mut new)?;
+            }
+            if ri.resource == "configmaps" {
+                if old["immutable"] == json!(true)
+                    && (new["data"] != old["data"] || new["binaryData"] != old["binaryData"])
+                {
+                    return Err(ApiError::invalid(
+                        "ConfigMap",
+                        "",
+                        name,
+                        &[(
+                            "data".into(),
+                            "FieldValueForbidden",
+                            "Forbidden: field is immutable when `immutable` is set".into(),
+                        )],
+                    ));
+                }
+                prepare_config_map(&mut new)?;
             }
             // Identity, status and the immutable parts of pods and Jobs stay as they were.
             for k in [

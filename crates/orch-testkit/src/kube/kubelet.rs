@@ -1,8 +1,8 @@
 //! The kubelet: runs a bound pod's containers the way a container runtime runs them: each in
 //! the root folder its image maps to (the builder's `.image(reference, root)`), in a mount
 //! namespace of its own with `chroot` ([`crate::container`]), with a writable layer of its own
-//! over the image, in its own process group. Volumes (emptyDir and secret folders of the pod,
-//! PVC host folders, `hostPath`) are bind-mounted at their `mountPath` (`subPath` and
+//! over the image, in its own process group. Volumes (emptyDir, Secret, ConfigMap and projected
+//! folders of the pod, PVC host folders, `hostPath`) are bind-mounted at their `mountPath` (`subPath` and
 //! `readOnly` honoured), the termination-log file at `terminationMessagePath`; `workingDir` is
 //! a container path. Nothing of this host's file system reaches a container otherwise, and no
 //! path in its command, args or env is translated. A pod on a GPU node that requests
@@ -584,27 +584,67 @@ async fn prepare_volumes(ctx: &Ctx) -> Option<BTreeMap<String, (PathBuf, bool)>>
             ctx.inner.pvcs.get(claim).cloned().unwrap_or(own)
         } else if let Some(p) = v["hostPath"]["path"].as_str() {
             PathBuf::from(p)
-        } else if let Some(secret) = v["secret"]["secretName"].as_str() {
+        } else if v["secret"].is_object() || v["configMap"].is_object() || v["projected"].is_object() {
+            // Secret, ConfigMap and projected volumes: their objects' keys as files, written
+            // once every object is there (a missing one: the pod waits, `FailedMount`).
+            let sources: Vec<(&str, &Value)> = if v["projected"].is_object() {
+                arr(&v["projected"]["sources"])
+                    .iter()
+                    .filter_map(|s| {
+                        if s["secret"].is_object() {
+                            Some(("secret", &s["secret"]))
+                        } else if s["configMap"].is_object() {
+                            Some(("configMap", &s["configMap"]))
+                        } else {
+                            None
+                        }
+                    })
+                    .collect()
+            } else if v["secret"].is_object() {
+                vec![("secret", &v["secret"])]
+            } else {
+                vec![("configMap", &v["configMap"])]
+            };
             loop {
-                match ctx.inner.get("secrets", &ctx.ns, secret) {
-                    Some(s) => {
-                        let _ = std::fs::create_dir_all(&own);
-                        write_secret_files(&own, &s, &v["secret"]);
-                        break;
-                    }
-                    None if v["secret"]["optional"] == json!(true) => break,
-                    None => {
-                        ctx.event(
-                            None,
-                            "Warning",
-                            "FailedMount",
-                            &format!("MountVolume.SetUp failed for volume \"{name}\" : secret \"{secret}\" not found"),
-                            "kubelet",
-                        );
-                        if ctx.sleep_or_stop(Duration::from_secs(1)).await {
-                            return None;
+                let mut found = Vec::new();
+                let mut missing = None;
+                for (kind, src) in &sources {
+                    let (resource, what, obj_name) = if *kind == "secret" {
+                        let n = src["secretName"].as_str().or(src["name"].as_str());
+                        ("secrets", "secret", n.unwrap_or_default())
+                    } else {
+                        (
+                            "configmaps",
+                            "configmap",
+                            src["name"].as_str().unwrap_or_default(),
+                        )
+                    };
+                    match ctx.inner.get(resource, &ctx.ns, obj_name) {
+                        Some(o) => found.push((o, *src)),
+                        None if src["optional"] == json!(true) => {}
+                        None => {
+                            missing = Some(format!("{what} \"{obj_name}\" not found"));
+                            break;
                         }
                     }
+                }
+                let Some(why) = missing else {
+                    let _ = std::fs::create_dir_all(&own);
+                    let mode = v["projected"]["defaultMode"].as_u64();
+                    for (o, src) in &found {
+                        write_secret_files(&own, o, src, mode.or(src["defaultMode"].as_u64()));
+                    }
+                    break;
+                };
+                ctx.event(
+                    None,
+                    "Warning",
+                    "FailedMount",
+                    &format!("MountVolume.SetUp failed for volume \"{name}\" : {why}"),
+                    "kubelet",
+                );
+                if ctx.sleep_or_stop(Duration::from_secs(1)).await {
+                    return None;
                 }
             }
             own
@@ -612,15 +652,41 @@ async fn prepare_volumes(ctx: &Ctx) -> Option<BTreeMap<String, (PathBuf, bool)>>
             own
         };
         let _ = std::fs::create_dir_all(&host);
-        let ro = v["persistentVolumeClaim"]["readOnly"] == json!(true) || v["secret"].is_object();
+        let ro = v["persistentVolumeClaim"]["readOnly"] == json!(true)
+            || v["secret"].is_object()
+            || v["configMap"].is_object()
+            || v["projected"].is_object();
         out.insert(name, (host, ro));
     }
     Some(out)
 }
 
-fn write_secret_files(dir: &Path, secret: &Value, vol: &Value) {
+/// The files of a Secret's `data`, or a ConfigMap's `data` (text) and `binaryData` (base64),
+/// under `dir` (all keys, or the source's `items`), with the source's `defaultMode` (else
+/// 0644), as the kubelet's atomic writer leaves them.
+fn write_secret_files(dir: &Path, obj: &Value, vol: &Value, mode: Option<u64>) {
     use base64::Engine as _;
-    let data = secret["data"].as_object().cloned().unwrap_or_default();
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = obj["kind"] == json!("ConfigMap") || obj["binaryData"].is_object();
+    let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for (k, v) in obj["data"].as_object().cloned().unwrap_or_default() {
+        let s = v.as_str().unwrap_or_default();
+        let bytes = if text {
+            s.as_bytes().to_vec()
+        } else {
+            base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .unwrap_or_default()
+        };
+        data.insert(k, bytes);
+    }
+    for (k, v) in obj["binaryData"].as_object().cloned().unwrap_or_default() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or_default())
+            .unwrap_or_default();
+        data.insert(k, bytes);
+    }
+    let mode = mode.unwrap_or(0o644) as u32;
     let items = arr(&vol["items"]);
     let pairs: Vec<(String, String)> = if items.is_empty() {
         data.keys().map(|k| (k.clone(), k.clone())).collect()
@@ -634,17 +700,15 @@ fn write_secret_files(dir: &Path, secret: &Value, vol: &Value) {
         if path.split('/').any(|p| p == "..") {
             continue;
         }
-        let Some(b) = data.get(&key).and_then(Value::as_str) else {
+        let Some(bytes) = data.get(&key) else {
             continue;
         };
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .unwrap_or_default();
         let p = dir.join(path);
         if let Some(d) = p.parent() {
             let _ = std::fs::create_dir_all(d);
         }
-        let _ = std::fs::write(p, bytes);
+        let _ = std::fs::write(&p, bytes);
+        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode));
     }
 }
 

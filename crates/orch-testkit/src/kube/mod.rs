@@ -1,10 +1,12 @@
 //! A fake Kubernetes API server over real HTTP, for tests: the subset a batch client uses
-//! (Jobs, Pods, Secrets, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
+//! (Jobs, Pods, Secrets, ConfigMaps, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
 //! and a kubelet that runs each container in its image's root folder, as a container runtime
 //! would ([`crate::container`]: a mount namespace and `chroot`; needs root).
 //!
 //! - objects are JSON with uid, a global resourceVersion, creationTimestamp; errors are
 //!   `Status` objects (`NotFound`, `AlreadyExists`, `Invalid`, `BadRequest`, `Unauthorized`);
+//!   a ConfigMap is validated as the API server does (config keys, `binaryData` base64, at most
+//!   1 MiB of data: `[]: Too long: must have at most 1048576 bytes`, 422), `immutable` honoured;
 //! - watches replay changes after a given resourceVersion (or list the current objects as
 //!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`;
 //! - a Job gets one pod (`backoffLimit` treated as 0); the scheduler checks nodeSelector,
@@ -14,7 +16,9 @@
 //!   `ErrImagePull` then `ImagePullBackOff`; malformed: `InvalidImageName`), resolves env from
 //!   Secrets (`CreateContainerConfigError` until they exist), runs init containers then
 //!   containers, each `chroot`ed in its image's root with a writable layer of its own and its
-//!   volumes (emptyDir, Secret, PVC and hostPath folders; `subPath`, `readOnly`) and
+//!   volumes (emptyDir, Secret, ConfigMap, `projected` (Secret and ConfigMap sources), PVC and
+//!   hostPath folders; `subPath`, `readOnly`; a missing Secret or ConfigMap keeps the pod
+//!   waiting with `FailedMount` events, as the kubelet does) and
 //!   termination-log file bind-mounted at their container paths (nothing else of this host is
 //!   visible, no path is translated: a program that needs a library the image lacks fails as
 //!   it would on a cluster), in their own process groups; enforces memory limits (`OOMKilled`),
@@ -322,13 +326,24 @@ impl FakeKube {
         std::fs::write(path, text)
     }
 
-    /// Every live object of a resource (`jobs`, `pods`, `secrets`, `events`, `nodes`), all
+    /// Every live object of a resource (`jobs`, `pods`, `secrets`, `configmaps`, `events`, `nodes`), all
     /// namespaces, as JSON.
     pub fn objects(&self, resource: &str) -> Vec<Value> {
         match store::RESOURCES.iter().find(|r| r.resource == resource) {
             Some(ri) => self.inner.list(ri.resource, None),
             None => Vec::new(),
         }
+    }
+
+    /// Every object of a resource ever created (as created, deleted ones too), in order: what a
+    /// client sent, after the API server's defaults.
+    pub fn created(&self, resource: &str) -> Vec<Value> {
+        let st = self.inner.lock();
+        st.history
+            .iter()
+            .filter(|c| c.resource == resource && c.kind == "ADDED")
+            .map(|c| (*c.obj).clone())
+            .collect()
     }
 
     /// Pods whose container processes are still running (names).

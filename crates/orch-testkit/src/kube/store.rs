@@ -49,6 +49,13 @@ pub(crate) const RESOURCES: &[ResourceInfo] = &[
         namespaced: true,
     },
     ResourceInfo {
+        resource: "configmaps",
+        group: "",
+        version: "v1",
+        kind: "ConfigMap",
+        namespaced: true,
+    },
+    ResourceInfo {
         resource: "events",
         group: "",
         version: "v1",

@@ -902,3 +902,163 @@ async fn a_program_the_image_lacks_does_not_start() {
         "{t}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_maps_are_validated_listed_by_label_and_size_limited() {
+    use base64::Engine as _;
+    let k = FakeKube::builder().node(FakeNode::cpu("cpu-0")).start().unwrap();
+    let c = C::new(&k);
+    const CMS: &str = "/api/v1/namespaces/ns/configmaps";
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let cm = |name: &str, run: &str, bin: Value| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"orch.dev/run": run}},
+            "data": {"note.txt": "hello"}, "binaryData": bin, "immutable": true})
+    };
+    let (code, v) = c
+        .req(
+            "POST",
+            CMS,
+            Some(cm("a", "r1", json!({"blob.0": b64(&[0, 1, 2, 255])}))),
+        )
+        .await;
+    assert_eq!(code, 201, "{v:#}");
+    assert_eq!(v["binaryData"]["blob.0"], b64(&[0, 1, 2, 255]));
+    let (code, _) = c.req("POST", CMS, Some(cm("b", "r2", json!({})))).await;
+    assert_eq!(code, 201);
+    let (code, v) = c.req("POST", CMS, Some(cm("a", "r1", json!({})))).await;
+    assert_eq!((code, v["reason"].as_str()), (409, Some("AlreadyExists")));
+    // Exactly 1 MiB of data is accepted; one byte more is not, as the API server says.
+    let (code, v) = c
+        .req(
+            "POST",
+            CMS,
+            Some(cm("full", "r1", json!({"x": b64(&vec![7u8; (1 << 20) - 5])}))),
+        )
+        .await;
+    assert_eq!(code, 201, "{v:#}");
+    let (code, v) = c
+        .req(
+            "POST",
+            CMS,
+            Some(cm("big", "r1", json!({"x": b64(&vec![7u8; (1 << 20) - 4])}))),
+        )
+        .await;
+    assert_eq!(code, 422, "{v:#}");
+    assert_eq!(
+        v["message"],
+        "ConfigMap \"big\" is invalid: []: Too long: must have at most 1048576 bytes"
+    );
+    let (code, _) = c
+        .req("POST", CMS, Some(cm("bad", "r1", json!({"x": "%%%"}))))
+        .await;
+    assert_eq!(code, 400);
+    let (code, v) = c
+        .req("POST", CMS, Some(cm("bad", "r1", json!({"a/b": "AA=="}))))
+        .await;
+    assert_eq!((code, v["reason"].as_str()), (422, Some("Invalid")));
+    let (code, _) = c
+        .req("POST", CMS, Some(cm("dup", "r1", json!({"note.txt": "AA=="}))))
+        .await;
+    assert_eq!(code, 422);
+    // Immutable: the data cannot change.
+    let (code, _) = c
+        .req(
+            "PATCH",
+            &format!("{CMS}/a"),
+            Some(json!({"data": {"note.txt": "other"}})),
+        )
+        .await;
+    assert_eq!(code, 422);
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let l = c.get(&format!("{CMS}?labelSelector=orch.dev%2Frun%3Dr1")).await;
+    assert_eq!(l["kind"], "ConfigMapList");
+    assert_eq!(names(&l), ["a", "full"]);
+    let (code, _) = c
+        .req(
+            "DELETE",
+            &format!("{CMS}?labelSelector=orch.dev%2Frun%3Dr1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(names(&c.get(CMS).await), ["b"]);
+    assert_eq!(k.objects("configmaps").len(), 1);
+    let (code, _) = c.req("DELETE", &format!("{CMS}/b"), None).await;
+    assert_eq!(code, 200);
+    let (code, _) = c.req("GET", &format!("{CMS}/b"), None).await;
+    assert_eq!(code, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projected_config_maps_are_read_only_files_and_a_missing_one_keeps_the_pod_waiting() {
+    use base64::Engine as _;
+    if !can_run() {
+        return;
+    }
+    let (k, _img) = fake();
+    let c = C::new(&k);
+    const CMS: &str = "/api/v1/namespaces/ns/configmaps";
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let (code, _) = c
+        .req(
+            "POST",
+            CMS,
+            Some(json!({"metadata": {"name": "one"}, "binaryData": {"k1": b64(b"first\n")}, "data": {"t": "text\n"}})),
+        )
+        .await;
+    assert_eq!(code, 201);
+    let mut j = job(
+        "files",
+        &[
+            "sh",
+            "-c",
+            "cat /b/k1 /b/t /b/k2 /c/t; if touch /b/new 2>/dev/null; then echo writable; else echo read-only; fi",
+        ],
+    );
+    let s = &mut j["spec"]["template"]["spec"];
+    s["containers"][0]["volumeMounts"] = json!([
+        {"name": "blobs", "mountPath": "/b", "readOnly": true},
+        {"name": "plain", "mountPath": "/c"},
+    ]);
+    s["volumes"] = json!([
+        {"name": "blobs", "projected": {"defaultMode": 292, "sources": [
+            {"configMap": {"name": "one"}}, {"configMap": {"name": "two"}}]}},
+        {"name": "plain", "configMap": {"name": "one", "items": [{"key": "t", "path": "t"}]}},
+    ]);
+    c.req("POST", JOBS, Some(j)).await;
+    let p = c.job_pod("ns", "files").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p));
+    c.until("/api/v1/namespaces/ns/events", "FailedMount", |v| {
+        v["items"].as_array().is_some_and(|a| {
+            a.iter().any(|e| {
+                e["reason"] == "FailedMount"
+                    && e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("configmap \"two\" not found"))
+            })
+        })
+    })
+    .await;
+    assert_eq!(c.get(&path).await["status"]["phase"], "Pending");
+    let (code, _) = c
+        .req(
+            "POST",
+            CMS,
+            Some(json!({"metadata": {"name": "two"}, "binaryData": {"k2": b64(b"second\n")}})),
+        )
+        .await;
+    assert_eq!(code, 201);
+    let p = c
+        .until(&path, "done", |p| p["status"]["phase"] == "Succeeded")
+        .await;
+    let (_, log) = c.raw("GET", &format!("{path}/log"), None).await;
+    assert_eq!(log, "first\ntext\nsecond\ntext\nread-only\n", "{p:#}");
+}

@@ -23,7 +23,9 @@
 //!   ([`FakeModalBuilder::nvml_stub`]): the library at `libnvidia-ml.so.1`
 //!   and `NVIDIA_VISIBLE_DEVICES=0,..,N-1`;
 //! - large files go through `BlobCreate` and an HTTP `PUT` to a local URL,
-//!   checked against `Content-MD5`;
+//!   checked against `Content-MD5`; every file whose bytes a `MountPutFile`
+//!   carried is counted ([`FakeModal::uploads`]), so a test can tell that a
+//!   mount of files the server already has uploaded nothing;
 //! - requests without `x-modal-token-id`/`x-modal-token-secret` (or with
 //!   other values than the server's) are `UNAUTHENTICATED`;
 //! - [`Scenario`] knobs: an image build that fails at a step, GPU types with
@@ -86,6 +88,15 @@ pub struct Call {
     pub retry_attempt: Option<String>,
 }
 
+/// A file's bytes received by `MountPutFile` (inline, or from a blob upload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub sha256: String,
+    pub size: u64,
+    /// Through `BlobCreate` and the HTTP upload (a large file).
+    pub via_blob: bool,
+}
+
 /// What the server knows of a sandbox (for assertions).
 #[derive(Debug, Clone)]
 pub struct SandboxRecord {
@@ -102,6 +113,18 @@ pub struct SandboxRecord {
     pub timeout_secs: u32,
     pub scheduled: bool,
     pub result: Option<(i32, i32)>,
+}
+
+impl SandboxRecord {
+    /// The task orch handed the sandbox: the JSON of the entrypoint's
+    /// `--task-b64` argument, if it has one.
+    pub fn task(&self) -> Option<serde_json::Value> {
+        use base64::Engine;
+        let at = self.entrypoint.iter().position(|a| a == "--task-b64")?;
+        let b64 = self.entrypoint.get(at + 1)?;
+        let json = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        serde_json::from_slice(&json).ok()
+    }
 }
 
 /// The fake server, on 127.0.0.1 (gRPC) plus a small HTTP server for blob uploads.
@@ -287,6 +310,11 @@ impl FakeModal {
 
     pub fn count(&self, method: &str) -> usize {
         self.calls().iter().filter(|c| c.method == method).count()
+    }
+
+    /// Every file whose bytes reached the server (`MountPutFile` with data), in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.inner.state.lock().unwrap().uploads.clone()
     }
 
     pub fn sandboxes(&self) -> Vec<SandboxRecord> {

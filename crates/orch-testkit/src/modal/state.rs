@@ -2,7 +2,7 @@
 //! (build log, result, root folder, `ENV`, `WORKDIR`), apps, secrets, volumes, mounts,
 //! blobs, the calls answered, and the auth check every RPC starts with.
 
-use super::{Call, SandboxRecord, Scenario};
+use super::{Call, SandboxRecord, Scenario, Upload};
 use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -120,6 +120,8 @@ pub(super) struct State {
     pub(super) volume_dirs: HashMap<String, PathBuf>,
     pub(super) mounts: HashMap<String, Vec<proto::MountFile>>,
     pub(super) blobs: HashMap<String, PathBuf>,
+    /// Every `MountPutFile` that carried a file's bytes.
+    pub(super) uploads: Vec<Upload>,
     pub(super) sandboxes: BTreeMap<String, Arc<Sandbox>>,
     pub(super) calls: Vec<Call>,
 }

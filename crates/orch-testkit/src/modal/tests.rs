@@ -167,3 +167,107 @@ async fn images_build_in_their_roots_and_sandboxes_see_only_them() {
         .join("usr/lib64/libnvidia-ml.so.1")
         .exists());
 }
+
+/// A mount of many files and one over the inline limit (uploaded through `BlobCreate`):
+/// every file in the sandbox's root byte for byte; the same mount again uploads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounts_of_many_and_large_files_land_byte_exact_and_upload_once() {
+    if !container::available_or_skip("the fake Modal's sandboxes") {
+        return;
+    }
+    let fake = FakeModal::builder()
+        .image("debian:bookworm-slim", container::busybox_root().unwrap())
+        .start()
+        .unwrap();
+    let m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // 40 small files (two of them alike) and a 5 MiB one of every byte value.
+    let mut files: Vec<(String, std::path::PathBuf, Vec<u8>)> = (0..40)
+        .map(|i| {
+            let data = {
+                // The last is the first's twin.
+                let k = if i == 39 { 0 } else { i };
+                format!("file {k}\n").repeat(k + 1).into_bytes()
+            };
+            let p = dir.path().join(format!("f{i}"));
+            std::fs::write(&p, &data).unwrap();
+            (format!("/orch/blobs/f{i}"), p, data)
+        })
+        .collect();
+    let big: Vec<u8> = (0..5 * 1024 * 1024 + 7)
+        .map(|i: usize| (i * 31 % 251) as u8)
+        .collect();
+    assert!(big.len() > ops::LARGE_FILE_LIMIT);
+    let p = dir.path().join("big");
+    std::fs::write(&p, &big).unwrap();
+    files.push(("/orch/blobs/big".into(), p, big.clone()));
+    let sources: Vec<MountSource<'_>> = files
+        .iter()
+        .map(|(remote, local, _)| MountSource {
+            remote_path: remote,
+            local,
+            mode: 0o644,
+        })
+        .collect();
+    let mount = ops::mount(&m, &app, &sources).await.unwrap();
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 40, "one upload per distinct content: {uploads:?}");
+    assert_eq!(uploads.iter().filter(|u| u.via_blob).count(), 1, "{uploads:?}");
+    assert!(uploads
+        .iter()
+        .any(|u| u.via_blob && u.size == big.len() as u64 && u.sha256 == state::sha256_hex(&big)));
+    assert_eq!(fake.count("BlobCreate"), 1);
+
+    // In the sandbox: each file's SHA-256 and size as the host has them.
+    let deb = ops::image(
+        &m,
+        &app,
+        &ImageSpec::registry("debian:bookworm-slim"),
+        "2025.06",
+        |_| {},
+    )
+    .await
+    .unwrap()
+    .image_id;
+    let (status, out) = sandbox(
+        &m,
+        &app,
+        &deb,
+        "cd /orch/blobs && for f in *; do echo \"$f $(wc -c < $f) $(sha256sum $f | cut -d' ' -f1)\"; done",
+        proto::Sandbox {
+            mount_ids: vec![mount.clone()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(status, GenericStatus::Success as i32, "{out}");
+    let mut want: Vec<String> = files
+        .iter()
+        .map(|(remote, _, data)| {
+            format!(
+                "{} {} {}",
+                remote.trim_start_matches("/orch/blobs/"),
+                data.len(),
+                state::sha256_hex(data)
+            )
+        })
+        .collect();
+    want.sort();
+    let mut got: Vec<String> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+
+    // The same files again: offered by digest, none uploaded, the same mount.
+    let again = ops::mount(&m, &app, &sources).await.unwrap();
+    assert_eq!(again, mount);
+    assert_eq!(
+        fake.uploads().len(),
+        40,
+        "a second identical mount uploads nothing"
+    );
+    assert_eq!(fake.count("BlobCreate"), 1);
+}

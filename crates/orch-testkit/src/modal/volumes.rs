@@ -3,6 +3,7 @@
 //! second port, which also serves volume files for `VolumeGetFile2`.
 
 use super::state::{sha256_hex, Inner};
+use super::Upload;
 use orch_backend_modal::proto::{self, ObjectCreationType};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
@@ -106,6 +107,10 @@ pub(super) fn mount_put_file(
 ) -> Result<Response<proto::MountPutFileResponse>, Status> {
     let dir = inner.root.join("blobs");
     let path = dir.join(&r.sha256_hex);
+    let via_blob = matches!(
+        r.data_oneof,
+        Some(proto::mount_put_file_request::DataOneof::DataBlobId(_))
+    );
     let data = match r.data_oneof {
         None => {
             return Ok(Response::new(proto::MountPutFileResponse {
@@ -129,6 +134,11 @@ pub(super) fn mount_put_file(
         return Err(Status::invalid_argument("sha256 mismatch"));
     }
     write_exec(&path, &data).map_err(|e| Status::internal(e.to_string()))?;
+    inner.state.lock().unwrap().uploads.push(Upload {
+        sha256: r.sha256_hex,
+        size: data.len() as u64,
+        via_blob,
+    });
     Ok(Response::new(proto::MountPutFileResponse { exists: true }))
 }
 

@@ -732,3 +732,396 @@ fn gpu_and_cpu_cells_in_real_images() {
     }
     c.assert_nothing_left();
 }
+
+/// Standard base64 (the Job's `--task-b64`), decoded.
+fn unbase64(s: &str) -> Vec<u8> {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = ABC.iter().position(|a| *a == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
+}
+
+/// The task of every Job orch created (from `--task-b64` of its cell container).
+fn job_tasks(fake: &FakeKube) -> Vec<Value> {
+    fake.created("jobs")
+        .iter()
+        .filter_map(|j| {
+            let c = j["spec"]["template"]["spec"]["containers"]
+                .as_array()?
+                .iter()
+                .find(|c| c["name"] == "cell")?
+                .clone();
+            let args: Vec<String> = serde_json::from_value(c["args"].clone()).ok()?;
+            let b64 = args.iter().skip_while(|a| *a != "--task-b64").nth(1)?;
+            serde_json::from_slice(&unbase64(b64)).ok()
+        })
+        .collect()
+}
+
+/// Every Job's task names no folder of `hosts` and lists its files under
+/// `/orch/files`; the Job mounts the run's ConfigMaps at `/orch/blobs`.
+fn assert_jobs_carry_files(fake: &FakeKube, hosts: &[&Path], what: &str) {
+    let jobs = fake.created("jobs");
+    assert!(!jobs.is_empty(), "{what}: no job");
+    let tasks = job_tasks(fake);
+    assert_eq!(tasks.len(), jobs.len(), "{what}: a job without a task");
+    for task in &tasks {
+        let text = task.to_string();
+        for host in hosts {
+            let host = host.to_string_lossy().into_owned();
+            // A landing place keeps the files' layout (`/orch/files/<their folders>`): not a
+            // host path.
+            let rest = text.replace(&format!("{}{host}", orch_files::CELL_ROOT), "");
+            assert!(
+                !rest.contains(&host),
+                "{what}: the task names `{host}`:\n{task:#}"
+            );
+        }
+        assert_eq!(
+            task["env"]["ORCH_FILES"],
+            orch_files::CELL_ROOT,
+            "{what}: {task:#}"
+        );
+        assert_eq!(task["files"]["blobs"], orch_files::CELL_BLOBS, "{what}: {task:#}");
+        let files = task["files"]["files"].as_array().cloned().unwrap_or_default();
+        assert!(!files.is_empty(), "{what}: {task:#}");
+        for f in &files {
+            assert!(
+                f["path"].as_str().unwrap().starts_with(orch_files::CELL_ROOT),
+                "{what}: {f}"
+            );
+        }
+        // `.gitignore`d files stay home.
+        assert!(!task["files"].to_string().contains("big.bin"), "{what}: {task:#}");
+    }
+    let made: Vec<String> = fake
+        .created("configmaps")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    for j in &jobs {
+        let vols = j["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+        let blobs = vols
+            .iter()
+            .find(|v| v["name"] == "orch-blobs")
+            .unwrap_or_else(|| panic!("{what}: no blobs volume in {j:#}"));
+        for s in blobs["projected"]["sources"].as_array().unwrap() {
+            let name = s["configMap"]["name"].as_str().unwrap();
+            assert!(made.iter().any(|m| m == name), "{what}: {name} not created");
+        }
+    }
+}
+
+/// What must match between backends: each cell's status, its variants'
+/// statuses and rounds, and the names of its metrics.
+fn shape(record: &Value) -> Vec<(String, String, String, Vec<String>)> {
+    cells(record)
+        .iter()
+        .map(|c| {
+            let variants = c["info"]["variants"]
+                .as_object()
+                .map(|vs| {
+                    vs.iter()
+                        .map(|(k, v)| format!("{k}:{}:{}", v["status"], v["rounds"]))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            let mut metrics: Vec<String> = c["metrics"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            metrics.sort();
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["status"].as_str().unwrap().to_string(),
+                variants,
+                metrics,
+            )
+        })
+        .collect()
+}
+
+/// A workdir with a file over one ConfigMap's size (it travels in chunks), a
+/// nested file and a `.gitignore`d one that stays home.
+fn bench_folder(dir: &Path) -> PathBuf {
+    let bench = dir.join("bench");
+    std::fs::create_dir_all(bench.join("sub")).unwrap();
+    std::fs::create_dir_all(bench.join("cache")).unwrap();
+    std::fs::write(bench.join("data.txt"), "from the host\n").unwrap();
+    std::fs::write(bench.join("sub/more.txt"), "nested\n").unwrap();
+    std::fs::write(bench.join(".gitignore"), "cache/\n").unwrap();
+    std::fs::write(bench.join("cache/big.bin"), vec![1u8; 1 << 16]).unwrap();
+    let mut x = 0x2545_f491_u32;
+    let big: Vec<u8> = (0..(2 << 20) + 123)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    std::fs::write(bench.join("weights.dat"), big).unwrap();
+    bench
+}
+
+/// A workdir travels in the run's ConfigMaps (a 2 MiB file in chunks over
+/// several of them), each created once for the two cells that name it; the
+/// cells read the files at `/orch/files`, their Jobs name no host path, and
+/// the run leaves no ConfigMap behind. A killed run's ConfigMaps go with
+/// `orch down`.
+#[test]
+fn the_cells_files_travel_in_configmaps_and_orch_down_removes_them() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    bench_folder(c.tmp.path());
+    let suite = c.suite(
+        "files",
+        r#"name: files
+image: debian:bookworm-slim
+concurrency: 1
+benchmarks:
+  - name: a
+    workload: {shell: 'cat data.txt sub/more.txt; wc -c < weights.dat; echo "at $(pwd) files=$ORCH_FILES"; test -e cache/big.bin || echo no-cache', workdir: bench}
+  - name: b
+    workload: {shell: 'cat data.txt; wc -c < weights.dat', workdir: bench}
+"#,
+    );
+    let (out, v) = c.run(&suite, &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in ["a.cpu", "b.cpu"] {
+        let stdout = std::fs::read_to_string(cell_dir(&c.store(), &v, id).join("stdout.log")).unwrap();
+        assert!(stdout.contains("from the host\n"), "{id}: {stdout}");
+        assert!(
+            stdout.contains(&format!("{}\n", (2 << 20) + 123)),
+            "{id}: {stdout}"
+        );
+    }
+    let a = std::fs::read_to_string(cell_dir(&c.store(), &v, "a.cpu").join("stdout.log")).unwrap();
+    assert!(a.contains("nested\n") && a.contains("no-cache"), "{a}");
+    assert!(a.contains("at /orch/files/bench files=/orch/files"), "{a}");
+    assert_jobs_carry_files(&c.fake, &[c.tmp.path()], "files");
+    // Each ConfigMap sent once for both cells, under the API server's limit.
+    let made = c.fake.created("configmaps");
+    assert!(made.len() >= 3, "2 MiB in chunks: {} ConfigMaps", made.len());
+    let posts = c
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("POST /api/v1/namespaces/bench/configmaps"))
+        .count();
+    assert_eq!(posts, made.len(), "unchanged files are not sent again");
+    for m in &made {
+        assert_eq!(
+            m["metadata"]["labels"]["orch.dev/run"], v["id"],
+            "{}",
+            m["metadata"]
+        );
+        let keys = m["binaryData"].as_object().unwrap();
+        assert!(
+            keys.keys().all(|k| k.len() == 64 || k[64..].starts_with('.')),
+            "{keys:?}"
+        );
+    }
+    assert!(
+        c.fake.objects("configmaps").is_empty(),
+        "the run cleans up its ConfigMaps"
+    );
+    c.assert_nothing_left();
+
+    // A killed run leaves its ConfigMaps (and Job) until `orch down`.
+    let left = c.suite(
+        "left-files",
+        "name: left-files\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'sleep 120', workdir: bench}\n",
+    );
+    let mut child = c
+        .run_cmd(&left, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.wait_running();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!c.fake.objects("configmaps").is_empty());
+    let out = c
+        .orch()
+        .args(["down", "latest", "--store"])
+        .arg(c.store())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("ConfigMap"), "{said}");
+    assert!(c.fake.objects("configmaps").is_empty());
+    c.assert_nothing_left();
+}
+
+/// `--dry-run` lists what travels and the ConfigMaps (names, keys, sizes;
+/// no data), prints Jobs whose tasks name no host path and mount the
+/// blobs, and contacts nothing; files over the backend's cap are refused.
+#[test]
+fn dry_run_lists_the_files_and_their_configmaps_without_host_paths_in_the_jobs() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    bench_folder(c.tmp.path());
+    let suite = c.suite(
+        "dry-files",
+        "name: dry-files\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: a\n    workload: {shell: 'cat data.txt', workdir: bench}\n",
+    );
+    let out = c.run_cmd(&suite, &["--dry-run"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "# files that travel with a.cpu",
+        "/orch/files/bench/data.txt",
+        "/orch/files/bench/weights.dat",
+        "ConfigMap `orch-files-",
+        "mountPath: /orch/blobs",
+        "projected:",
+        "name: orch-files-",
+        "mountPath: /orch/files",
+    ] {
+        assert!(text.contains(want), "`{want}` missing:\n{text}");
+    }
+    assert!(!text.contains("big.bin"), "{text}");
+    let jobs = &text[text.find("\n---\n").expect("a Job")..];
+    let host = c.tmp.path().to_string_lossy().into_owned();
+    assert!(!jobs.contains(&host), "a Job names `{host}`:\n{jobs}");
+    // The task inside names none either.
+    // `- >-` then the value's line(s), or `- VALUE`.
+    let mut lines = jobs.lines().skip_while(|l| !l.contains("--task-b64")).skip(1);
+    let first = lines.next().expect("--task-b64").trim().trim_start_matches("- ");
+    let b64: String = if first.starts_with('>') || first.starts_with('|') {
+        lines
+            .map(str::trim)
+            .take_while(|l| !l.starts_with('-') && !l.contains(':'))
+            .collect()
+    } else {
+        first.trim_matches('\'').trim_matches('"').to_string()
+    };
+    let task = String::from_utf8(unbase64(&b64)).unwrap();
+    assert!(
+        !task.contains(&host) && task.contains("/orch/files/bench"),
+        "{task}"
+    );
+    assert!(c.fake.requests().is_empty(), "nothing is applied");
+
+    // Over the backend's cap: refused before anything is sent.
+    std::fs::write(c.tmp.path().join("bench/huge.dat"), vec![3u8; 65 << 20]).unwrap();
+    let out = c.run_cmd(&suite, &["--dry-run"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("over the kubernetes backend's limit of 64.0 MiB"),
+        "{err}"
+    );
+    assert!(err.contains("hint:") && err.contains("`orch build`"), "{err}");
+    assert!(c.fake.requests().is_empty(), "nothing is applied");
+}
+
+/// A suite's workdir and prompt file (`workdir_toy`) and the stand-in's
+/// local repository and patches (`standin_toy`: this checkout as a git
+/// bundle of about 3 MiB, in chunks) travel to the cluster in ConfigMaps:
+/// the cell succeeds with the same variants and metrics as on `--backend
+/// local`, in an image root that has none of this machine's files, its
+/// Job's task names no host path, and the run leaves no ConfigMap behind.
+#[test]
+fn the_travelling_suites_run_on_kubernetes_as_on_local() {
+    if !ready() || !orch_testkit::rootfs::require_tooling(orch_testkit::rootfs::debootstrap_available()) {
+        return;
+    }
+    let numpy = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !numpy {
+        orch_testkit::skip::skip_or_fail(
+            &orch_testkit::skip::current_test(),
+            "python3 with numpy is not installed (the stand-in server needs it on `--backend local`): `apt-get install python3-numpy`",
+        );
+        return;
+    }
+    let root = match orch_testkit::rootfs::debian_root_with("bookworm", orch_testkit::suites::PACKAGES) {
+        Ok(r) => r,
+        Err(e) => {
+            orch_testkit::skip::skip_or_fail(
+                &orch_testkit::skip::current_test(),
+                &format!("a Debian bookworm root with git and numpy (debootstrap, network): {e}"),
+            );
+            return;
+        }
+    };
+    let image = "registry.local/debian:bookworm-standin";
+    for name in ["standin", "workdir"] {
+        let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.image(image, &root));
+        let suite_dir = c.tmp.path().join("suite");
+        let manifest = match name {
+            "workdir" => orch_testkit::suites::workdir_toy(&suite_dir, image),
+            _ => orch_testkit::suites::standin_toy(&suite_dir, image),
+        };
+        let local = c
+            .orch()
+            .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
+            .args(["run", "--json", "--backend", "local", "-f"])
+            .arg(&manifest)
+            .arg("--store")
+            .arg(c.tmp.path().join("store-local"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            local.status.code(),
+            Some(0),
+            "{name} local: {}",
+            String::from_utf8_lossy(&local.stderr)
+        );
+        let local: Value = serde_json::from_slice(&local.stdout).unwrap();
+        let (out, kube) = c.run(&manifest, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name} kubernetes: {}\n{kube:#}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for cell in cells(&kube) {
+            assert_eq!(cell["status"], "succeeded", "{name}: {cell:#}");
+        }
+        assert_eq!(
+            shape(&kube),
+            shape(&local),
+            "{name}: kubernetes {kube}\nlocal {local}"
+        );
+        assert_jobs_carry_files(&c.fake, &[&suite_dir, &orch_testkit::suites::checkout()], name);
+        assert!(!c.fake.created("configmaps").is_empty(), "{name}");
+        assert!(c.fake.objects("configmaps").is_empty(), "{name}: ConfigMaps left");
+        c.assert_nothing_left();
+    }
+}

@@ -43,6 +43,7 @@ fn containers_ready(what: &str) -> bool {
 mod cli;
 mod cost;
 mod docker;
+mod files;
 mod gpu_images;
 mod hardware;
 mod kubernetes;

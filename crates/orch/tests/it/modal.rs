@@ -488,3 +488,270 @@ fn gpu_and_cpu_cells_in_real_images() {
     }
     assert!(fake.running().is_empty());
 }
+
+/// `orch run --json` of `manifest` on `backend` (modal: against `fake`),
+/// with the files' cache in `tmp`; the exit status and the record.
+fn run_on(fake: &FakeModal, tmp: &Path, backend: &str, manifest: &Path) -> (Output, Value) {
+    let out = orch(fake, tmp)
+        .env("ORCH_CACHE_DIR", tmp.join("cache"))
+        .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
+        .args(["run", "--json", "--backend", backend, "-f"])
+        .arg(manifest)
+        .arg("--store")
+        .arg(tmp.join(format!("store-{backend}")))
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{backend}: stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, v)
+}
+
+/// What must match between backends: each cell's status, its variants'
+/// statuses and rounds, and the names of its metrics.
+fn shape(record: &Value) -> Vec<(String, String, String, Vec<String>)> {
+    record["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let variants = c["info"]["variants"]
+                .as_object()
+                .map(|vs| {
+                    vs.iter()
+                        .map(|(k, v)| format!("{k}:{}:{}", v["status"], v["rounds"]))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            let mut metrics: Vec<String> = c["metrics"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            metrics.sort();
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["status"].as_str().unwrap().to_string(),
+                variants,
+                metrics,
+            )
+        })
+        .collect()
+}
+
+/// The task each sandbox got names no folder of this machine's (neither
+/// `hosts`' nor their files) and lists its files under `/orch/files`, whose
+/// blobs are in the sandbox's mounts at `/orch/blobs`.
+fn assert_tasks_travel(fake: &FakeModal, hosts: &[&Path], what: &str) {
+    let sbs = fake.sandboxes();
+    assert!(!sbs.is_empty(), "{what}: no sandbox");
+    for sb in sbs {
+        let task = sb
+            .task()
+            .unwrap_or_else(|| panic!("{what}: no task in {:?}", sb.entrypoint));
+        let text = task.to_string();
+        // A host path as a path (a string or a word of one starting with
+        // it); the same names under `/orch/files` are the cell's own.
+        fn strings(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::String(s) => out.push(s.clone()),
+                Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+                Value::Object(o) => o.iter().for_each(|(k, v)| {
+                    out.push(k.clone());
+                    strings(v, out)
+                }),
+                _ => {}
+            }
+        }
+        let mut all = Vec::new();
+        strings(&task, &mut all);
+        for host in hosts {
+            let host = host.to_string_lossy().into_owned();
+            for s in &all {
+                let named = s
+                    .split(|c: char| c.is_whitespace() || c == '=' || c == ':' || c == '"' || c == '\'')
+                    .any(|w| w.starts_with(&host));
+                assert!(!named, "{what}: the task names `{host}` in `{s}`:\n{task:#}");
+            }
+        }
+        assert_eq!(
+            task["env"]["ORCH_FILES"],
+            orch_files::CELL_ROOT,
+            "{what}: {task:#}"
+        );
+        assert!(
+            task["workload"].to_string().contains(orch_files::CELL_ROOT),
+            "{what}: {task:#}"
+        );
+        let files = task["files"]["files"].as_array().cloned().unwrap_or_default();
+        assert!(!files.is_empty(), "{what}: {task:#}");
+        for f in &files {
+            assert!(
+                f["path"].as_str().unwrap().starts_with(orch_files::CELL_ROOT),
+                "{what}: {f}"
+            );
+            let blob = format!("{}/{}", orch_files::CELL_BLOBS, f["sha256"].as_str().unwrap());
+            assert!(
+                sb.mount_files.contains(&blob),
+                "{what}: {blob} not mounted: {:?}",
+                sb.mount_files
+            );
+        }
+        // `.gitignore`d files stay home.
+        assert!(!text.contains("big.bin"), "{what}: {task:#}");
+    }
+}
+
+/// A suite's workdir and prompt file (`workdir_toy`) and the stand-in's
+/// local repository and patches (`standin_toy`: this checkout as a git
+/// bundle) travel to Modal as a mount of their blobs: the cell succeeds on
+/// the fake with the same variants and metrics as on `--backend local`, in
+/// an image root that has none of this machine's files, and the task the
+/// sandbox got names no host path.
+#[test]
+fn the_travelling_suites_run_on_modal_as_on_local() {
+    if !ready() || !orch_testkit::rootfs::require_tooling(orch_testkit::rootfs::debootstrap_available()) {
+        return;
+    }
+    let numpy = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !numpy {
+        orch_testkit::skip::skip_or_fail(
+            &orch_testkit::skip::current_test(),
+            "python3 with numpy is not installed (the stand-in server needs it on `--backend local`): `apt-get install python3-numpy`",
+        );
+        return;
+    }
+    let root = match orch_testkit::rootfs::debian_root_with("bookworm", orch_testkit::suites::PACKAGES) {
+        Ok(r) => r,
+        Err(e) => {
+            orch_testkit::skip::skip_or_fail(
+                &orch_testkit::skip::current_test(),
+                &format!("a Debian bookworm root with git and numpy (debootstrap, network): {e}"),
+            );
+            return;
+        }
+    };
+    let image = "registry.local/debian:bookworm-standin";
+    for name in ["workdir", "standin"] {
+        let fake = FakeModal::builder().image(image, &root).start().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let suite_dir = tmp.path().join("suite");
+        let manifest = match name {
+            "workdir" => orch_testkit::suites::workdir_toy(&suite_dir, image),
+            _ => orch_testkit::suites::standin_toy(&suite_dir, image),
+        };
+        let (out, local) = run_on(&fake, tmp.path(), "local", &manifest);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name} local: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (out, modal) = run_on(&fake, tmp.path(), "modal", &manifest);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name} modal: {}\n{modal:#}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            shape(&modal),
+            shape(&local),
+            "{name}: modal {modal}\nlocal {local}"
+        );
+        for c in modal["cells"].as_array().unwrap() {
+            assert_eq!(c["status"], "succeeded", "{name}: {c}");
+        }
+        assert_tasks_travel(&fake, &[&suite_dir, &orch_testkit::suites::checkout()], name);
+        // The agent's mount and the files' mount.
+        assert_eq!(fake.count("MountGetOrCreate"), 2, "{name}");
+        assert!(!fake.uploads().is_empty(), "{name}");
+        // Run again: Modal has every blob, nothing is uploaded.
+        let before = fake.uploads().len();
+        let (out, again) = run_on(&fake, tmp.path(), "modal", &manifest);
+        assert_eq!(out.status.code(), Some(0), "{name} again: {again:#}");
+        assert_eq!(
+            fake.uploads().len(),
+            before,
+            "{name}: the second run uploaded files again"
+        );
+        assert!(fake.running().is_empty());
+    }
+}
+
+/// Cells that name the same files share one mount of them in a run: two
+/// cells with the same workdir make the files' mount once (each blob offered
+/// once), and each reads the files from `/orch/files`.
+#[test]
+fn cells_naming_the_same_files_share_one_mount() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = tmp.path().join("bench");
+    std::fs::create_dir_all(bench.join("sub")).unwrap();
+    std::fs::write(bench.join("data.txt"), "from the host\n").unwrap();
+    std::fs::write(bench.join("sub/more.txt"), "nested\n").unwrap();
+    let m = write(
+        tmp.path(),
+        r#"
+name: shared-files
+image: debian:bookworm-slim
+concurrency: 2
+benchmarks:
+  - name: a
+    workload: {shell: 'cat data.txt sub/more.txt; echo "at $(pwd) files=$ORCH_FILES"', workdir: bench}
+  - name: b
+    workload: {shell: 'cat data.txt sub/more.txt', workdir: bench}
+"#,
+    );
+    let (out, rec) = run_on(&fake, tmp.path(), "modal", &m);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{rec:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in ["a.cpu", "b.cpu"] {
+        let c = cell(&rec, id);
+        assert_eq!(c["status"], "succeeded", "{c}");
+        let dir = tmp
+            .path()
+            .join("store-modal")
+            .join(rec["id"].as_str().unwrap())
+            .join("cells")
+            .join(id);
+        let stdout = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
+        assert!(stdout.contains("from the host\nnested\n"), "{id}: {stdout}");
+    }
+    let a = std::fs::read_to_string(
+        tmp.path()
+            .join("store-modal")
+            .join(rec["id"].as_str().unwrap())
+            .join("cells/a.cpu/stdout.log"),
+    )
+    .unwrap();
+    assert!(
+        a.contains("at /orch/files") && a.contains("files=/orch/files"),
+        "{a}"
+    );
+    assert_tasks_travel(&fake, &[tmp.path()], "shared");
+    // The agent's mount and one mount of the files, each blob offered once.
+    assert_eq!(fake.count("MountGetOrCreate"), 2);
+    assert_eq!(
+        fake.count("MountPutFile"),
+        1 + 1 + 2 + 2,
+        "agent and 2 files: a probe and an upload each"
+    );
+    assert_eq!(fake.uploads().len(), 3);
+}
