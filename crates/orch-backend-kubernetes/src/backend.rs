@@ -4,7 +4,9 @@
 //! cell's Job ([`crate::spec::cell_job`]), then its pod watched every half
 //! second until the cell's container starts. A pod that cannot start is a
 //! failed cell within seconds, with the cluster's own words: unschedulable
-//! (after `unschedulable_grace`, unless an autoscaler is adding a node), an
+//! (no autoscaler adds a node: its `NotTriggerScaleUp`, or no word within
+//! `unschedulable_grace`; one that does, `TriggeredScaleUp` or Karpenter's
+//! `Nominated`, gets `scale_up_timeout` for the node), an
 //! image that cannot be pulled, a container that cannot be created (a
 //! missing Secret key), no progress for `max_pending`. Once the container
 //! runs, its log (the agent's frame stream) is followed into the shared
@@ -17,7 +19,7 @@
 
 use crate::files;
 use crate::spec::{self, KubeSettings};
-use crate::watch::{self, Action, Pending, PendingLimits, PodState, Seen};
+use crate::watch::{self, Action, Autoscaler, Pending, PendingLimits, PodState, Seen};
 use crate::{KubeError, CELL_CONTAINER, JOB_LABEL};
 use async_trait::async_trait;
 use futures::{AsyncBufReadExt, StreamExt};
@@ -64,6 +66,7 @@ impl KubernetesBackend {
         PendingLimits {
             max_pending: self.settings.max_pending,
             unschedulable_grace: self.settings.unschedulable_grace,
+            scale_up_timeout: self.settings.scale_up_timeout,
         }
     }
 
@@ -219,31 +222,79 @@ impl KubernetesBackend {
             .and_then(|c| c.reason)
     }
 
-    /// Warning events of a pod, and whether an autoscaler is adding a node for it.
-    async fn pod_events(&self, pod: &str) -> (Vec<String>, bool) {
+    /// The events of a pod (`TYPE REASON: MESSAGE`, oldest first), and what
+    /// an autoscaler said about it ([`Autoscaler`]).
+    async fn pod_events(&self, pod: &str) -> (Vec<String>, Autoscaler) {
         let events: Api<K8sEvent> = self.api();
         let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
         let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
-            return (vec![], false);
+            return (vec![], Autoscaler::Silent);
         };
-        let mut scaling = false;
-        let mut lines = Vec::new();
-        for e in list.items {
-            let reason = e.reason.clone().unwrap_or_default();
-            if matches!(
-                reason.as_str(),
-                "TriggeredScaleUp" | "Nominated" | "NominatedNode"
-            ) {
-                scaling = true;
+        let mut items = list.items;
+        // Oldest first: the autoscaler's latest word is its verdict.
+        items.sort_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                .or_else(|| e.first_timestamp.as_ref().map(|t| t.0))
+        });
+        let autoscaler = Autoscaler::from_events(items.iter().map(|e| {
+            (
+                e.reason.as_deref().unwrap_or_default(),
+                e.source
+                    .as_ref()
+                    .and_then(|s| s.component.as_deref())
+                    .or(e.reporting_component.as_deref())
+                    .unwrap_or_default(),
+                e.message.as_deref().unwrap_or_default(),
+            )
+        }));
+        let lines = items
+            .into_iter()
+            .map(|e| {
+                format!(
+                    "{} {}: {}",
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                )
+            })
+            .collect();
+        (lines, autoscaler)
+    }
+
+    /// One look at a Job's pod for [`Pending::decide`]: its state, and
+    /// while it is unschedulable its events (the autoscaler's word) and
+    /// whether any node could ever run it (asked once, `fits_cache`).
+    async fn look_pod(&self, pod: &Pod, stalled: bool, fits_cache: &mut Option<Option<bool>>) -> Seen {
+        let pname = pod.metadata.name.clone().unwrap_or_default();
+        let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
+        let state = watch::pod_state(pod);
+        let wants_events =
+            matches!(state, PodState::Unschedulable { .. } | PodState::Stuck { .. }) || stalled;
+        let (events, autoscaler) = if wants_events {
+            self.pod_events(&pname).await
+        } else {
+            (vec![], Autoscaler::Silent)
+        };
+        let mut fits = None;
+        if matches!(state, PodState::Unschedulable { .. })
+            && autoscaler != Autoscaler::ScalingUp
+            && nominated.is_none()
+        {
+            if fits_cache.is_none() {
+                *fits_cache = Some(self.fits_some_node(pod).await);
             }
-            lines.push(format!(
-                "{} {}: {}",
-                e.type_.unwrap_or_default(),
-                reason,
-                e.message.unwrap_or_default()
-            ));
+            fits = fits_cache.flatten();
         }
-        (lines, scaling)
+        Seen::Pod {
+            state,
+            nominated,
+            events,
+            autoscaler,
+            fits,
+        }
     }
 }
 
@@ -357,16 +408,20 @@ impl KubernetesBackend {
         r
     }
 
-    /// Wait until a short Job's container has started; its pod's name.
+    /// Wait until a short Job's container has started; its pod's name. The
+    /// pod is judged as a cell's is ([`Pending::decide`]: the autoscaler's
+    /// word on an unschedulable pod, image pulls, `max_pending`).
     async fn wait_started(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
         let started = Instant::now();
-        let mut unschedulable_since: Option<Instant> = None;
         let fail = |message: String| KubeError::Unavailable {
             message,
             hint: format!(
                 "check the PVC, the images and the namespace (`kubectl describe pod -l {JOB_LABEL}={name}`)"
             ),
         };
+        let limits = self.limits();
+        let mut pending = Pending::new(started);
+        let mut fits_cache = None;
         loop {
             if started.elapsed() > limit {
                 return Err(fail(format!(
@@ -375,23 +430,37 @@ impl KubernetesBackend {
                 )));
             }
             tokio::time::sleep(self.poll).await;
-            let Some(pod) = self.find_pod(name, uid).await else {
-                continue;
+            let now = Instant::now();
+            let (seen, pod_name) = match self.find_pod(name, uid).await {
+                Some(pod) => (
+                    self.look_pod(&pod, pending.stalled(now, &limits), &mut fits_cache)
+                        .await,
+                    pod.metadata.name.clone().unwrap_or_default(),
+                ),
+                None => {
+                    let refusals = if now.duration_since(started) > Duration::from_secs(5) {
+                        self.job_refusals(name).await
+                    } else {
+                        vec![]
+                    };
+                    (Seen::NoPod { refusals }, String::new())
+                }
             };
-            match watch::pod_state(&pod) {
-                PodState::Started => return Ok(pod.metadata.name.clone().unwrap_or_default()),
-                PodState::Unschedulable { message } => {
-                    let since = *unschedulable_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.settings.unschedulable_grace.max(Duration::from_secs(60)) {
-                        return Err(fail(format!(
-                            "the pod of Job `{name}` cannot be scheduled: {message}"
-                        )));
-                    }
+            match pending.decide(&seen, Instant::now(), &limits, "none").1 {
+                Action::Wait => {}
+                Action::Follow => return Ok(pod_name),
+                Action::Fail(_, f) if f.kind == "unschedulable" => {
+                    return Err(fail(format!(
+                        "the pod of Job `{name}` cannot be scheduled: {}",
+                        f.message
+                    )))
                 }
-                PodState::Stuck { message, .. } | PodState::EndedEarly { message, .. } => {
-                    return Err(fail(format!("the pod of Job `{name}` did not run: {message}")))
+                Action::Fail(_, f) => {
+                    return Err(fail(format!(
+                        "the pod of Job `{name}` did not run: {}",
+                        f.message
+                    )))
                 }
-                PodState::Pending { .. } => unschedulable_since = None,
             }
         }
     }
@@ -668,32 +737,8 @@ impl JobCell<'_> {
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .or(self.node.take());
-        let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
-        let state = watch::pod_state(&pod);
-        let wants_events = matches!(state, PodState::Unschedulable { .. } | PodState::Stuck { .. })
-            || pending.stalled(Instant::now(), &backend.limits());
-        let (events, scaling) = if wants_events {
-            backend.pod_events(&pname).await
-        } else {
-            (vec![], false)
-        };
-        let mut fits = None;
-        if matches!(state, PodState::Unschedulable { .. }) && !scaling && nominated.is_none() {
-            if fits_cache.is_none() {
-                *fits_cache = Some(backend.fits_some_node(&pod).await);
-            }
-            fits = fits_cache.flatten();
-        }
-        (
-            Seen::Pod {
-                state,
-                nominated,
-                events,
-                scaling,
-                fits,
-            },
-            Some(pod),
-        )
+        let stalled = pending.stalled(Instant::now(), &backend.limits());
+        (backend.look_pod(&pod, stalled, fits_cache).await, Some(pod))
     }
 }
 

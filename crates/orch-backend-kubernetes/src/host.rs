@@ -62,12 +62,22 @@ pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
     if let Some(g) = def.unschedulable_grace {
         s.unschedulable_grace = Duration::from_secs_f64(g.0.max(0.0));
     }
+    if let Some(t) = def.scale_up_timeout {
+        s.scale_up_timeout = Duration::from_secs_f64(t.0.max(1.0));
+    }
     s
 }
 
-/// The namespace: `--namespace`, else the suite's, else (None) the context's.
-fn namespace_choice<'a>(plan: &'a Plan, flag: Option<&'a str>) -> Option<&'a str> {
-    flag.or(plan.kubernetes.as_ref().and_then(|k| k.namespace.as_deref()))
+/// The namespace: `--namespace` (a DNS-1123 label, as the API server
+/// requires), else the suite's (checked by `orch-manifest`), else (None) the
+/// context's.
+fn namespace_choice<'a>(plan: &'a Plan, flag: Option<&'a str>) -> Result<Option<&'a str>, BackendError> {
+    if let Some(ns) = flag.filter(|n| !orch_manifest::k8s::is_dns_label(n)) {
+        return Err(user(format!(
+            "`--namespace`: `{ns}` is not a namespace name\nhint: namespaces are lowercase letters, digits and `-` (at most 63), as `kubectl get namespaces` lists them"
+        )));
+    }
+    Ok(flag.or(plan.kubernetes.as_ref().and_then(|k| k.namespace.as_deref())))
 }
 
 /// Connect as `kubectl` would and make the backend.
@@ -77,7 +87,7 @@ pub async fn backend(
     namespace: Option<&str>,
 ) -> Result<KubernetesBackend, BackendError> {
     let context = context.or(plan.kubernetes.as_ref().and_then(|k| k.context.as_deref()));
-    let (client, ns) = crate::connect(context, namespace_choice(plan, namespace))
+    let (client, ns) = crate::connect(context, namespace_choice(plan, namespace)?)
         .await
         .map_err(kube_err)?;
     Ok(KubernetesBackend::new(client, settings(plan, &ns)))
@@ -166,7 +176,7 @@ pub fn dry_run(
     context: Option<&str>,
 ) -> Result<String, BackendError> {
     let images = images(plan)?;
-    let ns = namespace_choice(plan, namespace).unwrap_or("default");
+    let ns = namespace_choice(plan, namespace)?.unwrap_or("default");
     let mut s = settings(plan, ns);
     if s.agent_image.is_empty() {
         s.agent_image = "<ORCH_AGENT_IMAGE>".into();
@@ -368,5 +378,29 @@ impl Host for KubernetesHost {
             self.flags.namespace.as_deref(),
             self.flags.context.as_deref(),
         )
+    }
+}
+
+#[cfg(test)]
+mod namespace_tests {
+    use super::*;
+
+    #[test]
+    fn the_namespace_flag_is_a_dns_label() {
+        let plan = orch_manifest::load_str(
+            "name: x\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n",
+            std::path::Path::new("suite.yaml"),
+            &Default::default(),
+        )
+        .unwrap();
+        assert_eq!(namespace_choice(&plan, Some("team-a")).unwrap(), Some("team-a"));
+        assert_eq!(namespace_choice(&plan, None).unwrap(), None);
+        let e = namespace_choice(&plan, Some("Team_A")).unwrap_err();
+        assert!(matches!(e, BackendError::User(_)));
+        let m = e.to_string();
+        assert!(
+            m.contains("`--namespace`: `Team_A` is not a namespace name") && m.contains("\nhint: "),
+            "{m}"
+        );
     }
 }

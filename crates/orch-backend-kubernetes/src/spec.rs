@@ -71,9 +71,13 @@ pub struct KubeSettings {
     pub agent_image: String,
     /// A pod that makes no progress (pending, pulling, creating) this long fails the cell.
     pub max_pending: Duration,
-    /// An unschedulable pod fails the cell after this long, unless an
-    /// autoscaler says it is adding a node (then `max_pending` applies).
+    /// How long an unschedulable pod waits for an autoscaler's word
+    /// (`TriggeredScaleUp`, `NotTriggerScaleUp`, `Nominated`) before it fails
+    /// (default 90s: the cluster autoscaler decides within ~15s to a minute).
     pub unschedulable_grace: Duration,
+    /// How long a pod an autoscaler is adding a node for waits for it
+    /// (default 15 min: a new GPU node takes minutes).
+    pub scale_up_timeout: Duration,
     /// `ttlSecondsAfterFinished` (orch deletes its Jobs itself; this is the net).
     pub ttl_after_finished_s: i32,
     /// CPU request and limit per cell (`"8"`, `"500m"`).
@@ -97,7 +101,8 @@ impl KubeSettings {
             secret_keys: vec![],
             agent_image: agent_image.into(),
             max_pending: Duration::from_secs(15 * 60),
-            unschedulable_grace: Duration::from_secs(10),
+            unschedulable_grace: Duration::from_secs(90),
+            scale_up_timeout: Duration::from_secs(15 * 60),
             ttl_after_finished_s: 3600,
             cpu: None,
         }

@@ -487,13 +487,47 @@ pub enum Seen {
         /// The pod's events (`TYPE REASON: MESSAGE`), read when it is
         /// unschedulable, stuck or has made no progress for long.
         events: Vec<String>,
-        /// An autoscaler is adding a node for it (`TriggeredScaleUp`,
-        /// `Nominated`).
-        scaling: bool,
+        /// What an autoscaler said about it, from its latest event.
+        autoscaler: Autoscaler,
         /// Could any node of the cluster ever run it? `None`: the nodes
         /// cannot be listed (asked only while it is unschedulable).
         fits: Option<bool>,
     },
+}
+
+/// What a node autoscaler said about an unschedulable pod: its latest
+/// event of `TriggeredScaleUp` or `NotTriggerScaleUp` (the cluster
+/// autoscaler) or `Nominated` (Karpenter).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Autoscaler {
+    /// No word (yet, or no autoscaler).
+    #[default]
+    Silent,
+    /// A node is being added for the pod (`TriggeredScaleUp`, `Nominated`).
+    ScalingUp,
+    /// No node group can help: the autoscaler's message (`pod didn't trigger
+    /// scale-up: 1 max node group size reached, ...`).
+    NoScaleUp { message: String },
+}
+
+impl Autoscaler {
+    /// The verdict of a pod's events, oldest first: (reason, source
+    /// component, message). The last autoscaler event wins.
+    pub fn from_events<'a>(events: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Autoscaler {
+        let mut verdict = Autoscaler::Silent;
+        for (reason, source, message) in events {
+            match reason {
+                "TriggeredScaleUp" | "Nominated" | "NominatedNode" => verdict = Autoscaler::ScalingUp,
+                "NotTriggerScaleUp" if source.is_empty() || source.contains("autoscaler") => {
+                    verdict = Autoscaler::NoScaleUp {
+                        message: message.trim().to_string(),
+                    }
+                }
+                _ => {}
+            }
+        }
+        verdict
+    }
 }
 
 /// What to do after a look.
@@ -513,8 +547,12 @@ pub enum Action {
 pub struct PendingLimits {
     /// No progress (no change of state) for this long fails the cell.
     pub max_pending: Duration,
-    /// Unschedulable on a cluster no node of which could ever run it.
+    /// How long an unschedulable pod waits for an autoscaler's word (a
+    /// scale-from-zero GPU pool included) before it fails.
     pub unschedulable_grace: Duration,
+    /// How long a pod an autoscaler is adding a node for (`TriggeredScaleUp`,
+    /// `Nominated`) waits for that node.
+    pub scale_up_timeout: Duration,
 }
 
 /// The wait for a cell's container, as a pure state machine: each look
@@ -526,6 +564,8 @@ pub struct Pending {
     last_state: String,
     last_progress: Instant,
     unschedulable_since: Option<Instant>,
+    /// An autoscaler said it adds a node (kept: its events may be read late).
+    scaling: bool,
     trouble_since: Option<Instant>,
 }
 
@@ -537,6 +577,7 @@ impl Pending {
             last_state: String::new(),
             last_progress: now,
             unschedulable_since: None,
+            scaling: false,
             trouble_since: None,
         }
     }
@@ -600,17 +641,21 @@ impl Pending {
                 state,
                 nominated,
                 events,
-                scaling,
+                autoscaler,
                 fits,
             } => {
                 shown(
                     self,
                     format!(
-                        "{state:?}{}",
+                        "{state:?}{}{}",
                         nominated
                             .as_ref()
                             .map(|n| format!(" (nominated node {n})"))
-                            .unwrap_or_default()
+                            .unwrap_or_default(),
+                        match autoscaler {
+                            Autoscaler::Silent => String::new(),
+                            a => format!(" (autoscaler: {a:?})"),
+                        }
                     ),
                 );
                 let stalled = self.stalled(now, limits);
@@ -618,37 +663,57 @@ impl Pending {
                     PodState::Started => Action::Follow,
                     PodState::Unschedulable { message } => {
                         let since = *self.unschedulable_since.get_or_insert(now);
-                        // Final when no node could ever take it and no
-                        // autoscaler is adding one; a busy cluster is a
-                        // queue (up to `max_pending`); unknown (nodes not
-                        // listable) gets a minute.
-                        let fits = if *scaling || nominated.is_some() {
-                            Some(true)
-                        } else {
-                            *fits
-                        };
-                        let limit = match fits {
-                            Some(false) => limits.unschedulable_grace,
-                            None => limits.unschedulable_grace.max(Duration::from_secs(60)),
-                            Some(true) => limits.max_pending,
-                        };
                         let waited = now.duration_since(since);
-                        if waited >= limit || stalled {
-                            let why = match fits {
-                                Some(false) => "no node of the cluster can ever run it",
-                                None => "it stayed unschedulable",
-                                Some(true) => "it waited for a node its whole `max_pending`",
-                            };
+                        if *autoscaler == Autoscaler::ScalingUp || nominated.is_some() {
+                            self.scaling = true;
+                        }
+                        let what = if gpu == "none" { "CPU cell" } else { "GPU" };
+                        let fits = if self.scaling { Some(true) } else { *fits };
+                        let unschedulable = |why: String| {
                             fail(
                                 "unschedulable",
                                 format!(
-                                    "no node can run the pod ({} `{gpu}`; {why}, {:.0}s): {message}",
-                                    if gpu == "none" { "CPU cell" } else { "GPU" },
+                                    "no node can run the pod ({what} `{gpu}`; {why}, {:.0}s): {message}",
                                     waited.as_secs_f64()
                                 ),
                             )
+                        };
+                        if self.scaling {
+                            // A node is coming: wait for it up to the
+                            // scale-up timeout (a new GPU node takes minutes).
+                            if waited >= limits.scale_up_timeout {
+                                unschedulable(format!(
+                                    "an autoscaler was adding a node but none came within `kubernetes.scale_up_timeout` ({:.0}s)",
+                                    limits.scale_up_timeout.as_secs_f64()
+                                ))
+                            } else {
+                                Action::Wait
+                            }
+                        } else if let (Autoscaler::NoScaleUp { message: words }, false) =
+                            (autoscaler, fits == Some(true))
+                        {
+                            // The autoscaler's decision: no node group can help.
+                            unschedulable(format!("the cluster autoscaler adds no node: {words}"))
                         } else {
-                            Action::Wait
+                            // No autoscaler's word: final after the grace
+                            // when no node could ever take it; a busy
+                            // cluster is a queue (up to `max_pending`).
+                            let limit = match fits {
+                                Some(true) => limits.max_pending,
+                                _ => limits.unschedulable_grace,
+                            };
+                            if waited >= limit || stalled {
+                                unschedulable(
+                                    match fits {
+                                        Some(false) => "no node of the cluster can ever run it and no autoscaler added one",
+                                        None => "it stayed unschedulable and no autoscaler added a node",
+                                        Some(true) => "it waited for a node its whole `max_pending`",
+                                    }
+                                    .to_string(),
+                                )
+                            } else {
+                                Action::Wait
+                            }
                         }
                     }
                     PodState::Stuck { kind, message, .. } => fail(kind, message.clone()),
@@ -659,6 +724,7 @@ impl Pending {
                     } => Action::Fail(*status, Failure::new(kind, message.clone())),
                     PodState::Pending { reason, message } => {
                         self.unschedulable_since = None;
+                        self.scaling = false;
                         // Errors the kubelet retries: failed when they last.
                         let (limit, kind) = match reason.as_str() {
                             "ErrImagePull"
@@ -717,6 +783,7 @@ mod decide_tests {
     const LIMITS: PendingLimits = PendingLimits {
         max_pending: Duration::from_secs(600),
         unschedulable_grace: Duration::from_secs(10),
+        scale_up_timeout: Duration::from_secs(900),
     };
 
     fn pod(state: PodState) -> Seen {
@@ -724,7 +791,7 @@ mod decide_tests {
             state,
             nominated: None,
             events: vec![],
-            scaling: false,
+            autoscaler: Autoscaler::Silent,
             fits: Some(false),
         }
     }
@@ -759,26 +826,6 @@ mod decide_tests {
             "{}",
             f.message
         );
-        // The cluster-autoscaler's `TriggeredScaleUp`: a queue, up to `max_pending`.
-        let mut p = Pending::new(t0);
-        let scaling = Seen::Pod {
-            state: unschedulable(),
-            nominated: None,
-            events: vec!["Normal TriggeredScaleUp: pod triggered scale-up".into()],
-            scaling: true,
-            fits: None,
-        };
-        assert_eq!(p.decide(&scaling, t0, &LIMITS, "H100:8").1, Action::Wait);
-        assert_eq!(
-            p.decide(&scaling, t0 + Duration::from_secs(300), &LIMITS, "H100:8")
-                .1,
-            Action::Wait
-        );
-        assert!(matches!(
-            p.decide(&scaling, t0 + Duration::from_secs(601), &LIMITS, "H100:8")
-                .1,
-            Action::Fail(..)
-        ));
     }
 
     #[test]
@@ -830,5 +877,168 @@ mod decide_tests {
             panic!()
         };
         assert_eq!(f.kind, "pod_rejected");
+    }
+
+    /// The default limits: a 90s grace for the autoscaler's word, 15m for its node.
+    const DEFAULTS: PendingLimits = PendingLimits {
+        max_pending: Duration::from_secs(900),
+        unschedulable_grace: Duration::from_secs(90),
+        scale_up_timeout: Duration::from_secs(900),
+    };
+
+    fn seen(autoscaler: Autoscaler, fits: Option<bool>) -> Seen {
+        Seen::Pod {
+            state: unschedulable(),
+            nominated: None,
+            events: vec![],
+            autoscaler,
+            fits,
+        }
+    }
+
+    fn at(p: &mut Pending, t0: Instant, s: u64, seen: &Seen) -> Action {
+        p.decide(seen, t0 + Duration::from_secs(s), &DEFAULTS, "H100:8").1
+    }
+
+    #[test]
+    fn a_scale_from_zero_gpu_pool_is_waited_for_failed_scheduling_then_triggered_scale_up_then_the_node() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        // `FailedScheduling` on a cluster without GPU nodes: no autoscaler word yet.
+        let silent = seen(Autoscaler::Silent, Some(false));
+        assert_eq!(at(&mut p, t0, 0, &silent), Action::Wait);
+        assert_eq!(at(&mut p, t0, 10, &silent), Action::Wait);
+        // `TriggeredScaleUp` at +15s: waits for the node, minutes.
+        let scaling = seen(Autoscaler::ScalingUp, Some(false));
+        let (line, a) = p.decide(&scaling, t0 + Duration::from_secs(15), &DEFAULTS, "H100:8");
+        assert_eq!(a, Action::Wait);
+        assert!(line.unwrap().contains("autoscaler: ScalingUp"));
+        assert_eq!(at(&mut p, t0, 300, &scaling), Action::Wait);
+        // The event read late, or gone: the wait goes on.
+        assert_eq!(at(&mut p, t0, 600, &silent), Action::Wait);
+        // The node came: scheduled, creating.
+        let creating = pod(PodState::Pending {
+            reason: "ContainerCreating".into(),
+            message: String::new(),
+        });
+        assert_eq!(at(&mut p, t0, 620, &creating), Action::Wait);
+        assert_eq!(at(&mut p, t0, 640, &pod(PodState::Started)), Action::Follow);
+    }
+
+    #[test]
+    fn karpenter_nominated_extends_the_wait_up_to_the_scale_up_timeout() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        let nominated = seen(Autoscaler::ScalingUp, Some(false));
+        assert_eq!(at(&mut p, t0, 0, &nominated), Action::Wait);
+        assert_eq!(at(&mut p, t0, 899, &nominated), Action::Wait);
+        let Action::Fail(Status::Failed, f) = at(&mut p, t0, 901, &nominated) else {
+            panic!()
+        };
+        assert_eq!(f.kind, "unschedulable");
+        assert!(
+            f.message.contains("`kubernetes.scale_up_timeout` (900s)"),
+            "{}",
+            f.message
+        );
+        assert!(f.message.contains("Insufficient nvidia.com/gpu"), "{}", f.message);
+    }
+
+    #[test]
+    fn not_trigger_scale_up_fails_at_once_with_the_autoscalers_words() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        assert_eq!(
+            at(&mut p, t0, 0, &seen(Autoscaler::Silent, Some(false))),
+            Action::Wait
+        );
+        let words = "pod didn't trigger scale-up: 1 max node group size reached, 2 node(s) didn't match Pod's node affinity/selector";
+        let no = seen(
+            Autoscaler::NoScaleUp {
+                message: words.into(),
+            },
+            Some(false),
+        );
+        let Action::Fail(Status::Failed, f) = at(&mut p, t0, 15, &no) else {
+            panic!()
+        };
+        assert_eq!(f.kind, "unschedulable");
+        assert!(
+            f.message
+                .contains(&format!("the cluster autoscaler adds no node: {words}")),
+            "{}",
+            f.message
+        );
+        // A busy cluster whose nodes could run it: a queue, whatever the autoscaler says.
+        let mut p = Pending::new(t0);
+        let busy = seen(
+            Autoscaler::NoScaleUp {
+                message: words.into(),
+            },
+            Some(true),
+        );
+        assert_eq!(at(&mut p, t0, 0, &busy), Action::Wait);
+        assert_eq!(at(&mut p, t0, 600, &busy), Action::Wait);
+    }
+
+    #[test]
+    fn no_autoscaler_word_within_the_grace_is_unschedulable_with_the_schedulers_message() {
+        let t0 = Instant::now();
+        let mut p = Pending::new(t0);
+        let silent = seen(Autoscaler::Silent, Some(false));
+        assert_eq!(at(&mut p, t0, 0, &silent), Action::Wait);
+        assert_eq!(at(&mut p, t0, 60, &silent), Action::Wait);
+        let Action::Fail(Status::Failed, f) = at(&mut p, t0, 90, &silent) else {
+            panic!()
+        };
+        assert_eq!(f.kind, "unschedulable");
+        assert!(
+            f.message
+                .contains("no autoscaler added one, 90s): 0/3 nodes are available"),
+            "{}",
+            f.message
+        );
+        // Nodes not listable: the same grace.
+        let mut p = Pending::new(t0);
+        let unknown = seen(Autoscaler::Silent, None);
+        assert_eq!(at(&mut p, t0, 0, &unknown), Action::Wait);
+        assert!(matches!(at(&mut p, t0, 91, &unknown), Action::Fail(..)));
+    }
+
+    #[test]
+    fn the_autoscalers_latest_event_is_its_verdict() {
+        assert_eq!(Autoscaler::from_events([]), Autoscaler::Silent);
+        assert_eq!(
+            Autoscaler::from_events([
+                ("FailedScheduling", "default-scheduler", "0/3 nodes are available"),
+                (
+                    "TriggeredScaleUp",
+                    "cluster-autoscaler",
+                    "pod triggered scale-up: [{gpu 0->1 (max: 4)}]"
+                ),
+            ]),
+            Autoscaler::ScalingUp
+        );
+        assert_eq!(
+            Autoscaler::from_events([(
+                "Nominated",
+                "karpenter",
+                "Pod should schedule on: nodeclaim/gpu-x"
+            )]),
+            Autoscaler::ScalingUp
+        );
+        assert_eq!(
+            Autoscaler::from_events([
+                ("TriggeredScaleUp", "cluster-autoscaler", "pod triggered scale-up"),
+                (
+                    "NotTriggerScaleUp",
+                    "cluster-autoscaler",
+                    "pod didn't trigger scale-up: 1 max node group size reached "
+                ),
+            ]),
+            Autoscaler::NoScaleUp {
+                message: "pod didn't trigger scale-up: 1 max node group size reached".into()
+            }
+        );
     }
 }

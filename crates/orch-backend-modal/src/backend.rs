@@ -333,8 +333,15 @@ fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Sta
 }
 
 /// gRPC errors of `SandboxCreate` that mean "this GPU type cannot be had".
+/// A `RESOURCE_EXHAUSTED` carrying a retry-after is throttling, not a
+/// refusal: the client waited it out and sent the call again
+/// ([`Modal::call`]); one still throttled after that is no reason to try
+/// another GPU either.
 fn gpu_refused(s: &tonic::Status) -> bool {
     let m = s.message().to_ascii_lowercase();
+    if crate::client::retry_after(s).is_some() {
+        return false;
+    }
     matches!(s.code(), tonic::Code::ResourceExhausted)
         || (matches!(
             s.code(),
@@ -551,6 +558,7 @@ impl Sandbox<'_> {
                         read_only: true,
                     })
                     .collect(),
+                network_access: Some(ops::open_network()),
                 name: String::new(),
             };
             let tags = [
@@ -731,6 +739,21 @@ impl Platform for Sandbox<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttling_is_not_a_gpu_refusal() {
+        let t = crate::client::throttled(
+            tonic::Code::ResourceExhausted,
+            "rate limited",
+            std::time::Duration::from_secs(1),
+        );
+        assert!(!gpu_refused(&t));
+        assert!(gpu_refused(&tonic::Status::resource_exhausted(
+            "no capacity for H100"
+        )));
+        assert!(gpu_refused(&tonic::Status::invalid_argument("unknown GPU type")));
+        assert!(!gpu_refused(&tonic::Status::invalid_argument("bad image")));
+    }
 
     #[test]
     fn sandbox_ends_are_named() {

@@ -1,8 +1,23 @@
 //! A connection to Modal's API: the generated `ModalClient` stub with the
-//! headers Modal's clients send (token, client type and version, an auth
-//! token from `AuthTokenGet`), and unary calls retried with exponential
-//! backoff on transient codes under one idempotency key per logical call,
-//! as Modal's Go client does.
+//! headers Modal's Go client (`libmodal`'s `modal-go`) sends (client type
+//! `CLIENT_TYPE_LIBMODAL_GO` = 9, client version `1.0.0`,
+//! `x-modal-libmodal-version: modal-go/orch-VERSION`, the token, an auth
+//! token from `AuthTokenGet`), and unary calls retried under one idempotency
+//! key per logical call:
+//!
+//! - transient codes (`UNAVAILABLE`, `INTERNAL`, ...) with exponential
+//!   backoff ([`Retry::attempts`], [`Retry::base`], [`Retry::max`]), as the Go
+//!   client does;
+//! - throttling, as the official Python client reads it: an error (typically
+//!   `RESOURCE_EXHAUSTED`) whose details (`grpc-status-details-bin`, an
+//!   `RPCStatus`) carry an `RPCRetryPolicy` is sent again, same request and
+//!   same `x-idempotency-key`, after its `retry_after_secs` (at least 0.1 s),
+//!   with `x-throttle-retry-attempt`/`x-throttle-retry-delay`; at most
+//!   [`Retry::throttle_attempts`] times and while the total wait stays under
+//!   [`Retry::throttle_wait`] (`MODAL_MAX_THROTTLE_WAIT` seconds, the
+//!   official client's setting; `0` turns throttle retries off). Then the
+//!   throttled status is the call's answer: [`retry_after`] tells it from a
+//!   plain `RESOURCE_EXHAUSTED` (a GPU refusal).
 
 use crate::config::Credentials;
 use crate::proto::modal_client_client::ModalClientClient;
@@ -16,19 +31,30 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
-/// `CLIENT_TYPE_LIBMODAL` in Modal's `ClientType`: a non-Python client.
-const CLIENT_TYPE: &str = "7";
+/// `CLIENT_TYPE_LIBMODAL_GO` in Modal's `ClientType`, what Modal's Go
+/// client sends (`proto::ClientType`; checked by a test).
+pub const CLIENT_TYPE: &str = "9";
 /// The Python client version whose behaviour ours follows (Modal's Go
 /// client sends the same).
-const CLIENT_VERSION: &str = "1.0.0";
+pub const CLIENT_VERSION: &str = "1.0.0";
+/// `x-modal-libmodal-version`: the Go client sends `modal-go/VERSION`; orch
+/// follows it, naming itself in the version.
+pub const LIBMODAL_VERSION: &str = concat!("modal-go/orch-", env!("CARGO_PKG_VERSION"));
 const MAX_MESSAGE: usize = 100 * 1024 * 1024;
+/// The least wait before a throttled call goes again (the official client's).
+pub const MIN_THROTTLE_WAIT: Duration = Duration::from_millis(100);
 
 /// Retry policy of unary calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
+    /// Attempts in all on transient codes (the first included).
     pub attempts: u32,
     pub base: Duration,
     pub max: Duration,
+    /// Throttled answers (with a retry-after) retried at most this many times...
+    pub throttle_attempts: u32,
+    /// ... and only while the call's total wait, the next one included, stays under this.
+    pub throttle_wait: Duration,
 }
 
 impl Default for Retry {
@@ -37,8 +63,77 @@ impl Default for Retry {
             attempts: 4,
             base: Duration::from_millis(100),
             max: Duration::from_secs(2),
+            throttle_attempts: 100,
+            throttle_wait: Duration::from_secs(600),
         }
     }
+}
+
+/// Modal's `RPCStatus` (wire-compatible with `google.rpc.Status`), the
+/// content of `grpc-status-details-bin`; declared here rather than in the
+/// `.proto` because its `details` are `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+    #[prost(message, repeated, tag = "3")]
+    pub details: Vec<AnyDetail>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AnyDetail {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// The full name the `Any` of a retry policy carries after its prefix.
+const RETRY_POLICY_TYPE: &str = "modal.client.RPCRetryPolicy";
+
+/// The server's retry-after, when `status` carries an `RPCRetryPolicy` in
+/// its details (as Modal's Python client reads it; any type URL prefix).
+pub fn retry_after(status: &Status) -> Option<Duration> {
+    use prost::Message;
+    if status.details().is_empty() {
+        return None;
+    }
+    let st = RpcStatus::decode(status.details()).ok()?;
+    st.details.iter().find_map(|d| {
+        let name = d.type_url.rsplit('/').next().unwrap_or_default();
+        if name != RETRY_POLICY_TYPE {
+            return None;
+        }
+        let p = crate::proto::RpcRetryPolicy::decode(d.value.as_slice()).ok()?;
+        let secs = f64::from(p.retry_after_secs);
+        // To the millisecond: the field is an `f32`.
+        Some(if secs.is_finite() && secs > 0.0 {
+            Duration::from_millis((secs.min(86_400.0) * 1000.0).round() as u64)
+        } else {
+            Duration::ZERO
+        })
+    })
+}
+
+/// A throttling answer as Modal sends it: `code` with an `RPCRetryPolicy`
+/// of `after` in its details (for fakes and tests).
+pub fn throttled(code: Code, message: &str, after: Duration) -> Status {
+    use prost::Message;
+    let policy = crate::proto::RpcRetryPolicy {
+        retry_after_secs: after.as_secs_f32(),
+    };
+    let st = RpcStatus {
+        code: code as i32,
+        message: message.into(),
+        details: vec![AnyDetail {
+            type_url: format!("type.modal.com/{RETRY_POLICY_TYPE}"),
+            value: policy.encode_to_vec(),
+        }],
+    };
+    Status::with_details(code, message, st.encode_to_vec().into())
 }
 
 /// Codes worth another try (Modal's clients retry the same ones).
@@ -88,11 +183,19 @@ impl Modal {
         let stub = ModalClientClient::new(endpoint.connect_lazy())
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
+        let mut retry = Retry::default();
+        // The official client's setting: the most seconds to wait out throttling.
+        if let Some(s) = std::env::var("MODAL_MAX_THROTTLE_WAIT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            retry.throttle_wait = Duration::from_secs(s);
+        }
         Ok(Modal {
             stub,
             creds: Arc::new(creds),
             auth: Arc::new(Mutex::new(None)),
-            retry: Retry::default(),
+            retry,
         })
     }
 
@@ -115,7 +218,7 @@ impl Modal {
         );
         md.insert(
             "x-modal-libmodal-version",
-            MetadataValue::from_static(concat!("orch/", env!("CARGO_PKG_VERSION"))),
+            MetadataValue::from_static(LIBMODAL_VERSION),
         );
         // Token ids and secrets are ASCII; one that is not cannot be sent and
         // the server answers `Unauthenticated`, which names the problem.
@@ -173,8 +276,9 @@ impl Modal {
         self.stub.clone()
     }
 
-    /// One unary call, retried on transient codes with backoff; every
-    /// attempt carries the same `x-idempotency-key`.
+    /// One unary call, retried on transient codes with backoff and after a
+    /// throttled answer's retry-after (see the module docs); every attempt
+    /// carries the same `x-idempotency-key`.
     pub async fn call<T, R, F, Fut>(&self, what: &'static str, msg: T, f: F) -> Result<R, Status>
     where
         T: Clone,
@@ -185,6 +289,8 @@ impl Modal {
         let started = Instant::now();
         let mut delay = self.retry.base;
         let mut attempt = 0u32;
+        let mut throttled = 0u32;
+        let mut throttle_waited = Duration::ZERO;
         loop {
             let token = self.auth_token().await;
             let mut req = self.request(msg.clone(), token.as_deref());
@@ -195,11 +301,29 @@ impl Modal {
             if let Ok(v) = MetadataValue::try_from(attempt.to_string()) {
                 md.insert("x-retry-attempt", v);
             }
-            if let Ok(v) = MetadataValue::try_from(format!("{:.3}", started.elapsed().as_secs_f64())) {
-                md.insert("x-retry-delay", v);
+            let elapsed = format!("{:.3}", started.elapsed().as_secs_f64());
+            if let Ok(v) = MetadataValue::try_from(elapsed.as_str()) {
+                md.insert("x-retry-delay", v.clone());
+                if throttled > 0 {
+                    md.insert("x-throttle-retry-delay", v);
+                }
+            }
+            if let Ok(v) = MetadataValue::try_from(throttled.to_string()) {
+                md.insert("x-throttle-retry-attempt", v);
             }
             match f(self.stub.clone(), req).await {
                 Ok(resp) => return Ok(resp.into_inner()),
+                Err(status) if retry_after(&status).is_some() => {
+                    let wait = retry_after(&status).unwrap_or_default().max(MIN_THROTTLE_WAIT);
+                    if throttled >= self.retry.throttle_attempts
+                        || throttle_waited + wait > self.retry.throttle_wait
+                    {
+                        return Err(status);
+                    }
+                    tokio::time::sleep(wait).await;
+                    throttle_waited += wait;
+                    throttled += 1;
+                }
                 Err(status) if is_transient(status.code()) && attempt + 1 < self.retry.attempts => {
                     let _ = what;
                     tokio::time::sleep(delay).await;
@@ -231,6 +355,37 @@ fn jwt_ttl(token: &str) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_retry_policy_is_read_from_the_status_details() {
+        let s = super::throttled(
+            tonic::Code::ResourceExhausted,
+            "slow down",
+            Duration::from_millis(1500),
+        );
+        assert_eq!(super::retry_after(&s), Some(Duration::from_millis(1500)));
+        // Through the wire form (the `grpc-status-details-bin` header) too.
+        let mut h = tonic::codegen::http::HeaderMap::new();
+        s.add_header(&mut h).unwrap();
+        let back = tonic::Status::from_header_map(&h).unwrap();
+        assert_eq!(back.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(super::retry_after(&back), Some(Duration::from_millis(1500)));
+        // A plain refusal carries none.
+        assert_eq!(
+            super::retry_after(&tonic::Status::resource_exhausted("no GPU")),
+            None
+        );
+    }
+
+    #[test]
+    fn the_client_type_is_the_go_clients() {
+        assert_eq!(
+            super::CLIENT_TYPE,
+            (crate::proto::ClientType::LibmodalGo as i32).to_string()
+        );
+    }
+
     #[test]
     fn jwt_expiry_is_read_from_the_payload() {
         use base64::Engine;

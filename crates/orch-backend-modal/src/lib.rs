@@ -6,10 +6,18 @@
 //!   ours, checked against the official descriptor by a CI test);
 //! - [`config`]: credentials (`MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET`, else the
 //!   active profile of `~/.modal.toml`), `MODAL_SERVER_URL`, `MODAL_ENVIRONMENT`;
-//! - [`client`]: headers, the auth token, retries with idempotency keys;
+//! - [`client`]: the headers Modal's Go client sends (client type 9,
+//!   `CLIENT_TYPE_LIBMODAL_GO`; `x-modal-libmodal-version: modal-go/orch-VERSION`),
+//!   the auth token, retries with idempotency keys: transient codes with
+//!   backoff, throttling (an error carrying an `RPCRetryPolicy`, typically
+//!   `RESOURCE_EXHAUSTED`) waited out for its retry-after and sent again under
+//!   the same key, bounded (`MODAL_MAX_THROTTLE_WAIT`);
 //! - [`ops`]: app, image (with the build log streamed), content-addressed
-//!   mounts for the static agent, `orch` and the cell's files, secrets, volumes, sandboxes
-//!   (create, schedule, logs from the last entry id, wait, terminate, list);
+//!   mounts for the static agent, `orch` and the cell's files (an upload
+//!   answered `exists: false`, not yet ingested, is asked about again with
+//!   backoff until it is there, at most 10 minutes), secrets, volumes, sandboxes
+//!   (create with `network_access: OPEN` as the official client sends it,
+//!   schedule, logs from the last entry id, wait, terminate, list);
 //! - [`backend`]: the [`orch_backend::Backend`] for `--backend modal`;
 //! - [`setup`]: `orch setup --backend modal`, the download run inside a sandbox
 //!   with the weights volume mounted read-write.
@@ -19,12 +27,15 @@
 //! `--backend modal`: `proto/modal_api.proto` (our subset of
 //! `modal.client.ModalClient`, compiled by protox in `build.rs`: no system `protoc`;
 //! `tests/proto_matches_official.rs` checks it against the official wheel's descriptor);
-//! `config.rs` (token from env or `~/.modal.toml`, never shown); `client.rs` (Modal's
-//! headers, `AuthTokenGet`, retries with one idempotency key per call); `ops.rs`
+//! `config.rs` (token from env or `~/.modal.toml`, never shown); `client.rs` (the Go
+//! client's headers, `AuthTokenGet`, retries with one idempotency key per call, throttling
+//! read from `grpc-status-details-bin`); `ops.rs`
 //! (environment, app, image build with streamed log and failing step, content-addressed
-//! mounts with blob upload, secrets, volumes, sandbox create/schedule/logs from the last
+//! mounts with blob upload and the wait for ingestion, secrets, volumes, sandbox
+//! create (`network_access: OPEN`)/schedule/logs from the last
 //! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, the cell's files as a
-//! mount of their blobs at `/orch/blobs` with the task rewritten to `/orch/files`, GPU fallback, ends
+//! mount of their blobs at `/orch/blobs` with the task rewritten to `/orch/files`, GPU
+//! fallback on a refusal (a throttled create is no refusal), ends
 //! mapped to `oom`/`sandbox_terminated`/`timeout`, `cleanup` by tag); `setup.rs` (setup
 //! in a sandbox, weights check from the volume). Its host side (`host.rs`): settings from
 //! the suite and the flags, each cell's image, the weights check, `orch setup` run

@@ -10,6 +10,13 @@ use std::time::Duration;
 /// Files under this size go inline in `MountPutFile`; larger ones through
 /// the blob store (Modal's Python client uses the same limit).
 pub const LARGE_FILE_LIMIT: usize = 4 * 1024 * 1024;
+/// How long a file Modal has not yet ingested (`MountPutFile` answered
+/// `exists: false` after its upload) is waited for, asking again (the
+/// official client waits as long: `MOUNT_PUT_FILE_CLIENT_TIMEOUT`).
+pub const INGEST_WAIT: Duration = Duration::from_secs(600);
+/// The first pause between those questions; it doubles up to [`INGEST_POLL_MAX`].
+pub const INGEST_POLL: Duration = Duration::from_millis(100);
+pub const INGEST_POLL_MAX: Duration = Duration::from_secs(2);
 /// The image builder version when Modal does not say
 /// (`MODAL_IMAGE_BUILDER_VERSION` overrides it).
 pub const DEFAULT_BUILDER_VERSION: &str = "2024.10";
@@ -335,13 +342,16 @@ pub async fn mount(modal: &Modal, app_id: &str, files: &[MountSource<'_>]) -> Re
                 sha256_hex: sha.clone(),
                 data_oneof: Some(payload),
             };
-            let ok = modal
+            let exists = modal
                 .call("MountPutFile", put, |mut c, r| async move {
                     c.mount_put_file(r).await
                 })
                 .await
-                .map_err(ModalError::rpc("MountPutFile"))?;
-            let _ = ok;
+                .map_err(ModalError::rpc("MountPutFile"))?
+                .exists;
+            if !exists {
+                wait_ingested(modal, &sha, &f.local.display().to_string(), INGEST_WAIT).await?;
+            }
         }
         entries.push(proto::MountFile {
             filename: f.remote_path.into(),
@@ -364,6 +374,43 @@ pub async fn mount(modal: &Modal, app_id: &str, files: &[MountSource<'_>]) -> Re
         .await
         .map_err(ModalError::rpc("MountGetOrCreate"))?;
     Ok(resp.mount_id)
+}
+
+/// After an upload Modal answered `exists: false` (received, not yet
+/// ingested): ask again (`MountPutFile` by digest, without the bytes) with
+/// a doubling pause ([`INGEST_POLL`] to [`INGEST_POLL_MAX`]) until it says
+/// `exists: true`, for at most `wait`. A mount made before that fails with
+/// `FAILED_PRECONDITION`.
+pub async fn wait_ingested(modal: &Modal, sha: &str, name: &str, wait: Duration) -> Result<(), ModalError> {
+    let started = tokio::time::Instant::now();
+    let mut pause = INGEST_POLL;
+    loop {
+        if started.elapsed() + pause > wait {
+            return Err(ModalError::Upload {
+                file: name.into(),
+                message: format!(
+                    "Modal had not ingested it (`MountPutFile` answered `exists: false`) {:.0}s after the upload",
+                    wait.as_secs_f64()
+                ),
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(INGEST_POLL_MAX);
+        let probe = proto::MountPutFileRequest {
+            sha256_hex: sha.into(),
+            data_oneof: None,
+        };
+        let exists = modal
+            .call("MountPutFile", probe, |mut c, r| async move {
+                c.mount_put_file(r).await
+            })
+            .await
+            .map_err(ModalError::rpc("MountPutFile"))?
+            .exists;
+        if exists {
+            return Ok(());
+        }
+    }
 }
 
 /// `BlobCreate`, then an HTTP `PUT` of the bytes to the URL it gives.
@@ -500,13 +547,29 @@ pub async fn volume_file(modal: &Modal, volume_id: &str, path: &str) -> Result<O
     Ok(Some(data))
 }
 
-/// `SandboxCreate`.
+/// What the official client sends with every sandbox that does not block
+/// the network: `network_access {network_access_type: OPEN}`.
+pub fn open_network() -> proto::NetworkAccess {
+    proto::NetworkAccess {
+        network_access_type: proto::network_access::NetworkAccessType::Open as i32,
+        allowed_cidrs: vec![],
+        allowed_domains: vec![],
+    }
+}
+
+/// `SandboxCreate`, with `network_access` `OPEN` when the definition says
+/// nothing (as the official client sends it). A throttled answer is waited
+/// out and sent again under the same idempotency key ([`Modal::call`]).
 pub async fn sandbox_create(
     modal: &Modal,
     app_id: &str,
     definition: proto::Sandbox,
     tags: &[(&str, &str)],
 ) -> Result<String, tonic::Status> {
+    let mut definition = definition;
+    if definition.network_access.is_none() {
+        definition.network_access = Some(open_network());
+    }
     let req = proto::SandboxCreateRequest {
         app_id: app_id.into(),
         definition: Some(definition),

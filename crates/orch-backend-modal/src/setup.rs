@@ -98,6 +98,7 @@ pub async fn run(
             allow_background_commits: true,
             read_only: false,
         }],
+        network_access: Some(ops::open_network()),
         name: String::new(),
     };
     let id = ops::sandbox_create(modal, &app_id, definition, &[("orch.setup", &job.volume)])

@@ -13,6 +13,7 @@
 
 pub mod error;
 pub mod gpu;
+pub mod k8s;
 pub mod plan;
 pub mod suite;
 pub mod units;
@@ -21,7 +22,8 @@ pub use error::{ManifestError, Pos};
 pub use gpu::{GpuSpec, GpuSpecError, KNOWN_GPUS};
 pub use plan::{CellPlan, ExpandOptions, Plan};
 pub use suite::{
-    BuildDef, DirtyDef, ImageDef, KubernetesDef, ModelRef, SlurmDef, Suite, SyncDef, TolerationDef,
+    BuildDef, DirtyDef, ImageDef, KubernetesDef, KubernetesSection, ModelRef, SlurmDef, Suite, SyncDef,
+    TolerationDef,
 };
 
 use std::path::Path;

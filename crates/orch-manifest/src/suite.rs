@@ -51,7 +51,7 @@ pub struct Suite {
     pub slurm: Option<SlurmDef>,
     /// How cells run on a Kubernetes cluster (`--backend kubernetes`).
     #[serde(default)]
-    pub kubernetes: Option<KubernetesDef>,
+    pub kubernetes: Option<Spanned<KubernetesSection>>,
     /// What travels with cells that run away from this machine, besides
     /// the files they name (workdirs, patches, prompt files, a local repo).
     #[serde(default)]
@@ -446,13 +446,97 @@ pub struct KubernetesDef {
     /// A pod that makes no progress (pending, pulling) this long fails the cell (default 15m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<Seconds>,
-    /// An unschedulable pod fails the cell after this long, unless an
-    /// autoscaler is adding a node (default 10s).
+    /// How long an unschedulable pod waits for an autoscaler's word before
+    /// it fails (default 90s); the cluster autoscaler's `NotTriggerScaleUp`
+    /// fails it at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable_grace: Option<Seconds>,
+    /// How long a pod an autoscaler adds a node for (`TriggeredScaleUp`,
+    /// Karpenter's `Nominated`) waits for that node (default 15m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up_timeout: Option<Seconds>,
     /// CPU request and limit of a cell (`8`, `500m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<String>,
+}
+
+/// The `kubernetes:` section as written: [`KubernetesDef`] with the
+/// positions of the values checked against the API server's rules
+/// ([`crate::plan`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSection {
+    #[serde(default)]
+    pub namespace: Option<Spanned<String>>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub tolerations: Vec<Spanned<TolerationDef>>,
+    #[serde(default)]
+    pub service_account: Option<Spanned<String>>,
+    #[serde(default)]
+    pub image_pull_secrets: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub shm_size: Option<Bytes>,
+    #[serde(default)]
+    pub runtime_class: Option<Spanned<String>>,
+    #[serde(default)]
+    pub gpu_label: Option<Spanned<String>>,
+    #[serde(default)]
+    pub gpu_types: BTreeMap<String, Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub weights_pvc: Option<Spanned<String>>,
+    #[serde(default)]
+    pub secret: Option<Spanned<String>>,
+    #[serde(default)]
+    pub registry: Option<String>,
+    #[serde(default)]
+    pub agent_image: Option<String>,
+    #[serde(default)]
+    pub max_pending: Option<Seconds>,
+    #[serde(default)]
+    pub unschedulable_grace: Option<Seconds>,
+    #[serde(default)]
+    pub scale_up_timeout: Option<Seconds>,
+    #[serde(default)]
+    pub cpu: Option<Spanned<String>>,
+}
+
+impl KubernetesSection {
+    /// The section without its positions.
+    pub fn into_def(self) -> KubernetesDef {
+        let v = |s: Spanned<String>| s.value;
+        KubernetesDef {
+            namespace: self.namespace.map(v),
+            context: self.context,
+            node_selector: self
+                .node_selector
+                .into_iter()
+                .map(|(k, s)| (k, s.value))
+                .collect(),
+            tolerations: self.tolerations.into_iter().map(|t| t.value).collect(),
+            service_account: self.service_account.map(v),
+            image_pull_secrets: self.image_pull_secrets.into_iter().map(v).collect(),
+            shm_size: self.shm_size,
+            runtime_class: self.runtime_class.map(v),
+            gpu_label: self.gpu_label.map(v),
+            gpu_types: self
+                .gpu_types
+                .into_iter()
+                .map(|(k, l)| (k, l.value.into_iter().map(v).collect()))
+                .collect(),
+            weights_pvc: self.weights_pvc.map(v),
+            secret: self.secret.map(v),
+            registry: self.registry,
+            agent_image: self.agent_image,
+            max_pending: self.max_pending,
+            unschedulable_grace: self.unschedulable_grace,
+            scale_up_timeout: self.scale_up_timeout,
+            cpu: self.cpu.map(v),
+        }
+    }
 }
 
 /// A pod toleration.

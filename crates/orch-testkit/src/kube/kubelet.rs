@@ -23,7 +23,7 @@ use sha2::Digest as _;
 use tokio::io::AsyncReadExt as _;
 use tokio::sync::watch;
 
-use super::sched::{arr, pod_gpus, try_schedule, GPU};
+use super::sched::{arr, node_fits, pod_gpus, try_schedule, GPU};
 use super::store::{lock, Inner};
 use super::util::{hex, now, quantity_of, rfc3339_nano};
 use crate::container::{self, normalize_image};
@@ -456,11 +456,66 @@ fn finish(ctx: &Ctx, ok: Option<bool>) {
     }
 }
 
+/// The autoscaler's work for one pending pod.
+#[derive(Default)]
+struct Autoscaling {
+    since: Option<Instant>,
+    /// `Some(true)`: scale-up triggered; `Some(false)`: not.
+    verdict: Option<bool>,
+    added: bool,
+}
+
+/// The fake cluster autoscaler ([`super::FakeAutoscaler`]) on an unschedulable pod: its
+/// verdict as an event after `decide_after`, the pool's node after `node_after`.
+fn autoscale(ctx: &Ctx, s: &mut Autoscaling) {
+    let Some(a) = &ctx.inner.autoscaler else { return };
+    let waited = s.since.get_or_insert_with(Instant::now).elapsed();
+    if s.verdict.is_none() && waited >= a.decide_after {
+        let fits = node_fits(&ctx.pod, &a.node);
+        let count = *lock(&ctx.inner.scaled);
+        if fits && count < a.max {
+            s.verdict = Some(true);
+            let msg = format!(
+                "pod triggered scale-up: [{{{} {count}->{} (max: {})}}]",
+                a.pool,
+                count + 1,
+                a.max
+            );
+            ctx.event(None, "Normal", "TriggeredScaleUp", &msg, "cluster-autoscaler");
+        } else {
+            s.verdict = Some(false);
+            let why = if fits {
+                "1 max node group size reached"
+            } else {
+                "1 node(s) didn't match Pod's node affinity/selector"
+            };
+            let msg = format!("pod didn't trigger scale-up: {why}");
+            ctx.event(None, "Normal", "NotTriggerScaleUp", &msg, "cluster-autoscaler");
+        }
+    }
+    if s.verdict == Some(true) && !s.added && waited >= a.node_after {
+        s.added = true;
+        let mut node = a.node.clone();
+        {
+            let mut count = lock(&ctx.inner.scaled);
+            node.name = format!("{}-{}", a.node.name, *count);
+            *count += 1;
+        }
+        node.labels
+            .insert("kubernetes.io/hostname".into(), node.name.clone());
+        let obj = node.object();
+        lock(&ctx.inner.nodes).push(node);
+        let mut st = ctx.inner.lock();
+        ctx.inner.insert_locked(&mut st, "nodes", obj);
+    }
+}
+
 /// `Some(all containers exited 0)`, or `None` when the containers never (all) ran.
 async fn pod_flow(ctx: &Ctx) -> Option<bool> {
     if ctx.sleep_or_stop(Duration::from_millis(100)).await {
         return None;
     }
+    let mut scale = Autoscaling::default();
     let node = loop {
         match try_schedule(&ctx.inner, &ctx.ns, &ctx.name) {
             Ok(Some(n)) => break n,
@@ -468,6 +523,7 @@ async fn pod_flow(ctx: &Ctx) -> Option<bool> {
             Err(msg) => {
                 ctx.with(|m| m.cond("PodScheduled", false, Some("Unschedulable"), Some(&msg)));
                 ctx.event(None, "Warning", "FailedScheduling", &msg, "default-scheduler");
+                autoscale(ctx, &mut scale);
                 if ctx.sleep_or_stop(Duration::from_secs(1)).await {
                     return None;
                 }
@@ -547,7 +603,7 @@ fn container_gpus(c: &Value) -> usize {
 /// that no other live pod there holds (`pod_gpus` of them; none on a node without GPUs).
 fn allocate_gpus(ctx: &Ctx, node: &str) -> Vec<u32> {
     let want = pod_gpus(&ctx.pod) as usize;
-    let Some(n) = ctx.inner.nodes.iter().find(|n| n.name == node) else {
+    let Some(n) = lock(&ctx.inner.nodes).iter().find(|n| n.name == node).cloned() else {
         return Vec::new();
     };
     if want == 0 || n.gpus == 0 {

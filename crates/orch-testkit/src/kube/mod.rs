@@ -12,6 +12,8 @@
 //! - a Job gets one pod (`backoffLimit` treated as 0); the scheduler checks nodeSelector,
 //!   required node affinity, NoSchedule taints, `nvidia.com/gpu` capacity and PVCs, with the
 //!   default scheduler's messages and `FailedScheduling` events;
+//! - a cluster autoscaler ([`FakeAutoscaler`]) may answer unschedulable pods with
+//!   `TriggeredScaleUp` and a new node, or `NotTriggerScaleUp`, on a scripted timeline;
 //! - the kubelet "pulls" images from the builder's map of references to root folders (unknown:
 //!   `ErrImagePull` then `ImagePullBackOff`; malformed: `InvalidImageName`), resolves env from
 //!   Secrets (`CreateContainerConfigError` until they exist), runs init containers then
@@ -140,9 +142,52 @@ impl FakeNode {
     }
 }
 
+/// A cluster autoscaler with one node group (`pool`) that starts empty: on a pod the
+/// scheduler cannot place it says, `decide_after` the pod went pending, `TriggeredScaleUp`
+/// (the group's `node` would run the pod and fewer than `max` were added; source
+/// `cluster-autoscaler`) or `NotTriggerScaleUp` (`pod didn't trigger scale-up: 1 max node
+/// group size reached` or `... 1 node(s) didn't match Pod's node affinity/selector`), and
+/// after a scale-up adds a copy of `node` (named `NAME-I`) `node_after` the pod went
+/// pending. The real one says within ~15s; a new GPU node takes minutes.
+#[derive(Debug, Clone)]
+pub struct FakeAutoscaler {
+    pub pool: String,
+    pub node: FakeNode,
+    pub max: u32,
+    pub decide_after: Duration,
+    pub node_after: Duration,
+}
+
+impl FakeAutoscaler {
+    /// A GPU pool scaling from zero: `TriggeredScaleUp` at +15s, the node at +45s.
+    pub fn gpu_pool(node: FakeNode) -> FakeAutoscaler {
+        FakeAutoscaler {
+            pool: "gpu-pool".into(),
+            node,
+            max: 4,
+            decide_after: Duration::from_secs(15),
+            node_after: Duration::from_secs(45),
+        }
+    }
+
+    /// The same timeline at another pace (tests): verdict after `decide`, node after `node`.
+    pub fn timings(mut self, decide: Duration, node: Duration) -> FakeAutoscaler {
+        self.decide_after = decide;
+        self.node_after = node;
+        self
+    }
+
+    /// At most `max` nodes (0: every pod gets `NotTriggerScaleUp`, max size reached).
+    pub fn max(mut self, max: u32) -> FakeAutoscaler {
+        self.max = max;
+        self
+    }
+}
+
 /// Builds a [`FakeKube`].
 pub struct FakeKubeBuilder {
     nodes: Vec<FakeNode>,
+    autoscaler: Option<FakeAutoscaler>,
     images: BTreeMap<String, PathBuf>,
     pvcs: BTreeMap<String, PathBuf>,
     nvml: Option<PathBuf>,
@@ -153,6 +198,12 @@ pub struct FakeKubeBuilder {
 impl FakeKubeBuilder {
     pub fn node(mut self, n: FakeNode) -> Self {
         self.nodes.push(n);
+        self
+    }
+
+    /// A cluster autoscaler adding nodes for unschedulable pods ([`FakeAutoscaler`]).
+    pub fn autoscaler(mut self, a: FakeAutoscaler) -> Self {
+        self.autoscaler = Some(a);
         self
     }
 
@@ -207,7 +258,9 @@ impl FakeKubeBuilder {
             state: Mutex::new(State::default()),
             changed: tokio::sync::watch::Sender::new(0),
             token: self.token,
-            nodes: self.nodes,
+            nodes: Mutex::new(self.nodes),
+            autoscaler: self.autoscaler,
+            scaled: Mutex::new(0),
             images: self.images,
             pvcs: self.pvcs,
             nvml: self.nvml,
@@ -220,7 +273,7 @@ impl FakeKubeBuilder {
         });
         {
             let mut st = inner.lock();
-            for n in &inner.nodes {
+            for n in lock(&inner.nodes).iter() {
                 inner.insert_locked(&mut st, "nodes", n.object());
             }
         }
@@ -297,6 +350,7 @@ impl FakeKube {
     pub fn builder() -> FakeKubeBuilder {
         FakeKubeBuilder {
             nodes: Vec::new(),
+            autoscaler: None,
             images: BTreeMap::new(),
             pvcs: BTreeMap::new(),
             nvml: None,

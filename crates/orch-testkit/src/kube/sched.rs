@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::store::Inner;
+use super::store::{lock, Inner};
 use super::util::{now, quantity_of};
 use super::FakeNode;
 
@@ -74,6 +74,16 @@ fn expr_matches(e: &Value, get: &dyn Fn(&str) -> Option<String>) -> bool {
     }
 }
 
+/// Could `node`, empty, run `pod`? (Its taints, selector and affinity, GPUs: what the
+/// autoscaler asks of a node group's template.)
+pub(crate) fn node_fits(pod: &Value, node: &FakeNode) -> bool {
+    let tols = arr(&pod["spec"]["tolerations"]);
+    node.taints.iter().all(|t| {
+        !(t.effect == "NoSchedule" || t.effect == "NoExecute") || tolerates(tols, &t.key, &t.value, &t.effect)
+    }) && affinity_matches(pod, node)
+        && u64::from(node.gpus) >= pod_gpus(pod)
+}
+
 fn affinity_matches(pod: &Value, node: &FakeNode) -> bool {
     let labels = |k: &str| node.labels.get(k).cloned();
     if let Some(sel) = pod["spec"]["nodeSelector"].as_object() {
@@ -111,7 +121,8 @@ pub(crate) fn try_schedule(inner: &Inner, ns: &str, name: &str) -> Result<Option
     else {
         return Ok(None);
     };
-    let n = inner.nodes.len();
+    let nodes = lock(&inner.nodes).clone();
+    let n = nodes.len();
     for v in arr(&pod["spec"]["volumes"]) {
         if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
             if !inner.pvcs.contains_key(claim) {
@@ -138,7 +149,7 @@ pub(crate) fn try_schedule(inner: &Inner, ns: &str, name: &str) -> Result<Option
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut preempt: BTreeMap<&str, usize> = BTreeMap::new();
     let mut chosen = None;
-    for node in &inner.nodes {
+    for node in &nodes {
         let untolerated = node.taints.iter().find(|t| {
             (t.effect == "NoSchedule" || t.effect == "NoExecute")
                 && !tolerates(tols, &t.key, &t.value, &t.effect)

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use super::jobs::JobRt;
 use super::kubelet::PodRt;
 use super::util::{hex, now, uuid};
-use super::FakeNode;
+use super::{FakeAutoscaler, FakeNode};
 
 /// What the API knows about one resource.
 pub(crate) struct ResourceInfo {
@@ -116,7 +116,11 @@ pub(crate) struct Inner {
     /// The latest resourceVersion, for watches and log followers to wake on.
     pub changed: watch::Sender<u64>,
     pub token: String,
-    pub nodes: Vec<FakeNode>,
+    /// The cluster's nodes (the autoscaler adds some).
+    pub nodes: Mutex<Vec<FakeNode>>,
+    pub autoscaler: Option<FakeAutoscaler>,
+    /// Nodes the autoscaler added.
+    pub scaled: Mutex<u32>,
     pub images: BTreeMap<String, PathBuf>,
     pub pvcs: BTreeMap<String, PathBuf>,
     /// The NVML library GPU containers get (`FakeKubeBuilder::nvml_stub`).

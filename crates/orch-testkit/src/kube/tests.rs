@@ -1062,3 +1062,72 @@ async fn projected_config_maps_are_read_only_files_and_a_missing_one_keeps_the_p
     let (_, log) = c.raw("GET", &format!("{path}/log"), None).await;
     assert_eq!(log, "first\ntext\nsecond\ntext\nread-only\n", "{p:#}");
 }
+
+fn events_of(evs: &Value, reason: &str) -> Vec<Value> {
+    evs["items"]
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["reason"] == reason).cloned().collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_autoscaler_scales_an_empty_gpu_pool_up_or_says_why_not() {
+    if !can_run() {
+        return;
+    }
+    let img = busybox();
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .autoscaler(
+            FakeAutoscaler::gpu_pool(FakeNode::h100("gpu-pool", 8))
+                .timings(Duration::from_millis(1500), Duration::from_secs(3)),
+        )
+        .image("busybox:1.36", &img)
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    // A GPU pod: FailedScheduling, TriggeredScaleUp, then the node, then it runs there.
+    c.req("POST", JOBS, Some(gpu_job("gpu", 1, true, true))).await;
+    let pod = c.job_pod("ns", "gpu").await;
+    let path = format!("/api/v1/namespaces/ns/pods/{}", pod_name(&pod));
+    c.until(&path, "unschedulable", |p| {
+        cond(p, "PodScheduled")["reason"] == "Unschedulable"
+    })
+    .await;
+    let running = c
+        .until(&path, "running", |p| p["status"]["phase"] == "Running")
+        .await;
+    assert_eq!(running["spec"]["nodeName"], "gpu-pool-0");
+    let evs = c
+        .get(&format!(
+            "/api/v1/namespaces/ns/events?fieldSelector=involvedObject.name%3D{}",
+            pod_name(&pod)
+        ))
+        .await;
+    assert!(!events_of(&evs, "FailedScheduling").is_empty(), "{evs}");
+    let up = events_of(&evs, "TriggeredScaleUp");
+    assert_eq!(up[0]["source"]["component"], "cluster-autoscaler", "{evs}");
+    assert!(up[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gpu-pool 0->1 (max: 4)"));
+    assert_eq!(k.objects("nodes").len(), 2);
+    // A pod no node of the pool matches: NotTriggerScaleUp, in the autoscaler's words.
+    let mut j = gpu_job("odd", 1, true, false);
+    j["spec"]["template"]["spec"]["nodeSelector"] = json!({"pool": "none"});
+    c.req("POST", JOBS, Some(j)).await;
+    let pod = c.job_pod("ns", "odd").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let evs = c
+        .get(&format!(
+            "/api/v1/namespaces/ns/events?fieldSelector=involvedObject.name%3D{}",
+            pod_name(&pod)
+        ))
+        .await;
+    let no = events_of(&evs, "NotTriggerScaleUp");
+    assert_eq!(
+        no[0]["message"], "pod didn't trigger scale-up: 1 node(s) didn't match Pod's node affinity/selector",
+        "{evs}"
+    );
+    assert!(events_of(&evs, "TriggeredScaleUp").is_empty());
+}

@@ -31,7 +31,12 @@
 //! - [`Scenario`] knobs: an image build that fails at a step, GPU types with
 //!   no capacity (the sandbox is never scheduled), sandboxes killed for OOM
 //!   or terminated mid-run, transient `UNAVAILABLE` answers, log streams that
-//!   drop after every batch.
+//!   drop after every batch, throttled `SandboxCreate` (`RESOURCE_EXHAUSTED`
+//!   with a retry-after), slow ingestion of uploaded files (`exists: false`
+//!   for a few asks after the upload);
+//! - every call is recorded ([`FakeModal::calls`]) with its idempotency key,
+//!   retry and throttle-retry attempts and client type; every sandbox with
+//!   its `network_access`.
 //!
 //! The files: `grpc.rs` (the service: every RPC, after the auth check), `images.rs` (image
 //! RPCs and builds), `sandboxes.rs` (sandbox RPCs and runs), `volumes.rs` (volumes, mounts,
@@ -77,6 +82,16 @@ pub struct Scenario {
     pub transient_failures: u32,
     /// Log streams end (without EOF) after every batch.
     pub drop_log_streams: bool,
+    /// Throttling: the next N `SandboxCreate` calls answer `RESOURCE_EXHAUSTED`
+    /// with a retry-after of [`Scenario::throttle_after`] (an `RPCRetryPolicy`
+    /// in the status details, as Modal sends it); [`Call::idempotency_key`] and
+    /// [`Call::throttle_attempt`] tell whether the client sent the same call again.
+    pub throttle_sandbox_creates: u32,
+    pub throttle_after: Duration,
+    /// Slow ingestion: after a file's bytes arrive, `MountPutFile` answers
+    /// `exists: false` for it (the upload itself, then the next N asks) and a
+    /// mount naming it fails `FAILED_PRECONDITION` until then.
+    pub slow_ingestion: u32,
 }
 
 /// One RPC the server answered.
@@ -86,6 +101,16 @@ pub struct Call {
     pub token_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub retry_attempt: Option<String>,
+    /// `x-throttle-retry-attempt` (the official client's count of throttled retries).
+    pub throttle_attempt: Option<String>,
+    /// `x-modal-client-type` (`9`: Modal's Go client).
+    pub client_type: Option<String>,
+    /// `x-modal-libmodal-version`.
+    pub libmodal_version: Option<String>,
+    /// What the server saw or answered, for assertions: `SandboxCreate`:
+    /// `network_access=N` (the definition's `network_access_type`, `1` is `OPEN`;
+    /// `none` without one); `MountPutFile`: `exists=BOOL` as answered.
+    pub detail: Option<String>,
 }
 
 /// A file's bytes received by `MountPutFile` (inline, or from a blob upload).
@@ -111,6 +136,8 @@ pub struct SandboxRecord {
     pub secret_keys: Vec<String>,
     pub mount_files: Vec<String>,
     pub timeout_secs: u32,
+    /// The definition's `network_access_type` (`Some(1)`: `OPEN`); `None` without one.
+    pub network_access: Option<i32>,
     pub scheduled: bool,
     pub result: Option<(i32, i32)>,
 }

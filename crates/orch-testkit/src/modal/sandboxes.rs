@@ -23,6 +23,14 @@ pub(super) fn create(
     r: proto::SandboxCreateRequest,
 ) -> Result<Response<proto::SandboxCreateResponse>, Status> {
     let def = r.definition.unwrap_or_default();
+    let network_access = def.network_access.as_ref().map(|n| n.network_access_type);
+    inner.note(
+        "SandboxCreate",
+        format!(
+            "network_access={}",
+            network_access.map_or("none".to_string(), |t| t.to_string())
+        ),
+    );
     if def.entrypoint_args.is_empty() {
         return Err(Status::invalid_argument("no entrypoint"));
     }
@@ -69,6 +77,7 @@ pub(super) fn create(
         },
         mount_files,
         timeout_secs: def.timeout_secs,
+        network_access,
         scheduled: false,
         result: None,
     };

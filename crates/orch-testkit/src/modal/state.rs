@@ -122,6 +122,8 @@ pub(super) struct State {
     pub(super) blobs: HashMap<String, PathBuf>,
     /// Every `MountPutFile` that carried a file's bytes.
     pub(super) uploads: Vec<Upload>,
+    /// Slow ingestion: files received but not yet ingested → asks left before they are.
+    pub(super) ingesting: HashMap<String, u32>,
     pub(super) sandboxes: BTreeMap<String, Arc<Sandbox>>,
     pub(super) calls: Vec<Call>,
 }
@@ -153,6 +155,10 @@ impl Inner {
             token_id: get("x-modal-token-id"),
             idempotency_key: get("x-idempotency-key"),
             retry_attempt: get("x-retry-attempt"),
+            throttle_attempt: get("x-throttle-retry-attempt"),
+            client_type: get("x-modal-client-type"),
+            libmodal_version: get("x-modal-libmodal-version"),
+            detail: None,
         });
         let (id, secret) = (get("x-modal-token-id"), get("x-modal-token-secret"));
         match (&self.token, id, secret) {
@@ -169,7 +175,23 @@ impl Inner {
             sc.transient_failures -= 1;
             return Err(Status::unavailable("fake: transient failure"));
         }
+        if sc.throttle_sandbox_creates > 0 && method == "SandboxCreate" {
+            sc.throttle_sandbox_creates -= 1;
+            return Err(orch_backend_modal::client::throttled(
+                tonic::Code::ResourceExhausted,
+                "fake: too many sandbox creations, slow down",
+                sc.throttle_after,
+            ));
+        }
         Ok(())
+    }
+
+    /// Note a detail on the last call of `method` (what a test may check).
+    pub(super) fn note(&self, method: &str, detail: String) {
+        let mut st = self.state.lock().unwrap();
+        if let Some(c) = st.calls.iter_mut().rev().find(|c| c.method == method) {
+            c.detail = Some(detail);
+        }
     }
 
     pub(super) fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, Status> {

@@ -271,3 +271,137 @@ async fn mounts_of_many_and_large_files_land_byte_exact_and_upload_once() {
     );
     assert_eq!(fake.count("BlobCreate"), 1);
 }
+
+/// Throttling: the first `SandboxCreate`s answer `RESOURCE_EXHAUSTED` with a retry-after;
+/// the client waits and sends the same call again, same idempotency key, counting its
+/// throttled retries; the definition carries `network_access: OPEN` and every call the Go
+/// client's type. Past the client's bound the throttled status is the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_sandbox_creates_are_sent_again_under_the_same_key() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| {
+        s.throttle_sandbox_creates = 2;
+        s.throttle_after = std::time::Duration::from_millis(50);
+    });
+    let mut m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+    // No entrypoint: once through the throttle, the fake refuses it (no container needed).
+    let started = std::time::Instant::now();
+    let err = ops::sandbox_create(&m, &app, proto::Sandbox::default(), &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    // Waited at least the official minimum (0.1 s) twice.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    let creates: Vec<Call> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "SandboxCreate")
+        .collect();
+    assert_eq!(creates.len(), 3, "{creates:?}");
+    let key = creates[0].idempotency_key.clone().unwrap();
+    assert!(creates
+        .iter()
+        .all(|c| c.idempotency_key.as_deref() == Some(key.as_str())));
+    let attempts: Vec<_> = creates.iter().map(|c| c.throttle_attempt.as_deref()).collect();
+    assert_eq!(attempts, [Some("0"), Some("1"), Some("2")]);
+    assert_eq!(creates[2].detail.as_deref(), Some("network_access=1"));
+    assert!(fake.calls().iter().all(|c| c.client_type.as_deref() == Some("9")));
+    assert!(fake.calls().iter().all(|c| c
+        .libmodal_version
+        .as_deref()
+        .is_some_and(|v| v.starts_with("modal-go/"))));
+
+    // Past the bound: the throttled answer itself, told apart by its retry-after.
+    fake.scenario(|s| s.throttle_sandbox_creates = 5);
+    m.retry.throttle_attempts = 1;
+    let err = ops::sandbox_create(&m, &app, proto::Sandbox::default(), &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        orch_backend_modal::client::retry_after(&err),
+        Some(std::time::Duration::from_millis(50))
+    );
+    assert_eq!(fake.count("SandboxCreate"), 5);
+}
+
+/// Slow ingestion: after an upload `MountPutFile` says `exists: false` for N more asks and
+/// a mount naming the file fails `FAILED_PRECONDITION`; `ops::mount` asks again until the
+/// file is there and the mount is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowly_ingested_files_are_waited_for() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| s.slow_ingestion = 2);
+    let m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+
+    // Straight after the upload, a mount of it is refused.
+    let data = b"not ingested yet".to_vec();
+    let sha = state::sha256_hex(&data);
+    let put = proto::MountPutFileRequest {
+        sha256_hex: sha.clone(),
+        data_oneof: Some(proto::mount_put_file_request::DataOneof::Data(data.clone())),
+    };
+    let r = m
+        .call("MountPutFile", put, |mut c, r| async move {
+            c.mount_put_file(r).await
+        })
+        .await
+        .unwrap();
+    assert!(!r.exists);
+    let req = proto::MountGetOrCreateRequest {
+        object_creation_type: proto::ObjectCreationType::AnonymousOwnedByApp as i32,
+        files: vec![proto::MountFile {
+            filename: "/f".into(),
+            sha256_hex: sha,
+            size: data.len() as u64,
+            mode: 0o644,
+        }],
+        app_id: app.clone(),
+        ..Default::default()
+    };
+    let err = m
+        .call("MountGetOrCreate", req, |mut c, r| async move {
+            c.mount_get_or_create(r).await
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+
+    // Through `ops::mount`: probe, upload, then asks until `exists`.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent");
+    std::fs::write(&p, b"a file Modal ingests slowly").unwrap();
+    let before = fake.count("MountPutFile");
+    let mount = ops::mount(
+        &m,
+        &app,
+        &[MountSource {
+            remote_path: "/orch/agent",
+            local: &p,
+            mode: 0o755,
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(mount.starts_with("mo-"));
+    let answers: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "MountPutFile")
+        .skip(before)
+        .map(|c| c.detail.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            "exists=false",
+            "exists=false",
+            "exists=false (ingesting)",
+            "exists=false (ingesting)",
+            "exists=true"
+        ]
+    );
+    assert_eq!(fake.uploads().len(), 2, "each file's bytes sent once");
+}

@@ -77,7 +77,14 @@ pub(super) fn mount_get_or_create(
     r: proto::MountGetOrCreateRequest,
 ) -> Result<Response<proto::MountGetOrCreateResponse>, Status> {
     let blobs = inner.root.join("blobs");
+    let ingesting = inner.state.lock().unwrap().ingesting.clone();
     for f in &r.files {
+        if ingesting.contains_key(&f.sha256_hex) {
+            return Err(Status::failed_precondition(format!(
+                "file {} ({}) is not ingested yet",
+                f.filename, f.sha256_hex
+            )));
+        }
         if !blobs.join(&f.sha256_hex).is_file() {
             return Err(Status::failed_precondition(format!(
                 "file {} ({}) was not uploaded",
@@ -111,11 +118,24 @@ pub(super) fn mount_put_file(
         r.data_oneof,
         Some(proto::mount_put_file_request::DataOneof::DataBlobId(_))
     );
+    // Slow ingestion: a file still being ingested is not there yet; each ask counts.
+    {
+        let mut st = inner.state.lock().unwrap();
+        if let Some(left) = st.ingesting.get_mut(&r.sha256_hex) {
+            if *left > 0 {
+                *left -= 1;
+                drop(st);
+                inner.note("MountPutFile", "exists=false (ingesting)".into());
+                return Ok(Response::new(proto::MountPutFileResponse { exists: false }));
+            }
+            st.ingesting.remove(&r.sha256_hex);
+        }
+    }
     let data = match r.data_oneof {
         None => {
-            return Ok(Response::new(proto::MountPutFileResponse {
-                exists: path.is_file(),
-            }))
+            let exists = path.is_file();
+            inner.note("MountPutFile", format!("exists={exists}"));
+            return Ok(Response::new(proto::MountPutFileResponse { exists }));
         }
         Some(proto::mount_put_file_request::DataOneof::Data(d)) => d,
         Some(proto::mount_put_file_request::DataOneof::DataBlobId(b)) => {
@@ -134,12 +154,19 @@ pub(super) fn mount_put_file(
         return Err(Status::invalid_argument("sha256 mismatch"));
     }
     write_exec(&path, &data).map_err(|e| Status::internal(e.to_string()))?;
-    inner.state.lock().unwrap().uploads.push(Upload {
+    let slow = inner.scenario.lock().unwrap().slow_ingestion;
+    let mut st = inner.state.lock().unwrap();
+    if slow > 0 {
+        st.ingesting.insert(r.sha256_hex.clone(), slow);
+    }
+    st.uploads.push(Upload {
         sha256: r.sha256_hex,
         size: data.len() as u64,
         via_blob,
     });
-    Ok(Response::new(proto::MountPutFileResponse { exists: true }))
+    drop(st);
+    inner.note("MountPutFile", format!("exists={}", slow == 0));
+    Ok(Response::new(proto::MountPutFileResponse { exists: slow == 0 }))
 }
 
 /// `BlobCreate`: a URL to upload a large blob to.

@@ -15,7 +15,7 @@
 //! `orch` runs; the quickstart image is a static busybox, as
 //! `containers/quickstart` builds it.
 
-use orch_testkit::kube::{FakeKube, FakeNode};
+use orch_testkit::kube::{FakeAutoscaler, FakeKube, FakeNode};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -269,7 +269,8 @@ fn an_unschedulable_h100x8_cell_fails_within_seconds_with_the_schedulers_words()
     let c = cluster(vec![FakeNode::h100("gpu-1", 4), FakeNode::cpu("cpu-1")], |b| b);
     let suite = c.suite(
         "big",
-        "name: big\ngpus: [\"H100:8\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+        // No autoscaler: the grace for its word, shortened (90s by default).
+        "name: big\ngpus: [\"H100:8\"]\nkubernetes: {unschedulable_grace: 3s}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
     );
     let t0 = Instant::now();
     let (out, v) = c.run(&suite, &[]);
@@ -282,6 +283,65 @@ fn an_unschedulable_h100x8_cell_fails_within_seconds_with_the_schedulers_words()
     assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
     assert_eq!(cell["diagnosis"]["kind"], "unschedulable", "{cell:#}");
     assert!(took < Duration::from_secs(30), "took {took:?}");
+    c.assert_nothing_left();
+}
+
+/// A GPU pool at zero: the scheduler says `FailedScheduling`, the cluster
+/// autoscaler `TriggeredScaleUp`, the node comes later (the documented
+/// +15 s / +45 s timeline, quickened): the cell waits for it and runs. The
+/// grace for the autoscaler's word is shorter than the node's arrival, so
+/// only the scale-up event keeps the cell waiting.
+#[test]
+fn a_gpu_cell_waits_for_the_autoscalers_new_node_and_runs() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
+        b.autoscaler(
+            FakeAutoscaler::gpu_pool(FakeNode::h100("gpu-pool-1", 8))
+                .timings(Duration::from_secs(2), Duration::from_secs(12)),
+        )
+    });
+    let suite = c.suite(
+        "scale",
+        "name: scale\ngpus: [\"H100:1\"]\nkubernetes: {unschedulable_grace: 6s}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(out.status.code(), Some(0), "{cell:#}");
+    assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    c.assert_nothing_left();
+}
+
+/// The autoscaler will not add a node (`NotTriggerScaleUp`, its pool at
+/// its maximum): the cell fails `unschedulable` with the autoscaler's words
+/// without waiting out the grace.
+#[test]
+fn a_cell_the_autoscaler_will_not_place_fails_with_its_words() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
+        b.autoscaler(
+            FakeAutoscaler::gpu_pool(FakeNode::h100("gpu-pool-1", 8))
+                .timings(Duration::from_secs(2), Duration::from_secs(12))
+                .max(0),
+        )
+    });
+    let suite = c.suite(
+        "noscale",
+        "name: noscale\ngpus: [\"H100:1\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let t0 = Instant::now();
+    let (out, v) = c.run(&suite, &[]);
+    let took = t0.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["failure"]["kind"], "unschedulable", "{cell:#}");
+    let msg = cell["failure"]["message"].as_str().unwrap();
+    assert!(msg.contains("autoscaler"), "{msg}");
+    // The default grace (90 s) is not waited out.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
     c.assert_nothing_left();
 }
 

@@ -755,3 +755,122 @@ benchmarks:
     );
     assert_eq!(fake.uploads().len(), 3);
 }
+
+/// Throttling (`RESOURCE_EXHAUSTED` with a retry-after) is waited out: the same
+/// `SandboxCreate` goes again under the same idempotency key and the cell runs on its
+/// first GPU, its fallback untouched.
+#[test]
+fn a_throttled_sandbox_create_is_retried_not_a_gpu_refusal() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    fake.scenario(|s| {
+        s.throttle_sandbox_creates = 2;
+        s.throttle_after = Duration::from_millis(200);
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        r#"
+name: throttled
+image: debian:bookworm-slim
+gpus: ["H100:2"]
+gpu_fallback:
+  "H100:2": ["A100-80GB:2"]
+benchmarks:
+  - name: g
+    workload: {shell: 'echo ran'}
+"#,
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    let g = cell(&rec, "g.h100x2");
+    assert_eq!(
+        g["status"],
+        "succeeded",
+        "{g}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(g["info"]["modal_gpu"], "H100:2", "{g}");
+    assert!(g["info"].get("modal_gpus_tried").is_none(), "no fallback: {g}");
+    let creates: Vec<_> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "SandboxCreate")
+        .collect();
+    assert_eq!(creates.len(), 3, "{creates:?}");
+    assert!(creates[0].idempotency_key.is_some());
+    assert!(
+        creates
+            .iter()
+            .all(|c| c.idempotency_key == creates[0].idempotency_key),
+        "{creates:?}"
+    );
+    let asked: Vec<_> = fake.sandboxes().iter().filter_map(|s| s.gpu.clone()).collect();
+    assert_eq!(asked, [("H100".to_string(), 2)]);
+}
+
+/// Files Modal ingests slowly (`exists: false` after the upload) are asked about
+/// again until they are there: the mounts are made and the cell runs.
+#[test]
+fn slowly_ingested_uploads_still_make_their_mounts() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    fake.scenario(|s| s.slow_ingestion = 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        "name: slow\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    let x = cell(&rec, "x.cpu");
+    assert_eq!(
+        x["status"],
+        "succeeded",
+        "{x}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!fake.uploads().is_empty(), "the agent was uploaded");
+    let not_yet = fake
+        .calls()
+        .iter()
+        .filter(|c| c.detail.as_deref() == Some("exists=false (ingesting)"))
+        .count();
+    assert_eq!(not_yet, 2 * fake.uploads().len(), "each upload waited for");
+}
+
+/// The sandbox is asked for with `network_access: OPEN`, as the official client asks,
+/// and every call says it comes from Modal's Go client (client type 9).
+#[test]
+fn sandboxes_get_open_network_and_calls_the_go_client_type() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        "name: net\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
+    );
+    let (_, rec) = run(&fake, tmp.path(), &m, &[]);
+    assert_eq!(cell(&rec, "x.cpu")["status"], "succeeded");
+    let sbs = fake.sandboxes();
+    assert_eq!(sbs.len(), 1);
+    assert_eq!(
+        sbs[0].network_access,
+        Some(orch_backend_modal::proto::network_access::NetworkAccessType::Open as i32)
+    );
+    let calls = fake.calls();
+    assert!(!calls.is_empty());
+    for c in &calls {
+        assert_eq!(c.client_type.as_deref(), Some("9"), "{c:?}");
+        assert!(
+            c.libmodal_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("modal-go/")),
+            "{c:?}"
+        );
+    }
+}
