@@ -337,6 +337,35 @@ fn user_tolerations(s: &KubeSettings) -> Vec<K8sToleration> {
 
 /// The agent installer's security context: what a `restricted` Pod
 /// Security namespace admits (the copy needs nothing more).
+/// A benchmark pod is not to be moved: Karpenter's consolidation and the
+/// cluster autoscaler's scale-down leave a node running one alone (a
+/// drain still evicts it, which is recorded as such).
+fn pod_annotations(mut annotations: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    annotations.insert("karpenter.sh/do-not-disrupt".into(), "true".into());
+    annotations.insert(
+        "cluster-autoscaler.kubernetes.io/safe-to-evict".into(),
+        "false".into(),
+    );
+    annotations
+}
+
+/// Requests and limits for a container orch adds (probe, setup): every
+/// container of a pod needs limits where a ResourceQuota covers
+/// `limits.cpu`/`limits.memory` and no LimitRange gives defaults.
+fn small_resources(cpu_limit: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("10m".into())),
+            ("memory".to_string(), Quantity("32Mi".into())),
+        ])),
+        limits: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu_limit.into())),
+            ("memory".to_string(), Quantity(memory_limit.into())),
+        ])),
+        ..Default::default()
+    }
+}
+
 fn installer_security() -> k8s_openapi::api::core::v1::SecurityContext {
     k8s_openapi::api::core::v1::SecurityContext {
         run_as_non_root: Some(true),
@@ -499,7 +528,12 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
                 ("cpu".to_string(), Quantity("10m".into())),
                 ("memory".to_string(), Quantity("32Mi".into())),
             ])),
-            limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
+            // A namespace whose ResourceQuota covers `limits.cpu` refuses a
+            // pod with any container that has no CPU limit.
+            limits: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("100m".into())),
+                ("memory".to_string(), Quantity("128Mi".into())),
+            ])),
             ..Default::default()
         }),
         volume_mounts: Some(vec![VolumeMount {
@@ -531,7 +565,7 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(annotations),
+                    annotations: Some(pod_annotations(annotations)),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -617,6 +651,7 @@ pub fn probe_job(name: &str, image: &str, script: &str, s: &KubeSettings) -> Job
                             value_from: None,
                         }]),
                         volume_mounts: mounts,
+                        resources: Some(small_resources("100m", "128Mi")),
                         ..Default::default()
                     }],
                     volumes,
@@ -776,6 +811,8 @@ pub fn setup_job(
                         command: Some(command),
                         env: (!env_vars.is_empty()).then_some(env_vars),
                         volume_mounts: Some(mounts),
+                        // Parallel ranged downloads: a few CPUs and buffers.
+                        resources: Some(small_resources("4", "4Gi")),
                         ..Default::default()
                     }],
                     volumes: Some(volumes),

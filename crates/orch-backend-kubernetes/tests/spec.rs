@@ -115,3 +115,47 @@ fn the_dry_run_yaml_is_stable() {
     let yaml = spec::dry_run_yaml(&[job], &["HF_TOKEN".into()], "20261125-101500-k8s-spec-abcd", &s);
     insta::assert_snapshot!(yaml);
 }
+
+/// Under a ResourceQuota on `limits.cpu`/`limits.memory` with no
+/// LimitRange, the API server refuses a pod any of whose containers lacks
+/// either limit: every container orch adds has both (the cell's own gets
+/// what the suite asks for).
+#[test]
+fn every_container_orch_adds_has_cpu_and_memory_limits() {
+    let s = KubeSettings::new("bench", "registry.example.com/orch/orch-agent:0.1.0");
+    let cell = serde_json::to_value(job()).unwrap();
+    let probe = serde_json::to_value(spec::probe_job("orch-probe-x", "busybox:1", "true", &s)).unwrap();
+    let setup = serde_json::to_value(spec::setup_job(
+        "orch-setup-x",
+        "registry.example.com/orch/orch-agent:0.1.0",
+        &["setup".into()],
+        None,
+        &[],
+        &s,
+    ))
+    .unwrap();
+    let added = [
+        (
+            "the agent installer",
+            &cell["spec"]["template"]["spec"]["initContainers"][0],
+        ),
+        ("the probe", &probe["spec"]["template"]["spec"]["containers"][0]),
+        ("the setup", &setup["spec"]["template"]["spec"]["containers"][0]),
+    ];
+    for (what, c) in added {
+        for r in ["cpu", "memory"] {
+            assert!(
+                c["resources"]["limits"][r].is_string(),
+                "{what} has no {r} limit: {c:#}"
+            );
+            assert!(
+                c["resources"]["requests"][r].is_string(),
+                "{what} has no {r} request: {c:#}"
+            );
+        }
+    }
+    // A benchmark pod is not consolidated or scaled down under it.
+    let ann = &cell["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(ann["karpenter.sh/do-not-disrupt"], "true");
+    assert_eq!(ann["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
+}

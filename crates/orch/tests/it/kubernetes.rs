@@ -299,12 +299,12 @@ fn a_gpu_cell_waits_for_the_autoscalers_new_node_and_runs() {
     let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
         b.autoscaler(
             FakeAutoscaler::gpu_pool(FakeNode::h100("gpu-pool-1", 8))
-                .timings(Duration::from_secs(2), Duration::from_secs(12)),
+                .timings(Duration::from_secs(2), Duration::from_secs(25)),
         )
     });
     let suite = c.suite(
         "scale",
-        "name: scale\ngpus: [\"H100:1\"]\nkubernetes: {unschedulable_grace: 6s}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+        "name: scale\ngpus: [\"H100:1\"]\nkubernetes: {unschedulable_grace: 10s}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
     );
     let (out, v) = c.run(&suite, &[]);
     let cell = &cells(&v)[0];
