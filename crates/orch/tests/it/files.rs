@@ -289,7 +289,7 @@ fn a_missing_file_or_a_dirty_repository_is_refused_before_the_run() {
 }
 
 #[test]
-fn the_workdir_suite_runs_on_slurm_through_the_shared_folder() {
+fn the_travelling_suites_run_on_slurm_through_the_shared_folder() {
     if let Some(why) = orch_testkit::slurm::unavailable() {
         skip::skip_or_fail(
             &skip::current_test(),
@@ -304,45 +304,68 @@ fn the_workdir_suite_runs_on_slurm_through_the_shared_folder() {
         .unwrap_or_else(|e| panic!("cannot start the test cluster: {e}"));
     let tmp = tempfile::tempdir().unwrap();
     let shared = tmp.path().join("shared");
-    let manifest = suites::workdir_toy(&tmp.path().join("suite"), "unused:1");
-    let mut text_m = std::fs::read_to_string(&manifest).unwrap();
-    text_m.push_str(&format!(
-        "slurm: {{shared_dir: {}, partition: gpu}}\n",
-        shared.display()
-    ));
-    std::fs::write(&manifest, text_m).unwrap();
-    let dir = tmp.path().join("runs");
-    let local = run("local", &manifest, &dir, &[]);
-    let mut cmd = orch(&dir.join("cache"));
-    let out = cmd
-        .envs(c.env())
-        .args(["run", "--json", "--backend", "slurm", "-f"])
-        .arg(&manifest)
-        .arg("--store")
-        .arg(dir.join("store-slurm"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let slurm: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(shape(&slurm), shape(&local), "slurm {slurm}\nlocal {local}");
-    // The blobs went to the shared folder once, the files under the job's.
+    for (name, manifest) in [
+        (
+            "standin",
+            suites::standin_toy(&tmp.path().join("standin"), "unused:1"),
+        ),
+        (
+            "workdir",
+            suites::workdir_toy(&tmp.path().join("workdir"), "unused:1"),
+        ),
+    ] {
+        let mut text_m = std::fs::read_to_string(&manifest).unwrap();
+        text_m.push_str(&format!(
+            "slurm: {{shared_dir: {}, partition: gpu}}\n",
+            shared.display()
+        ));
+        std::fs::write(&manifest, text_m).unwrap();
+        let dir = tmp.path().join(format!("runs-{name}"));
+        let local = run("local", &manifest, &dir, &[]);
+        let out = orch(&dir.join("cache"))
+            .envs(c.env())
+            .args(["run", "--json", "--backend", "slurm", "-f"])
+            .arg(&manifest)
+            .arg("--store")
+            .arg(dir.join("store-slurm"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out));
+        let slurm: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            shape(&slurm),
+            shape(&local),
+            "{name}: slurm {slurm}\nlocal {local}"
+        );
+    }
+    // The blobs went to the shared folder once; every path of every task
+    // is under the shared folder, none in the suites' folders or this
+    // checkout.
     let blobs: Vec<_> = std::fs::read_dir(shared.join("blobs"))
         .unwrap()
         .flatten()
         .collect();
-    assert!(blobs.len() >= 2, "{blobs:?}");
+    assert!(blobs.len() >= 5, "{blobs:?}");
     let tasks = tasks_under(&shared.join("jobs"));
-    assert!(!tasks.is_empty());
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
     for (path, task) in &tasks {
         let v: Value = serde_json::from_str(task).unwrap();
-        let workdir = v["workload"]["workdir"].as_str().unwrap_or_default();
+        let mut workload = v["workload"].to_string();
+        workload.push_str(&v["files"]["files"].to_string());
+        for host in [
+            tmp.path().join("standin"),
+            tmp.path().join("workdir"),
+            suites::checkout(),
+        ] {
+            let host = format!("\"{}", host.to_string_lossy());
+            assert!(
+                !workload.contains(&host),
+                "{}: names `{host}`: {task}",
+                path.display()
+            );
+        }
         assert!(
-            workdir.starts_with(&*shared.to_string_lossy()),
-            "{}: {task}",
-            path.display()
-        );
-        assert!(
-            !task.contains(&*manifest.parent().unwrap().to_string_lossy()),
+            workload.contains(&*shared.to_string_lossy()),
             "{}: {task}",
             path.display()
         );
