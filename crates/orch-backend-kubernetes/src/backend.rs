@@ -616,7 +616,21 @@ impl Backend for KubernetesBackend {
             packs = files::packs(&task.run_id, &shipment.blobs());
         }
         let mut job = spec::cell_job(&task, &image, &names, &self.settings);
-        if shipment.is_some() {
+        // A task too long for one argument travels as a file.
+        let task_json = cell.dir.join("task.json");
+        let big = orch_backend::home::task_b64(&task).len() > files::TASK_ARG_BYTES;
+        if big {
+            let json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
+                action: "serialise the task".into(),
+                source: std::io::Error::other(e),
+            })?;
+            std::fs::write(&task_json, json).map_err(|e| BackendError::Io {
+                action: format!("write `{}`", task_json.display()),
+                source: e,
+            })?;
+            packs.extend(files::task_file(&mut job, &task.run_id, &task_json)?);
+        }
+        if shipment.is_some() || big {
             files::mount(&mut job, &packs);
         }
         let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {

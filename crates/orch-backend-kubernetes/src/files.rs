@@ -19,6 +19,11 @@
 //! [`orch_files::CELL_ROOT`] takes the files, which the agent lays out from
 //! the blobs (joining chunks, checking every digest) before the workload.
 //!
+//! The task itself goes the same way when its `--task-b64` argument would
+//! pass [`TASK_ARG_BYTES`] (Linux refuses one argument over 128 KiB): its
+//! JSON is a blob of its own ConfigMap and the agent reads `--task
+//! /orch/blobs/<sha256>` ([`task_file`]).
+//!
 //! Limits: at most [`MAX_CELL_BYTES`] per cell (ConfigMaps live in etcd,
 //! which is no place for data sets or weights: those belong in the image,
 //! `orch build`, or on the weights PVC); the blobs sit in the namespace
@@ -200,6 +205,55 @@ pub fn config_map(pack: &Pack, run_id: &str, s: &KubeSettings) -> Result<ConfigM
         immutable: Some(true),
         ..Default::default()
     })
+}
+
+/// A task whose `--task-b64` argument would be longer than this goes to
+/// the pod as a file instead: Linux refuses to start a program with one
+/// argument over 128 KiB (`MAX_ARG_STRLEN`), which a suite with large
+/// `env:` values or many parameters reaches.
+pub const TASK_ARG_BYTES: usize = 64 * 1024;
+
+/// The task as a file of its own ConfigMap (its JSON staged at `json`, on
+/// this host): the agent reads `--task /orch/blobs/<sha256>` instead of
+/// `--task-b64`. `None`: the task fits an argument.
+pub fn task_file(job: &mut Job, run_id: &str, json: &Path) -> Result<Option<Pack>, BackendError> {
+    let io = |e: std::io::Error| BackendError::Io {
+        action: format!("read `{}`", json.display()),
+        source: e,
+    };
+    let size = std::fs::metadata(json).map_err(io)?.len();
+    if size > PACK_BYTES {
+        return Err(BackendError::User(format!(
+            "the cell's task comes to {} as JSON, over the {} one ConfigMap carries\nhint: move large values out of `env:` and parameters into files the cell reads (they travel with it)",
+            human_bytes(size),
+            human_bytes(PACK_BYTES)
+        )));
+    }
+    let mut data = Vec::new();
+    std::fs::File::open(json)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(io)?;
+    let sha = orch_files::hex(&Sha256::digest(&data));
+    let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) else {
+        return Ok(None);
+    };
+    let Some(args) = pod
+        .containers
+        .iter_mut()
+        .find(|c| c.name == CELL_CONTAINER)
+        .and_then(|c| c.args.as_mut())
+    else {
+        return Ok(None);
+    };
+    let Some(i) = args.iter().position(|a| a == "--task-b64") else {
+        return Ok(None);
+    };
+    if args.get(i + 1).map_or(0, String::len) <= TASK_ARG_BYTES {
+        return Ok(None);
+    }
+    args[i] = "--task".into();
+    args[i + 1] = format!("{}/{sha}", orch_files::CELL_BLOBS);
+    Ok(packs(run_id, &[(sha.as_str(), json, size)]).into_iter().next())
 }
 
 /// The cell's Job with its files: the blobs' ConfigMaps as one read-only

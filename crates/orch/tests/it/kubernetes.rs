@@ -345,6 +345,37 @@ fn a_cell_the_autoscaler_will_not_place_fails_with_its_words() {
     c.assert_nothing_left();
 }
 
+/// A task longer than Linux lets one argument be (128 KiB): two 60 KiB
+/// environment values make a 160 KiB `--task-b64`. It travels as a file of
+/// its own ConfigMap instead, and the cell runs.
+#[test]
+fn a_task_too_long_for_one_argument_travels_as_a_file() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let (a, b) = ("a".repeat(60 * 1024), "b".repeat(60 * 1024));
+    let suite = c.suite(
+        "bigtask",
+        &format!(
+            "name: bigtask\nenv: {{BIG_A: {a}, BIG_B: {b}}}\nbenchmarks:\n  - name: hello\n    workload: {{shell: 'echo ORCH_METRIC len=$((${{#BIG_A}} + ${{#BIG_B}}))'}}\n"
+        ),
+    );
+    let (out, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(out.status.code(), Some(0), "{cell:#}");
+    assert_eq!(cell["metrics"]["len"], 2.0 * 60.0 * 1024.0, "{cell:#}");
+    let jobs = c.fake.created("jobs");
+    let args = jobs[0]["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("\"--task\",\"/orch/blobs/"), "{args}");
+    assert!(!args.contains("--task-b64"), "{args}");
+    c.assert_nothing_left();
+    assert!(
+        c.fake.objects("configmaps").is_empty(),
+        "the task's ConfigMap was left"
+    );
+}
+
 #[test]
 fn an_oom_killed_pod_is_oom() {
     if !ready() {
