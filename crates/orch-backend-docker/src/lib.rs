@@ -16,8 +16,9 @@
 //! - the files a cell names (workdir, patches, prompt file, a local repo as
 //!   a git bundle, `sync:` paths) travel as the host cache's folder of
 //!   content-addressed blobs, bind-mounted read-only at `/orch/blobs`; the
-//!   task names their places under `/orch/files`, where the agent copies
-//!   them and checks each digest (`orch-files`);
+//!   task names their places under `/orch/files` (a tmpfs any user may
+//!   write), where the agent copies them and checks each digest
+//!   (`orch-files`);
 //! - secrets are container environment only;
 //! - labels `orch.run` and `orch.cell` mark every container; a container is
 //!   removed once its result is stored (unless `keep`), and `cleanup` removes
@@ -282,8 +283,14 @@ impl Container<'_> {
         }) {
             binds.push(format!("{}:{}:ro", dir.display(), orch_files::CELL_BLOBS));
         }
+        let files = cell.launch.files.as_ref().is_some_and(|f| !f.is_empty());
         let mut host = HostConfig {
             binds: Some(binds),
+            // Where the agent lays the files out, writable whatever user
+            // the image runs as (`/` is root's), executable scripts allowed.
+            tmpfs: files.then(|| {
+                HashMap::from([(orch_files::CELL_ROOT.to_string(), "rw,exec,mode=1777".to_string())])
+            }),
             ..Default::default()
         };
         if weights {
