@@ -3,12 +3,21 @@
 //! - stdout and stderr go to `stdout.log` / `stderr.log` in the output folder
 //!   (head and tail kept for huge outputs, see [`crate::capture`]);
 //! - metrics come from the JSON file at `$ORCH_METRICS_FILE` and from stdout
-//!   lines `ORCH_METRIC name=value [name=value ...]`;
+//!   lines `ORCH_METRIC name=value [name=value ...]`; a value that is not a
+//!   finite number (`NaN`, `inf`, `1e400`, `x`) is left out, the same way
+//!   from either place: a `warning:` line in the cell's log (a message
+//!   event, `agent.log` on the host) and a note in the record
+//!   (`info.metric_notes`); it never fails the cell. A metrics file that is
+//!   not a JSON object fails it (`bad_metrics`). Lines up to
+//!   [`MAX_SCANNED_LINE`] (1 MiB) are read whole; an `ORCH_METRIC` line
+//!   longer than that is refused with a warning, never dropped silently;
 //! - phases come from stdout lines `ORCH_PHASE warmup|measure|teardown`; a
 //!   command that prints none has its whole run counted as `measure`;
 //! - the program runs in its own process group, killed as a whole at the end,
 //!   on timeout and on stop (SIGTERM, then SIGKILL after the grace period);
-//! - it dies with the agent (`PR_SET_PDEATHSIG`), so nothing is orphaned.
+//! - it dies with the agent (`PR_SET_PDEATHSIG`), so nothing is orphaned;
+//!   it starts inside the cell (the guard's PID and mount namespaces, the
+//!   cell's cgroup, where the agent has them: [`crate::reaper`]).
 
 use crate::capture::Capture;
 use crate::ctx::Ctx;
@@ -25,13 +34,18 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Longest stdout line scanned for `ORCH_*` markers; longer lines are logged
-/// but not parsed.
-const MAX_SCANNED_LINE: usize = 64 * 1024;
+/// Longest stdout line scanned for `ORCH_*` markers (1 MiB); longer lines
+/// are logged, and an `ORCH_METRIC` one is refused with a warning.
+pub const MAX_SCANNED_LINE: usize = 1024 * 1024;
+
+/// The record's `info` key listing metrics left out (not finite numbers).
+pub const METRIC_NOTES_KEY: &str = "metric_notes";
 
 enum Note {
     Metric(String, f64),
     Phase(Phase),
+    /// A metric left out, and why.
+    Refused(String),
 }
 
 pub fn run(cmd: &CommandWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
@@ -104,21 +118,21 @@ pub fn run_with_logs(
     let out_thread = stdout.map(|s| {
         let done = done_tx.clone();
         thread::spawn(move || {
-            let r = pump(s, out_cap, Some(|l: &[u8]| scan_line(l, &tx)));
+            let r = pump(s, out_cap, Some(|l: &[u8], cut: bool| scan_line(l, cut, &tx)));
             let _ = done.send((true, r));
         })
     });
     let err_thread = stderr.map(|s| {
         let done = done_tx.clone();
         thread::spawn(move || {
-            let r = pump(s, err_cap, None::<fn(&[u8])>);
+            let r = pump(s, err_cap, None::<fn(&[u8], bool)>);
             let _ = done.send((false, r));
         })
     });
     drop(done_tx);
 
     let deadline = Instant::now() + secs(task.measure.timeout_s - ctx.elapsed());
-    let mut metrics = BTreeMap::new();
+    let mut metrics = Metrics::default();
     let mut saw_phase = false;
     let mut ended_by: Option<Status> = None;
     let exit: ExitStatus = loop {
@@ -221,14 +235,25 @@ pub fn run_with_logs(
         .insert("argv0".into(), serde_json::Value::String(program.clone()));
 
     match read_metrics_file(&metrics_path) {
-        Ok(Some(m)) => metrics.extend(m),
+        Ok(Some((m, refused))) => {
+            metrics.values.extend(m);
+            for why in refused {
+                metrics.refuse(ctx, why);
+            }
+        }
         Ok(None) => {}
         Err(msg) => {
             result.failure = Some(Failure::new("bad_metrics", msg));
             result.status = Status::Failed;
         }
     }
-    result.metrics = metrics;
+    if !metrics.notes.is_empty() {
+        result.info.insert(
+            METRIC_NOTES_KEY.into(),
+            serde_json::Value::Array(metrics.notes.into_iter().map(serde_json::Value::String).collect()),
+        );
+    }
+    result.metrics = metrics.values;
 
     let exit_code = exit.code();
     let signal = exit.signal();
@@ -270,11 +295,38 @@ pub fn run_with_logs(
     result
 }
 
-fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut BTreeMap<String, f64>, saw_phase: &mut bool) {
+/// The metrics a command reported, and the notes on those left out.
+#[derive(Default)]
+struct Metrics {
+    values: BTreeMap<String, f64>,
+    notes: Vec<String>,
+}
+
+/// Notes (and warning lines) at most: a workload printing `NaN` in a loop
+/// must not grow the record or the log without bound. The last one says
+/// that more were left out.
+const MAX_METRIC_NOTES: usize = 50;
+
+impl Metrics {
+    fn refuse(&mut self, ctx: &mut Ctx, why: String) {
+        let why = match self.notes.len() {
+            n if n < MAX_METRIC_NOTES - 1 => why,
+            n if n == MAX_METRIC_NOTES - 1 => {
+                "more metrics were left out than are listed (not finite numbers)".to_string()
+            }
+            _ => return,
+        };
+        ctx.message(format!("warning: {why}"));
+        self.notes.push(why);
+    }
+}
+
+fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut Metrics, saw_phase: &mut bool) {
     match note {
         Note::Metric(k, v) => {
-            metrics.insert(k, v);
+            metrics.values.insert(k, v);
         }
+        Note::Refused(why) => metrics.refuse(ctx, why),
         Note::Phase(p) => {
             // Time before the first phase line was process start-up (the
             // phase opened at spawn).
@@ -337,6 +389,15 @@ pub(crate) fn supervised(
     command
         .envs(extra_env.iter().map(|(k, v)| (k, v)))
         .envs(task.env.iter().map(|(k, v)| (k, expand(v))));
+    // Where the process works, absolute: joining the cell's mount namespace
+    // (see `crate::reaper`) moves to its root, so the hook goes back there.
+    let cwd = std::env::current_dir()
+        .ok()
+        .map(|here| match workdir {
+            Some(dir) => here.join(dir),
+            None => here,
+        })
+        .and_then(|p| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok());
     if let Some(dir) = workdir {
         if !Path::new(dir).is_dir() {
             return Err(Box::new(CellResult::failed(
@@ -350,9 +411,11 @@ pub(crate) fn supervised(
         }
         command.current_dir(dir);
     }
-    // SAFETY: only async-signal-safe calls (setpgid, prctl) between fork and exec.
+    // SAFETY: only async-signal-safe calls (setns, chdir, open/write/close,
+    // setpgid, prctl) between fork and exec.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
+            crate::reaper::enter_cell_in_child(cwd.as_deref())?;
             if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -364,8 +427,16 @@ pub(crate) fn supervised(
     Ok(command)
 }
 
+/// The longest duration the agent waits for anything (about 31 years): a
+/// task's seconds become a `Duration` that `Instant + ` never overflows.
+const MAX_WAIT_S: f64 = 1e9;
+
+/// Seconds as a `Duration`, saturating: negative or NaN is zero, anything
+/// over [`MAX_WAIT_S`] (infinity included) is `MAX_WAIT_S`. Never panics,
+/// whatever a task (or a hand-edited `plan.json`) says.
 pub(crate) fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
+    let s = if s.is_nan() { 0.0 } else { s.clamp(0.0, MAX_WAIT_S) };
+    Duration::from_secs_f64(s)
 }
 
 /// SIGTERM the group, wait up to `grace_s`, then SIGKILL.
@@ -400,13 +471,13 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) {
 }
 
 /// Copy a pipe into its capture with the cell's secrets masked (also when a
-/// secret is split across reads), handing each line (cut at `\n` or `\r`;
-/// lines over `MAX_SCANNED_LINE` bytes are logged but not handed on) to
-/// `on_line` when given.
+/// secret is split across reads), handing each line (cut at `\n` or `\r`)
+/// to `on_line` when given, with `false`; a line over [`MAX_SCANNED_LINE`]
+/// bytes is handed on as its first `MAX_SCANNED_LINE` bytes with `true`.
 pub(crate) fn pump(
     src: impl Read,
     cap: Capture,
-    on_line: Option<impl FnMut(&[u8])>,
+    on_line: Option<impl FnMut(&[u8], bool)>,
 ) -> std::io::Result<StreamInfo> {
     pump_masked(src, cap, on_line, crate::secrets::masker())
 }
@@ -415,7 +486,7 @@ pub(crate) fn pump(
 pub fn pump_masked(
     mut src: impl Read,
     mut cap: Capture,
-    mut on_line: Option<impl FnMut(&[u8])>,
+    mut on_line: Option<impl FnMut(&[u8], bool)>,
     masker: &orch_protocol::mask::Masker,
 ) -> std::io::Result<StreamInfo> {
     let mut buf = vec![0u8; 64 * 1024];
@@ -443,8 +514,8 @@ pub fn pump_masked(
         if let Some(f) = on_line.as_mut() {
             for &b in &buf[..n] {
                 if b == b'\n' || b == b'\r' {
-                    if !line_too_long && !line.is_empty() {
-                        f(&line);
+                    if !line.is_empty() {
+                        f(&line, line_too_long);
                     }
                     line.clear();
                     line_too_long = false;
@@ -457,8 +528,8 @@ pub fn pump_masked(
         }
     }
     if let Some(f) = on_line.as_mut() {
-        if !line_too_long && !line.is_empty() {
-            f(&line);
+        if !line.is_empty() {
+            f(&line, line_too_long);
         }
     }
     if let Some(m) = mask.as_mut() {
@@ -472,7 +543,17 @@ pub fn pump_masked(
     Ok(info)
 }
 
-fn scan_line(line: &[u8], tx: &mpsc::Sender<Note>) {
+fn scan_line(line: &[u8], cut: bool, tx: &mpsc::Sender<Note>) {
+    if cut {
+        let head = String::from_utf8_lossy(&line[..line.len().min(64)]);
+        if head.trim_start().starts_with(METRIC_LINE_PREFIX) {
+            let _ = tx.send(Note::Refused(format!(
+                "an `{METRIC_LINE_PREFIX}` line longer than {} MiB was not read: print one line per few metrics, or write them to `${METRICS_FILE_ENV}`",
+                MAX_SCANNED_LINE >> 20
+            )));
+        }
+        return;
+    }
     let Ok(text) = std::str::from_utf8(line) else {
         return;
     };
@@ -492,8 +573,13 @@ fn parse_marker_line(text: &str) -> Vec<Note> {
             .split_whitespace()
             .filter_map(|pair| {
                 let (k, v) = pair.split_once('=')?;
-                let v: f64 = v.parse().ok()?;
-                (!k.is_empty() && v.is_finite()).then(|| Note::Metric(k.to_string(), v))
+                if k.is_empty() {
+                    return None;
+                }
+                Some(match v.parse::<f64>() {
+                    Ok(x) if x.is_finite() => Note::Metric(k.to_string(), x),
+                    _ => Note::Refused(refused(k, v, METRIC_LINE_PREFIX)),
+                })
             })
             .collect();
     }
@@ -507,15 +593,130 @@ fn parse_marker_line(text: &str) -> Vec<Note> {
     vec![]
 }
 
+/// The note on a metric left out.
+fn refused(name: &str, value: &str, from: &str) -> String {
+    let value: String = value.chars().take(40).collect();
+    format!("metric `{name}` left out: `{value}` (from {from}) is not a finite number")
+}
+
+/// Prefix of the JSON string a non-finite number token of a metrics file
+/// becomes before parsing (a NUL never starts a metric a workload wrote).
+const NON_FINITE_MARK: &str = "\u{0}non-finite:";
+
 /// The metrics file, if the command wrote one (see
-/// [`orch_protocol::parse_metrics_json`]).
-fn read_metrics_file(path: &Path) -> Result<Option<BTreeMap<String, f64>>, String> {
+/// [`orch_protocol::parse_metrics_json`]), and the notes on the values left
+/// out. JSON has no `NaN` or `Infinity` and `serde_json` refuses `1e400`,
+/// but Python's `json.dump` writes the first two: each such number token is
+/// turned into a marked string first, so one bad value costs its metric,
+/// not the cell's.
+/// A metrics file's values and the notes on the values left out.
+type MetricsRead = (BTreeMap<String, f64>, Vec<String>);
+
+fn read_metrics_file(path: &Path) -> Result<Option<MetricsRead>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read the metrics file `{}`: {e}", path.display())),
     };
-    orch_protocol::parse_metrics_json(&text).map(Some)
+    let text = mark_non_finite(&text);
+    let mut metrics = orch_protocol::parse_metrics_json(&text)?;
+    // The marked values were strings, so `parse_metrics_json` left them out;
+    // find their names the same way it names metrics.
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let mut notes = Vec::new();
+    marked_names("", &value, &mut notes);
+    for (name, _) in &notes {
+        metrics.remove(name);
+    }
+    let from = format!("`${METRICS_FILE_ENV}`");
+    Ok(Some((
+        metrics,
+        notes.into_iter().map(|(k, v)| refused(&k, &v, &from)).collect(),
+    )))
+}
+
+/// The names (flattened like [`orch_protocol::parse_metrics_json`]: `a.b`,
+/// `{value: ..}` objects as their key) of the values [`mark_non_finite`] marked.
+fn marked_names(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => {
+            if let Some(token) = s.strip_prefix(NON_FINITE_MARK) {
+                out.push((prefix.to_string(), token.to_string()));
+            }
+        }
+        Value::Object(map) => {
+            if let (Some(inner), false) = (map.get("value"), prefix.is_empty()) {
+                if !inner.is_object() {
+                    return marked_names(prefix, inner, out);
+                }
+            }
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                marked_names(&key, v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `NaN`, `Infinity`, `-Infinity`, `inf` and numbers too large for an
+/// `f64` (`1e400`), outside strings, as marked JSON strings; the rest of
+/// the text unchanged.
+fn mark_non_finite(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.char_indices().peekable();
+    let mut in_string = false;
+    let mut escaped = false;
+    while let Some((i, c)) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+            out.push(c);
+            continue;
+        }
+        if !(c == '-' || c == '+' || c.is_ascii_alphanumeric()) {
+            out.push(c);
+            continue;
+        }
+        let mut end = i + c.len_utf8();
+        while let Some(&(j, d)) = chars.peek() {
+            if d.is_ascii_alphanumeric() || matches!(d, '.' | '-' | '+' | '_') {
+                end = j + d.len_utf8();
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        let token = &text[i..end];
+        let non_finite = match token {
+            "true" | "false" | "null" => false,
+            _ => {
+                let lower = token.trim_start_matches(['-', '+']).to_ascii_lowercase();
+                matches!(lower.as_str(), "nan" | "inf" | "infinity")
+                    || token.parse::<f64>().is_ok_and(|x| !x.is_finite())
+            }
+        };
+        if non_finite {
+            out.push_str(&serde_json::Value::String(format!("{NON_FINITE_MARK}{token}")).to_string());
+        } else {
+            out.push_str(token);
+        }
+    }
+    out
 }
 
 pub(crate) fn env_name(k: &str) -> String {
@@ -570,6 +771,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_saturate() {
+        assert_eq!(secs(-1.0), Duration::ZERO);
+        assert_eq!(secs(f64::NAN), Duration::ZERO);
+        assert_eq!(secs(1.5), Duration::from_millis(1500));
+        assert_eq!(secs(1.8446744073709552e19), secs(f64::INFINITY));
+        let _ = Instant::now() + secs(f64::INFINITY);
+    }
+
+    #[test]
     fn marker_lines() {
         let notes = parse_marker_line("ORCH_METRIC tokens_per_s=123.5 loss=0.25 junk bad=x");
         let got: Vec<(String, f64)> = notes
@@ -580,6 +790,16 @@ mod tests {
             })
             .collect();
         assert_eq!(got, vec![("tokens_per_s".into(), 123.5), ("loss".into(), 0.25)]);
+        let refused: Vec<String> = parse_marker_line("ORCH_METRIC a=NaN b=inf c=1e400 d=2 e=-inf")
+            .into_iter()
+            .filter_map(|n| match n {
+                Note::Refused(why) => Some(why),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused.len(), 4, "{refused:?}");
+        assert!(refused[0].contains("metric `a` left out: `NaN`"), "{refused:?}");
+        assert!(refused[2].contains("`1e400`"), "{refused:?}");
         assert!(matches!(
             parse_marker_line("ORCH_PHASE warmup")[..],
             [Note::Phase(Phase::Warmup)]
@@ -598,11 +818,24 @@ mod tests {
             r#"{"a": 1, "b": {"c": 2.5, "d": "x"}, "e": {"value": 7, "unit": "ms"}}"#,
         )
         .unwrap();
-        let m = read_metrics_file(&p).unwrap().unwrap();
+        let (m, notes) = read_metrics_file(&p).unwrap().unwrap();
+        assert!(notes.is_empty());
         assert_eq!(m.get("a"), Some(&1.0));
         assert_eq!(m.get("b.c"), Some(&2.5));
         assert_eq!(m.get("e"), Some(&7.0));
         assert_eq!(m.len(), 3);
+        std::fs::write(
+            &p,
+            r#"{"ok": 2, "nan": NaN, "b": {"inf": -Infinity, "big": 1e400, "s": "NaN \" 1e400"}, "e": {"value": Infinity}}"#,
+        )
+        .unwrap();
+        let (m, notes) = read_metrics_file(&p).unwrap().unwrap();
+        assert_eq!(m, BTreeMap::from([("ok".to_string(), 2.0)]));
+        let joined = notes.join("\n");
+        for name in ["`nan`", "`b.inf`", "`b.big`", "`e`"] {
+            assert!(joined.contains(name), "{name} in {joined}");
+        }
+        assert_eq!(notes.len(), 4, "{joined}");
         std::fs::write(&p, "[1]").unwrap();
         assert!(read_metrics_file(&p).is_err());
         assert!(read_metrics_file(&dir.path().join("none")).unwrap().is_none());

@@ -41,12 +41,15 @@
 //! telemetry sampler thread told of phase changes through a `Ctx` hook); `stats.rs`:
 //! mean/median/p95/p99/std/CV; `secrets.rs`: the agent's masker (task's `secret_env`,
 //! known credentials, the Hub token file) and the sweep of the cell folder's other files;
-//! `reaper.rs`: subreaper, workload marks, `/proc` walks, the guard process, waiting for
-//! GPU memory; `sysmem.rs`: RSS, total and available memory. It does not: depend on
+//! `reaper.rs`: subreaper, workload marks, `/proc` walks, the guard process (init of the
+//! workloads' PID namespace where allowed, so a SIGKILL of every orch process still ends
+//! them), process names, waiting for GPU memory; `cgroup.rs`: the cell's cgroup v2
+//! (created where writable, joined by every workload process, killed with `cgroup.kill`); `sysmem.rs`: RSS, total and available memory. It does not: depend on
 //! tokio, clap or any cloud SDK; link CUDA unless built with `--features cuda`.
 
 pub mod calibrate;
 pub mod capture;
+pub mod cgroup;
 pub mod command;
 pub mod compare;
 pub mod ctx;

@@ -261,7 +261,7 @@ fn drive(
                     break;
                 }
                 if let Some(g) = &gamma {
-                    thread::sleep(Duration::from_secs_f64(g.sample(&mut rng)));
+                    thread::sleep(crate::command::secs(g.sample(&mut rng)));
                 }
             }
         })

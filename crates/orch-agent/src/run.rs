@@ -414,6 +414,7 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     }
     // Orphans of the workload become ours; if we are killed, the guard
     // kills what is left. Forked here, before any thread starts.
+    crate::reaper::set_process_name(c"orch-agent");
     crate::reaper::become_subreaper();
     crate::reaper::start_guard();
     let too_short = crate::secrets::install(&task);
@@ -484,6 +485,12 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
 /// released before the cell ends.
 fn teardown(task: &TaskSpec, result: &mut CellResult, ctx: &mut Ctx) {
     let killed = crate::reaper::kill_descendants();
+    if let Some(cg) = crate::cgroup::cell() {
+        cg.remove();
+    }
+    result
+        .info
+        .insert("containment".into(), crate::reaper::containment().into());
     if killed.is_empty() {
         return;
     }

@@ -115,7 +115,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         let flag = ready_flag.clone();
         thread::spawn(move || {
             let on_line = re.map(|re| {
-                move |l: &[u8]| {
+                move |l: &[u8], _cut: bool| {
                     if re.is_match(&String::from_utf8_lossy(l)) {
                         flag.store(true, Ordering::Relaxed);
                     }

@@ -160,3 +160,87 @@ fn rejects_a_task_of_another_protocol_version() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("protocol version 999"));
 }
+
+/// The cell's warning lines: the agent's message events (the host writes
+/// them to `agent.log`).
+fn warnings(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Message { text } if text.starts_with("warning: ") => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn metric_notes(result: &CellResult) -> Vec<String> {
+    result
+        .info
+        .get("metric_notes")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn metrics_that_are_not_finite_numbers_are_left_out_with_a_note_and_a_warning() {
+    // From a metric line and from a metrics file alike; the file's one bad
+    // value does not fail the cell.
+    let script = r#"
+echo "ORCH_METRIC good=1 nan=NaN inf=inf big=1e400 word=fast"
+printf '{"ok": 2, "fnan": NaN, "nested": {"finf": -Infinity, "fbig": 1e400}, "s": "NaN"}' > "$ORCH_METRICS_FILE"
+"#;
+    let t = task(Workload::Command(CommandWorkload {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        workdir: None,
+    }));
+    let (events, result, _out, _tmp) = run_agent(&t);
+    assert_eq!(result.status, Status::Succeeded, "{:?}", result.failure);
+    let want: BTreeMap<String, f64> = [("good", 1.0), ("ok", 2.0)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    assert_eq!(result.metrics, want);
+    let notes = metric_notes(&result);
+    let warned = warnings(&events);
+    for name in ["nan", "inf", "big", "word", "fnan", "nested.finf", "nested.fbig"] {
+        let key = format!("metric `{name}` left out");
+        assert!(notes.iter().any(|n| n.contains(&key)), "{key} in notes {notes:?}");
+        assert!(
+            warned.iter().any(|w| w.contains(&key)),
+            "{key} in warnings {warned:?}"
+        );
+    }
+    assert_eq!(notes.len(), 7, "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("`1e400`")), "{notes:?}");
+}
+
+#[test]
+fn long_metric_lines_are_read_or_refused_with_a_warning() {
+    // 100 KiB: over the old 64 KiB limit, read whole. Over 1 MiB: refused,
+    // with a warning and a note, never silently.
+    let script = r#"
+pad=$(head -c 100000 /dev/zero | tr '\0' 'x')
+echo "ORCH_METRIC first=1 pad=$pad last=2"
+big=$(head -c 1100000 /dev/zero | tr '\0' 'y')
+echo "ORCH_METRIC lost=3 pad=$big"
+echo "ORCH_METRIC after=4"
+"#;
+    let t = task(Workload::Command(CommandWorkload {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        workdir: None,
+    }));
+    let (events, result, _out, _tmp) = run_agent(&t);
+    assert_eq!(result.status, Status::Succeeded, "{:?}", result.failure);
+    assert_eq!(result.metrics.get("first"), Some(&1.0));
+    assert_eq!(result.metrics.get("last"), Some(&2.0));
+    assert_eq!(result.metrics.get("after"), Some(&4.0));
+    assert_eq!(result.metrics.get("lost"), None);
+    let refused = "an `ORCH_METRIC` line longer than 1 MiB was not read";
+    assert!(
+        warnings(&events).iter().any(|w| w.contains(refused)),
+        "{:?}",
+        warnings(&events)
+    );
+    assert!(metric_notes(&result).iter().any(|n| n.contains(refused)));
+}

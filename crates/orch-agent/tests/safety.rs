@@ -1,6 +1,11 @@
 //! The agent's safety guarantees, on the real binary: secrets never reach
 //! what it writes or sends, and no process of a workload outlives its cell
-//! (normal exit, timeout, stop, and the agent itself SIGKILLed).
+//! (normal exit, timeout, stop, the agent itself SIGKILLed, and the agent and
+//! its guard SIGKILLed at once).
+//!
+//! Workload processes are found by a command line of their own (`sleep
+//! 300.<unique>`), not by a pid the workload prints: in the agent's PID
+//! namespace a workload's `$!` is not the pid this test sees.
 
 use orch_protocol::{CommandWorkload, Measure, Status, TaskSpec, Workload};
 use std::path::{Path, PathBuf};
@@ -150,30 +155,52 @@ fn a_canary_secret_never_leaves_the_agent() {
     assert_eq!(result.metrics.get("x"), Some(&1.0));
 }
 
-/// A workload that leaves a sleeping child in its own session (out of the
-/// process group) and writes the child's pid.
-fn orphan_script(pidfile: &Path, then: &str) -> String {
+/// A `sleep` argument no other process has: `300.<test pid><n>`.
+fn unique_sleep() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("300.{}{n:03}", std::process::id())
+}
+
+/// Live processes whose command line is `sleep <arg>`, as this test's
+/// `/proc` numbers them.
+fn sleepers(arg: &str) -> Vec<i32> {
+    let want = format!("sleep\0{arg}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.ends_with(want.as_bytes()) && alive(*pid))
+        })
+        .collect()
+}
+
+/// A workload that leaves a sleeping child (`sleep <arg>`) in its own
+/// session (out of the process group) and then writes `pidfile`.
+fn orphan_script(pidfile: &Path, arg: &str, then: &str) -> String {
     format!(
         // Waits until the child has left the session (under load `setsid` may not have
         // run yet when the script ends, and the group kill would take it instead).
-        "setsid sleep 300 </dev/null >/dev/null 2>&1 & p=$!; \
+        "setsid sleep {arg} </dev/null >/dev/null 2>&1 & p=$!; \
          while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" = \"$(cut -d' ' -f6 /proc/$$/stat)\" ]; do sleep 0.01; done; \
          echo $p > {}; {then}",
         pidfile.display()
     )
 }
 
-fn wait_pid(pidfile: &Path) -> i32 {
+/// Wait for the workload to write `pidfile`, then return the pid (as this
+/// test sees it) of its `sleep <arg>` child.
+fn wait_pid(pidfile: &Path, arg: &str) -> i32 {
     let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
-            return pid;
-        }
+    while std::fs::read_to_string(pidfile).map_or(true, |s| s.trim().is_empty()) {
         assert!(Instant::now() < until, "the workload never started its child");
         std::thread::sleep(Duration::from_millis(20));
+    }
+    match sleepers(arg)[..] {
+        [pid] => pid,
+        ref other => panic!("expected one `sleep {arg}`, found {other:?}"),
     }
 }
 
@@ -204,13 +231,21 @@ fn assert_gone_soon(pid: i32, when: &str) {
 fn an_orphan_outside_the_group_dies_on_normal_exit() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
+    let arg = unique_sleep();
     let started = Instant::now();
-    let out = spawn_agent(&task(&orphan_script(&pidfile, "echo done"), 30.0), tmp.path())
-        .wait_with_output()
-        .unwrap();
+    let out = spawn_agent(
+        &task(&orphan_script(&pidfile, &arg, "echo done"), 30.0),
+        tmp.path(),
+    )
+    .wait_with_output()
+    .unwrap();
     assert!(out.status.success());
-    let pid = wait_pid(&pidfile);
-    assert_gone_soon(pid, "normal exit");
+    assert!(pidfile.exists(), "the workload ran");
+    assert_eq!(
+        sleepers(&arg),
+        Vec::<i32>::new(),
+        "the setsid child outlived its cell"
+    );
     // Its output pipes closed with it: no wait for a pipe held open.
     assert!(
         started.elapsed() < Duration::from_secs(3),
@@ -225,22 +260,30 @@ fn an_orphan_outside_the_group_dies_on_normal_exit() {
 fn an_orphan_outside_the_group_dies_on_timeout() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
-    let out = spawn_agent(&task(&orphan_script(&pidfile, "sleep 300"), 1.0), tmp.path())
-        .wait_with_output()
-        .unwrap();
+    let arg = unique_sleep();
+    let child = spawn_agent(
+        &task(&orphan_script(&pidfile, &arg, "sleep 300"), 5.0),
+        tmp.path(),
+    );
+    let pid = wait_pid(&pidfile, &arg);
+    let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let r: orch_protocol::CellResult =
         serde_json::from_slice(&std::fs::read(tmp.path().join("out/result.json")).unwrap()).unwrap();
     assert_eq!(r.status, Status::Timeout);
-    assert_gone_soon(wait_pid(&pidfile), "timeout");
+    assert_gone_soon(pid, "timeout");
 }
 
 #[test]
 fn an_orphan_outside_the_group_dies_on_stop() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
-    let child = spawn_agent(&task(&orphan_script(&pidfile, "sleep 300"), 60.0), tmp.path());
-    let pid = wait_pid(&pidfile);
+    let arg = unique_sleep();
+    let child = spawn_agent(
+        &task(&orphan_script(&pidfile, &arg, "sleep 300"), 60.0),
+        tmp.path(),
+    );
+    let pid = wait_pid(&pidfile, &arg);
     // SAFETY: signalling the agent this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
@@ -255,10 +298,170 @@ fn an_orphan_outside_the_group_dies_on_stop() {
 fn an_orphan_outside_the_group_dies_when_the_agent_is_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
-    let mut child = spawn_agent(&task(&orphan_script(&pidfile, "sleep 300"), 60.0), tmp.path());
-    let pid = wait_pid(&pidfile);
+    let arg = unique_sleep();
+    let mut child = spawn_agent(
+        &task(&orphan_script(&pidfile, &arg, "sleep 300"), 60.0),
+        tmp.path(),
+    );
+    let pid = wait_pid(&pidfile, &arg);
     assert!(alive(pid));
     child.kill().unwrap(); // SIGKILL: no teardown of its own
     child.wait().unwrap();
     assert_gone_soon(pid, "agent SIGKILLed");
+}
+
+/// `orch_testkit::skip::skip_or_fail`'s rule, written here so the agent's
+/// tests do not build the test servers: outside CI a test that cannot run
+/// here is skipped with a note; under CI (`CI=true` or `1`) it fails.
+fn skip_or_fail(test: &str, why: &str) {
+    if matches!(std::env::var("CI").as_deref(), Ok("true" | "1")) {
+        panic!("{test}: {why} (CI=true: this test must run here; .ci/run installs what it needs)");
+    }
+    eprintln!("skipped: {test}: {why}");
+}
+
+/// The agent's children named `name` (`comm`).
+fn children_named(parent: i32, name: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let comm = stat
+                .split_once(" (")
+                .and_then(|(_, r)| r.rsplit_once(") "))
+                .map(|(c, _)| c);
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, r)| r.split_whitespace().nth(1));
+            comm == Some(name) && ppid == Some(parent.to_string().as_str())
+        })
+        .collect()
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// `pkill -9 orch` kills the host, the agent and its guard at once: the
+/// workload, however many processes it forked and however they hid (their
+/// own sessions, the agent's mark dropped from their environment), dies too.
+#[test]
+#[ignore = "needs the PID namespace launcher (issue 30 item 4): the agent cannot unshare one itself"]
+fn no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let started = tmp.path().join("started");
+    let arg = unique_sleep();
+    let script = format!(
+        "for i in $(seq 30); do sleep {arg} & done; \
+         for i in $(seq 10); do setsid sleep {arg} </dev/null >/dev/null 2>&1 & done; \
+         for i in $(seq 10); do env -u {mark} sh -c 'setsid sleep {arg} </dev/null >/dev/null 2>&1 &'; done; \
+         echo yes > {}; sleep 300",
+        started.display(),
+        mark = "ORCH_AGENT_TOKEN",
+    );
+    let mut agent = spawn_agent(&task(&script, 120.0), tmp.path());
+    let agent_pid = agent.id() as i32;
+    let until = Instant::now() + Duration::from_secs(20);
+    while !(started.exists() && sleepers(&arg).len() == 50) {
+        assert!(
+            Instant::now() < until,
+            "the workload did not start its 50 children: {}",
+            sleepers(&arg).len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(comm(agent_pid), "orch-agent", "the agent is named `orch-agent`");
+    let guards = children_named(agent_pid, "orch-guard");
+    assert_eq!(guards.len(), 1, "one guard, named `orch-guard`");
+    let ns = |pid: i32, which: &str| std::fs::read_link(format!("/proc/{pid}/ns/{which}")).ok();
+    let own_namespace = ns(agent_pid, "pid_for_children") != ns(agent_pid, "pid");
+    if !own_namespace {
+        for pid in sleepers(&arg) {
+            // SAFETY: cleaning up this test's own workload before skipping.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = agent.kill();
+        let _ = agent.wait();
+        skip_or_fail(
+            "no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once",
+            "the agent could not give the workload a PID namespace of its own (needs root or CAP_SYS_ADMIN)",
+        );
+        return;
+    }
+    // SAFETY: SIGKILL of the agent and the guard this test started, back to back.
+    unsafe {
+        libc::kill(agent_pid, libc::SIGKILL);
+        libc::kill(guards[0], libc::SIGKILL);
+    }
+    agent.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = sleepers(&arg);
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > until {
+            for pid in &left {
+                // SAFETY: cleaning up after a failed test.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            panic!(
+                "{} workload processes outlived the agent and its guard",
+                left.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where cgroups are writable, the workload runs in a cgroup of the cell's
+/// own, and the cell's end kills it whole (also what dropped its mark and
+/// left the process tree's view) and removes it.
+#[test]
+fn the_workload_runs_in_a_cgroup_of_its_own_that_the_cell_end_removes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arg = unique_sleep();
+    let script = format!(
+        "env -u ORCH_AGENT_TOKEN sh -c 'setsid sleep {arg} </dev/null >/dev/null 2>&1 &'; \
+         sleep 0.2; cat /proc/self/cgroup > {}",
+        tmp.path().join("cgroup").display()
+    );
+    let out = spawn_agent(&task(&script, 30.0), tmp.path())
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        sleepers(&arg),
+        Vec::<i32>::new(),
+        "the hidden child outlived its cell"
+    );
+    let r: orch_protocol::CellResult =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("out/result.json")).unwrap()).unwrap();
+    let containment = r
+        .info
+        .get("containment")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let Some(dir) = containment.split_once("cgroup ").map(|(_, d)| d.to_string()) else {
+        skip_or_fail(
+            "the_workload_runs_in_a_cgroup_of_its_own_that_the_cell_end_removes",
+            &format!(
+                "no writable cgroup v2 for the agent here ({containment}); run as root with cgroup2 mounted"
+            ),
+        );
+        return;
+    };
+    let seen = std::fs::read_to_string(tmp.path().join("cgroup")).unwrap();
+    let name = Path::new(&dir).file_name().unwrap().to_string_lossy().to_string();
+    assert!(seen.contains(&name), "the workload was in `{name}`: {seen}");
+    assert!(
+        !Path::new(&dir).exists(),
+        "the cell's cgroup `{dir}` is removed at its end"
+    );
 }

@@ -16,6 +16,35 @@
 //! `OOMKilled`, eviction, the Job's deadline. The Job is deleted (with its
 //! pod) when the cell ends, on cancel and on timeout. The cell's files go
 //! first, as the run's ConfigMaps ([`crate::files`]), each created once.
+//!
+//! ## When the API server goes away
+//!
+//! Every call is made again, with backoff (0.25 s doubling to 2 s), after an
+//! error that the API server's absence explains: connection refused or
+//! reset, a stream cut, no answer within 15 s, a 5xx or 429. A watch of the
+//! pod, a log follow, the Job's deletion and the run's cleanup all go on
+//! through such a gap, and a running cell keeps its state (the log is read
+//! again from its start; frames already home are dropped by number). orch
+//! gives up only after the **API budget**: 180 s without one answer in a row
+//! ([`DEFAULT_API_BUDGET`], `ORCH_KUBERNETES_API_BUDGET=SECONDS` sets it).
+//! The cell then fails `api_unreachable` (never `pod_lost`: the pod may run
+//! on), its Job's deletion is tried for one more budget, and what is left
+//! stops by itself (every Job has `activeDeadlineSeconds`) or goes with
+//! `orch down`, which finds it by the run's label. An error that is an
+//! answer (403, 404, 422) is not retried: a 403 names the verb and resource
+//! the Role lacks (`deploy/kubernetes/orch-role.yaml` is the minimal Role).
+//! ConfigMaps and Secrets are the run's, shared by its cells: an owner
+//! reference to one cell's Job would delete them under the others, so they
+//! go by label (`cleanup`, `orch down`).
+//!
+//! ## Disruption
+//!
+//! A pod the cluster took away (its `DisruptionTarget` condition:
+//! `PreemptionByScheduler`, `DeletionByTaintManager`,
+//! `EvictionByEvictionAPI`, `DeletionByPodGC`, `TerminationByKubelet`) ends
+//! the cell `cancelled` with failure kind `disrupted` and the condition's
+//! reason and message: it did not finish its work, so `orch run --resume`
+//! runs it again (resume runs every cell recorded `cancelled`).
 
 use crate::files;
 use crate::spec::{self, KubeSettings};
@@ -37,6 +66,126 @@ use tokio::sync::{mpsc, Mutex};
 /// deadlines are looked at between calls).
 const API_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long orch goes on without one answer from the API server before a
+/// cell fails `api_unreachable` (and again for the Job's deletion, and for
+/// the run's cleanup).
+pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(180);
+
+/// Sets the API budget, in seconds.
+pub const API_BUDGET_ENV: &str = "ORCH_KUBERNETES_API_BUDGET";
+
+/// How often the pod is looked at while its log streams (its
+/// `DisruptionTarget` condition is seen before the pod is gone).
+const POD_POLL: Duration = Duration::from_secs(2);
+
+/// An error that the API server's absence explains (a connection refused
+/// or reset, a stream cut, a 5xx, throttling): the call is made again.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        kube::Error::HyperError(_)
+        | kube::Error::Service(_)
+        | kube::Error::ReadEvents(_)
+        | kube::Error::SerdeError(_)
+        | kube::Error::FromUtf8(_) => true,
+        _ => false,
+    }
+}
+
+/// The wait before attempt `n + 1` of a call.
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(250u64.saturating_mul(1 << n.min(4))).min(Duration::from_secs(2))
+}
+
+/// Why a call gave up.
+#[derive(Debug)]
+enum CallError {
+    /// The API server answered with an error.
+    Api(kube::Error),
+    /// No answer for the whole budget: the last error.
+    Unreachable(String),
+}
+
+impl CallError {
+    fn into_kube(self, call: &str, budget: Duration) -> KubeError {
+        match self {
+            CallError::Api(e) => KubeError::api(call)(e),
+            CallError::Unreachable(last) => KubeError::Io {
+                action: format!("`{call}`"),
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, unreachable_message(budget, &last)),
+            },
+        }
+    }
+}
+
+/// The words of an API server that stayed away past the budget.
+fn unreachable_message(budget: Duration, last: &str) -> String {
+    format!(
+        "the Kubernetes API server could not be reached for {}s (the API budget, `{API_BUDGET_ENV}`): {last}",
+        budget.as_secs()
+    )
+}
+
+/// The API budget from the environment, else [`DEFAULT_API_BUDGET`].
+fn api_budget_from_env() -> Duration {
+    std::env::var(API_BUDGET_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_API_BUDGET)
+}
+
+/// Make one API call, again with [`backoff`] after a [`transient`] error or
+/// no answer within [`API_TIMEOUT`], until `budget` passed without an answer.
+async fn call<T, F, Fut>(budget: Duration, mut f: F) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let started = Instant::now();
+    let mut n = 0;
+    loop {
+        let last = match tokio::time::timeout(API_TIMEOUT, f()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if !transient(&e) => return Err(CallError::Api(e)),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {}s", API_TIMEOUT.as_secs()),
+        };
+        if started.elapsed() >= budget {
+            return Err(CallError::Unreachable(last));
+        }
+        tokio::time::sleep(backoff(n).min(budget.saturating_sub(started.elapsed()))).await;
+        n += 1;
+    }
+}
+
+/// A run of failed calls: since when, and the last error.
+#[derive(Debug, Default)]
+struct Down(Option<(Instant, String)>);
+
+impl Down {
+    /// One more failure; `true` once the budget is spent.
+    fn failed(&mut self, error: String, budget: Duration) -> bool {
+        let since = self.0.as_ref().map_or_else(Instant::now, |d| d.0);
+        self.0 = Some((since, error));
+        since.elapsed() >= budget
+    }
+    fn ok(&mut self) {
+        self.0 = None;
+    }
+    fn attempts_wait(&self, n: u32) -> Duration {
+        if self.0.is_some() {
+            backoff(n)
+        } else {
+            Duration::from_millis(300)
+        }
+    }
+    fn last(&self) -> String {
+        self.0.as_ref().map(|d| d.1.clone()).unwrap_or_default()
+    }
+}
+
 pub struct KubernetesBackend {
     client: kube::Client,
     settings: KubeSettings,
@@ -45,6 +194,8 @@ pub struct KubernetesBackend {
     /// ConfigMaps of files this process created or found: (run, name).
     files_made: Mutex<std::collections::HashSet<(String, String)>>,
     poll: Duration,
+    /// How long calls go on without an answer ([`DEFAULT_API_BUDGET`]).
+    api_budget: Duration,
 }
 
 impl KubernetesBackend {
@@ -55,7 +206,13 @@ impl KubernetesBackend {
             secrets_made: Mutex::new(Vec::new()),
             files_made: Mutex::new(Default::default()),
             poll: Duration::from_millis(500),
+            api_budget: api_budget_from_env(),
         }
+    }
+
+    /// How long calls go on without an answer from the API server.
+    pub fn api_budget(&self) -> Duration {
+        self.api_budget
     }
 
     pub fn settings(&self) -> &KubeSettings {
@@ -90,21 +247,31 @@ impl KubernetesBackend {
         let secrets: Api<Secret> = self.api();
         let secret = spec::run_secret(run_id, values, &self.settings);
         let name = spec::secret_name(run_id);
-        match secrets.create(&PostParams::default(), &secret).await {
+        let budget = self.api_budget;
+        let create = || {
+            call(budget, || async {
+                secrets.create(&PostParams::default(), &secret).await
+            })
+        };
+        match create().await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Left by an earlier invocation of this run: made again from
+            Err(CallError::Api(kube::Error::Api(s))) if s.code == 409 => {
+                // Left by an earlier invocation of this run (or made by
+                // this call before its answer was lost): made again from
                 // this host's values.
-                secrets
-                    .delete(&name, &DeleteParams::default())
+                match call(budget, || async {
+                    secrets.delete(&name, &DeleteParams::default()).await
+                })
+                .await
+                {
+                    Ok(_) | Err(CallError::Api(kube::Error::Api(_))) => {}
+                    Err(e) => return Err(e.into_kube(&format!("delete secret {name}"), budget)),
+                }
+                create()
                     .await
-                    .map_err(KubeError::api(format!("delete secret {name}")))?;
-                secrets
-                    .create(&PostParams::default(), &secret)
-                    .await
-                    .map_err(KubeError::api(format!("create secret {name}")))?;
+                    .map_err(|e| e.into_kube(&format!("create secret {name}"), budget))?;
             }
-            Err(e) => return Err(KubeError::api(format!("create secret {name}"))(e)),
+            Err(e) => return Err(e.into_kube(&format!("create secret {name}"), budget)),
         }
         made.push(run_id.to_string());
         Ok(())
@@ -122,14 +289,20 @@ impl KubernetesBackend {
                 continue;
             }
             let cm = files::config_map(pack, run_id, &self.settings)?;
-            match api.create(&PostParams::default(), &cm).await {
+            match call(self.api_budget, || async {
+                api.create(&PostParams::default(), &cm).await
+            })
+            .await
+            {
                 Ok(_) => {
                     new.0 += 1;
                     new.1 += pack.bytes();
                 }
                 // Made by another cell of the run, or an earlier invocation of it.
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(KubeError::api(format!("create configmap {}", pack.name))(e)),
+                Err(CallError::Api(kube::Error::Api(s))) if s.code == 409 => {}
+                Err(e) => {
+                    return Err(e.into_kube(&format!("create configmap {}", pack.name), self.api_budget))
+                }
             }
             self.files_made.lock().await.insert(key);
         }
@@ -143,44 +316,76 @@ impl KubernetesBackend {
         let jobs: Api<Job> = self.api();
         let name = job.metadata.name.clone().unwrap_or_default();
         let started = Instant::now();
+        let budget = self.api_budget;
         loop {
-            match jobs.create(&PostParams::default(), job).await {
+            // A create whose answer was lost is found as a 409 the next
+            // time: that Job is deleted and made again, as one left behind.
+            match call(budget, || async {
+                jobs.create(&PostParams::default(), job).await
+            })
+            .await
+            {
                 Ok(j) => return Ok(j.metadata.uid.unwrap_or_default()),
-                Err(kube::Error::Api(s)) if s.code == 409 && started.elapsed() < Duration::from_secs(120) => {
-                    let _ = jobs.delete(&name, &DeleteParams::foreground()).await;
+                Err(CallError::Api(kube::Error::Api(s)))
+                    if s.code == 409 && started.elapsed() < Duration::from_secs(120) =>
+                {
+                    let _ = call(budget, || async {
+                        jobs.delete(&name, &DeleteParams::foreground()).await
+                    })
+                    .await;
                     while started.elapsed() < Duration::from_secs(120) {
-                        if let Ok(None) = jobs.get_opt(&name).await {
+                        if let Ok(None) = call(budget, || jobs.get_opt(&name)).await {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
-                Err(e) => return Err(KubeError::api(format!("create job {name}"))(e)),
+                Err(e) => return Err(e.into_kube(&format!("create job {name}"), budget)),
             }
         }
     }
 
-    async fn delete_job(&self, name: &str) {
+    /// Delete a Job with its pods, again and again while the API server is
+    /// away (for the API budget). `Err`: why it is still there.
+    async fn delete_job(&self, name: &str) -> Result<(), String> {
         let jobs: Api<Job> = self.api();
-        let _ = tokio::time::timeout(API_TIMEOUT, jobs.delete(name, &DeleteParams::background())).await;
+        match call(self.api_budget, || async {
+            jobs.delete(name, &DeleteParams::background()).await
+        })
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+            Err(CallError::Api(e)) => Err(KubeError::api(format!("delete job {name}"))(e).to_string()),
+            Err(CallError::Unreachable(last)) => Err(unreachable_message(self.api_budget, &last)),
+        }
     }
 
-    /// The Job's pod: made by this Job (its uid; `""`: any), not being deleted.
-    async fn find_pod(&self, job: &str, uid: &str) -> Option<Pod> {
+    /// The Job's pod: made by this Job (its uid; `""`: any), not being
+    /// deleted. One call, no retry: `Err(Unreachable)` is one failed
+    /// attempt (the caller counts them against the budget).
+    async fn find_pod(&self, job: &str, uid: &str) -> Result<Option<Pod>, CallError> {
         let pods: Api<Pod> = self.api();
         let lp = ListParams::default().labels(&format!("{JOB_LABEL}={job}"));
-        let list = tokio::time::timeout(API_TIMEOUT, pods.list(&lp))
-            .await
-            .ok()?
-            .ok()?;
-        list.items.into_iter().find(|p| {
+        let list = match tokio::time::timeout(API_TIMEOUT, pods.list(&lp)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) if !transient(&e) => return Err(CallError::Api(e)),
+            Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
+            Err(_) => {
+                return Err(CallError::Unreachable(format!(
+                    "no answer within {}s",
+                    API_TIMEOUT.as_secs()
+                )))
+            }
+        };
+        Ok(list.items.into_iter().find(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && (uid.is_empty()
                     || p.metadata
                         .owner_references
                         .as_ref()
                         .is_some_and(|o| o.iter().any(|r| r.uid == uid)))
-        })
+        }))
     }
 
     /// Could any node ever run this pod? `None`: the nodes cannot be listed
@@ -341,13 +546,12 @@ impl KubernetesBackend {
         let has_token = secret_values.iter().any(|(k, _)| k == "HF_TOKEN");
         let has_suite = secret_values.iter().any(|(k, _)| k == "suite.yaml");
         if !secret_values.is_empty() {
-            secrets
-                .create(
-                    &PostParams::default(),
-                    &spec::plain_secret(&name, secret_values, &self.settings),
-                )
-                .await
-                .map_err(KubeError::api(format!("create secret {name}")))?;
+            let secret = spec::plain_secret(&name, secret_values, &self.settings);
+            call(self.api_budget, || async {
+                secrets.create(&PostParams::default(), &secret).await
+            })
+            .await
+            .map_err(|e| e.into_kube(&format!("create secret {name}"), self.api_budget))?;
         }
         let job = spec::setup_job(
             &name,
@@ -361,7 +565,10 @@ impl KubernetesBackend {
             .run_short_job(&job, Duration::from_secs(24 * 3600), on_line)
             .await;
         if !secret_values.is_empty() {
-            let _ = secrets.delete(&name, &DeleteParams::default()).await;
+            let _ = call(self.api_budget, || async {
+                secrets.delete(&name, &DeleteParams::default()).await
+            })
+            .await;
         }
         r.map(|(code, _)| code)
     }
@@ -381,19 +588,25 @@ impl KubernetesBackend {
             let pod = self.wait_started(&name, &uid, limit).await?;
             let pods: Api<Pod> = self.api();
             let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-            let follower = tokio::spawn(follow_log(pods.clone(), pod.clone(), tx));
+            let follower = tokio::spawn(follow_log(pods.clone(), pod.clone(), tx, self.api_budget));
             let mut log = String::new();
             while let Some(line) = rx.recv().await {
                 on_line(&line);
                 log.push_str(&line);
                 log.push('\n');
             }
-            let _ = follower.await;
-            let code = tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod))
+            let followed = follower.await.unwrap_or_default();
+            if let Some(e) = followed.error {
+                return Err(KubeError::Io {
+                    action: format!("follow the log of Job `{name}`"),
+                    source: std::io::Error::other(e.message),
+                });
+            }
+            let code = call(self.api_budget, || pods.get_opt(&pod))
                 .await
                 .ok()
-                .and_then(|r| r.ok())
                 .flatten()
+                .or(followed.last)
                 .as_ref()
                 .and_then(|p| p.status.as_ref())
                 .and_then(|s| s.container_statuses.as_ref())
@@ -404,7 +617,7 @@ impl KubernetesBackend {
             Ok((code, log))
         }
         .await;
-        self.delete_job(&name).await;
+        let _ = self.delete_job(&name).await;
         r
     }
 
@@ -422,6 +635,8 @@ impl KubernetesBackend {
         let limits = self.limits();
         let mut pending = Pending::new(started);
         let mut fits_cache = None;
+        let mut down = Down::default();
+        let mut n = 0;
         loop {
             if started.elapsed() > limit {
                 return Err(fail(format!(
@@ -429,9 +644,25 @@ impl KubernetesBackend {
                     limit.as_secs_f64()
                 )));
             }
-            tokio::time::sleep(self.poll).await;
+            tokio::time::sleep(if down.0.is_some() { backoff(n) } else { self.poll }).await;
             let now = Instant::now();
-            let (seen, pod_name) = match self.find_pod(name, uid).await {
+            let found = match self.find_pod(name, uid).await {
+                Ok(found) => {
+                    down.ok();
+                    n = 0;
+                    found
+                }
+                Err(CallError::Api(e)) => return Err(KubeError::api(format!("list pods of job {name}"))(e)),
+                Err(CallError::Unreachable(e)) => {
+                    if down.failed(e, self.api_budget) {
+                        return Err(CallError::Unreachable(down.last())
+                            .into_kube(&format!("watch the pod of job {name}"), self.api_budget));
+                    }
+                    n += 1;
+                    continue;
+                }
+            };
+            let (seen, pod_name) = match found {
                 Some(pod) => (
                     self.look_pod(&pod, pending.stalled(now, &limits), &mut fits_cache)
                         .await,
@@ -507,51 +738,152 @@ fn summary_result(cell_id: &str, text: &str) -> Option<CellResult> {
     Some(r)
 }
 
-/// Follow the cell container's log into `tx`, line by line, reconnecting
-/// after a dropped stream (the whole log again: frames already home are
-/// dropped by number) until the container has ended or the pod is gone.
-async fn follow_log(pods: Api<Pod>, pod: String, tx: mpsc::UnboundedSender<String>) -> Result<(), String> {
-    let mut failures = 0u32;
+/// What a log follower saw: the last look at the pod, and why it stopped
+/// early (if it did).
+#[derive(Debug, Default)]
+struct Followed {
+    /// The pod as last seen (looked at every [`POD_POLL`] while the log
+    /// streams, and after): its `DisruptionTarget` condition outlives it.
+    last: Option<Pod>,
+    error: Option<FollowError>,
+}
+
+#[derive(Debug)]
+struct FollowError {
+    /// The API server stayed away past the budget (else it refused).
+    unreachable: bool,
+    message: String,
+}
+
+/// Follow the cell container's log into `tx`, line by line, until the
+/// container has ended or the pod is gone. A stream that ends or breaks
+/// (the API server dropped the connection, refused a new one, did not
+/// answer) is opened again with [`backoff`] (the whole log again: frames
+/// already home are dropped by number) until `budget` passed without an
+/// answer; an answer that is an error (a 403: the Role lacks `get pods/log`)
+/// ends it at once.
+async fn follow_log(
+    pods: Api<Pod>,
+    pod: String,
+    tx: mpsc::UnboundedSender<String>,
+    budget: Duration,
+) -> Followed {
+    let mut out = Followed::default();
+    let mut down = Down::default();
+    let mut n = 0u32;
+    let refused = |e: kube::Error, call: &str| FollowError {
+        unreachable: false,
+        message: KubeError::api(call)(e).to_string(),
+    };
     loop {
         let lp = LogParams {
             container: Some(CELL_CONTAINER.into()),
             follow: true,
             ..Default::default()
         };
-        match pods.log_stream(&pod, &lp).await {
-            Ok(stream) => {
+        let streamed = match tokio::time::timeout(API_TIMEOUT, pods.log_stream(&pod, &lp)).await {
+            Ok(Ok(stream)) => {
+                down.ok();
+                n = 0;
                 let mut lines = stream.lines();
-                while let Some(line) = lines.next().await {
-                    match line {
-                        Ok(l) => {
-                            failures = 0;
-                            if tx.send(l).is_err() {
-                                return Ok(());
+                let mut look = tokio::time::interval(POD_POLL);
+                look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                look.tick().await;
+                // A watch of the pod sees every change, the `DisruptionTarget`
+                // condition of a pod deleted a moment later included; the
+                // look every POD_POLL is the net (a Role without `watch
+                // pods`, a watch the server ended).
+                let wp = kube::api::WatchParams::default()
+                    .fields(&format!("metadata.name={pod}"))
+                    .timeout(290);
+                let mut watch = match tokio::time::timeout(API_TIMEOUT, pods.watch(&wp, "0")).await {
+                    Ok(Ok(w)) => Some(w.boxed()),
+                    _ => None,
+                };
+                loop {
+                    tokio::select! {
+                        line = lines.next() => match line {
+                            Some(Ok(l)) => {
+                                if tx.send(l).is_err() {
+                                    return out;
+                                }
+                            }
+                            // Ended, or cut: looked at below.
+                            _ => break,
+                        },
+                        event = async {
+                            match watch.as_mut() {
+                                Some(w) => w.next().await,
+                                None => std::future::pending().await,
+                            }
+                        } => match event {
+                            Some(Ok(
+                                kube::api::WatchEvent::Added(p)
+                                | kube::api::WatchEvent::Modified(p)
+                                | kube::api::WatchEvent::Deleted(p),
+                            )) => {
+                                out.last = Some(p);
+                            }
+                            Some(Ok(_)) => {}
+                            _ => watch = None,
+                        },
+                        _ = look.tick() => {
+                            if let Ok(Ok(Some(p))) = tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
+                                out.last = Some(p);
                             }
                         }
-                        Err(_) => break,
                     }
                 }
+                true
             }
-            Err(e) => {
-                failures += 1;
-                if failures > 40 {
-                    return Err(format!("the pod log could not be read: {e}"));
+            Ok(Err(e)) if !transient(&e) => {
+                out.error = Some(refused(e, &format!("get pods/log {pod}")));
+                return out;
+            }
+            Ok(Err(e)) => {
+                down.failed(e.to_string(), budget);
+                false
+            }
+            Err(_) => {
+                down.failed(format!("no answer within {}s", API_TIMEOUT.as_secs()), budget);
+                false
+            }
+        };
+        // Has the container ended (or the pod gone)? Only a stream that
+        // was read ends the follow: else the log is read again (whole).
+        match tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
+            Ok(Ok(Some(p))) => {
+                let done = watch::cell_terminated(&p);
+                out.last = Some(p);
+                if done && streamed {
+                    return out;
                 }
             }
-        }
-        match pods.get_opt(&pod).await {
-            Ok(Some(p)) if watch::cell_terminated(&p) => return Ok(()),
-            Ok(None) => return Ok(()),
-            Ok(Some(_)) => {}
-            Err(e) => {
-                failures += 1;
-                if failures > 40 {
-                    return Err(format!("the pod could not be read: {e}"));
-                }
+            Ok(Ok(None)) => return out,
+            Ok(Err(e)) if !transient(&e) => {
+                out.error = Some(refused(e, &format!("get pod {pod}")));
+                return out;
+            }
+            Ok(Err(e)) => {
+                down.failed(e.to_string(), budget);
+            }
+            Err(_) => {
+                down.failed(format!("no answer within {}s", API_TIMEOUT.as_secs()), budget);
             }
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        if let Some((since, last)) = &down.0 {
+            if since.elapsed() >= budget {
+                out.error = Some(FollowError {
+                    unreachable: true,
+                    message: unreachable_message(budget, last),
+                });
+                return out;
+            }
+        }
+        tokio::time::sleep(down.attempts_wait(n)).await;
+        if down.0.is_some() {
+            n += 1;
+        }
     }
 }
 
@@ -607,32 +939,17 @@ impl Backend for KubernetesBackend {
             cell.launch.secrets.iter().map(|(k, _)| k.clone()).collect()
         };
         // The task as the pod sees it: its files under `/orch/files`.
-        let mut task = cell.task.clone();
-        let mut packs = Vec::new();
-        let shipment = cell.launch.files.clone().filter(|s| !s.is_empty());
-        if let Some(shipment) = &shipment {
-            files::check_size(&cell.id, shipment)?;
-            shipment.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
-            packs = files::packs(&task.run_id, &shipment.blobs());
-        }
-        let mut job = spec::cell_job(&task, &image, &names, &self.settings);
-        // A task too long for one argument travels as a file.
-        let task_json = cell.dir.join("task.json");
-        let big = orch_backend::home::task_b64(&task).len() > files::TASK_ARG_BYTES;
-        if big {
-            let json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
-                action: "serialise the task".into(),
-                source: std::io::Error::other(e),
-            })?;
-            std::fs::write(&task_json, json).map_err(|e| BackendError::Io {
-                action: format!("write `{}`", task_json.display()),
-                source: e,
-            })?;
-            packs.extend(files::task_file(&mut job, &task.run_id, &task_json)?);
-        }
-        if shipment.is_some() || big {
-            files::mount(&mut job, &packs);
-        }
+        // The same objects `--dry-run` prints: the task rewritten to its
+        // files, the Job, the ConfigMaps (a long task as a file too).
+        let objects = files::cell_objects(
+            &cell.task,
+            &image,
+            &names,
+            cell.launch.files.as_deref(),
+            &cell.dir.join("task.json"),
+            &self.settings,
+        )?;
+        let (job, packs) = (objects.job, objects.packs);
         let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
@@ -649,6 +966,7 @@ impl Backend for KubernetesBackend {
             follower: None,
             lines: None,
             deleted: false,
+            unreachable: None,
             packs,
         };
         Ok(lifecycle::drive(&mut platform, cell, cancel).await)
@@ -660,38 +978,49 @@ impl Backend for KubernetesBackend {
         let pods: Api<Pod> = self.api();
         let secrets: Api<Secret> = self.api();
         let config_maps: Api<ConfigMap> = self.api();
-        // Every kind is tried (the Secret first: it holds values), the
+        // Every kind is tried (the Secret first: it holds values), each
+        // again while the API server is away (the budget: one for all, so
+        // an API server gone for good holds `orch` for one budget), the
         // first error is returned after.
-        let s = secrets
-            .delete_collection(&DeleteParams::default(), &lp)
-            .await
-            .map(|_| ());
-        let f = config_maps
-            .delete_collection(&DeleteParams::default(), &lp)
-            .await
-            .map(|_| ());
-        let j = jobs
-            .delete_collection(&DeleteParams::background(), &lp)
-            .await
-            .map(|_| ());
-        let p = pods
-            .delete_collection(&DeleteParams::default(), &lp)
-            .await
-            .map(|_| ());
+        let budget = self.api_budget;
+        let t0 = Instant::now();
+        let left = || budget.saturating_sub(t0.elapsed()).max(Duration::from_secs(1));
+        let s = call(left(), || async {
+            secrets.delete_collection(&DeleteParams::default(), &lp).await
+        })
+        .await
+        .map(|_| ());
+        let f = call(left(), || async {
+            config_maps.delete_collection(&DeleteParams::default(), &lp).await
+        })
+        .await
+        .map(|_| ());
+        let j = call(left(), || async {
+            jobs.delete_collection(&DeleteParams::background(), &lp).await
+        })
+        .await
+        .map(|_| ());
+        let p = call(left(), || async {
+            pods.delete_collection(&DeleteParams::default(), &lp).await
+        })
+        .await
+        .map(|_| ());
         // Wait until the pods are gone (their grace period), at most a minute.
-        for _ in 0..120 {
-            match pods.list(&lp).await {
-                Ok(l) if l.items.is_empty() => break,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-                Err(_) => break,
+        if p.is_ok() {
+            for _ in 0..120 {
+                match tokio::time::timeout(API_TIMEOUT, pods.list(&lp)).await {
+                    Ok(Ok(l)) if l.items.is_empty() => break,
+                    Ok(Err(e)) if !transient(&e) => break,
+                    _ => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
             }
         }
         self.secrets_made.lock().await.retain(|r| r != run_id);
         self.files_made.lock().await.retain(|(r, _)| r != run_id);
-        s.map_err(KubeError::api("delete the run's secret"))?;
-        f.map_err(KubeError::api("delete the run's configmaps"))?;
-        j.map_err(KubeError::api("delete the run's jobs"))?;
-        p.map_err(KubeError::api("delete the run's pods"))?;
+        s.map_err(|e| e.into_kube("delete the run's secret", budget))?;
+        f.map_err(|e| e.into_kube("delete the run's configmaps", budget))?;
+        j.map_err(|e| e.into_kube("delete the run's jobs", budget))?;
+        p.map_err(|e| e.into_kube("delete the run's pods", budget))?;
         Ok(())
     }
 }
@@ -706,9 +1035,11 @@ struct JobCell<'a> {
     klog: std::fs::File,
     pod_name: Option<String>,
     node: Option<String>,
-    follower: Option<tokio::task::JoinHandle<Result<(), String>>>,
+    follower: Option<tokio::task::JoinHandle<Followed>>,
     lines: Option<mpsc::UnboundedReceiver<String>>,
     deleted: bool,
+    /// The API server stayed away past the budget: the cell's words.
+    unreachable: Option<String>,
     /// The ConfigMaps of the cell's files.
     packs: Vec<files::Pack>,
 }
@@ -718,10 +1049,18 @@ impl JobCell<'_> {
         let _ = writeln!(self.klog, "{line}");
     }
 
+    /// Delete the Job (retried while the API server is away); a Job that
+    /// stays is named in `kubernetes.log`.
     async fn delete(&mut self) {
         if !self.deleted {
             self.deleted = true;
-            self.backend.delete_job(&self.job_name).await;
+            if let Err(e) = self.backend.delete_job(&self.job_name).await {
+                let line = format!(
+                    "orch: the job {} could not be deleted ({e}); its activeDeadlineSeconds stops it, `orch down` deletes it",
+                    self.job_name
+                );
+                self.log(&line);
+            }
         }
     }
 
@@ -730,16 +1069,16 @@ impl JobCell<'_> {
         &mut self,
         pending: &Pending,
         fits_cache: &mut Option<Option<bool>>,
-    ) -> (Seen, Option<Pod>) {
+    ) -> Result<(Seen, Option<Pod>), CallError> {
         let backend = self.backend;
         let uid = self.job_uid.clone().unwrap_or_default();
-        let Some(pod) = backend.find_pod(&self.job_name, &uid).await else {
+        let Some(pod) = backend.find_pod(&self.job_name, &uid).await? else {
             let refusals = if pending.stalled(Instant::now(), &backend.limits()) || self.pod_name.is_none() {
                 backend.job_refusals(&self.job_name).await
             } else {
                 vec![]
             };
-            return (Seen::NoPod { refusals }, None);
+            return Ok((Seen::NoPod { refusals }, None));
         };
         let pname = pod.metadata.name.clone().unwrap_or_default();
         if self.pod_name.is_none() {
@@ -752,7 +1091,7 @@ impl JobCell<'_> {
             .and_then(|s| s.node_name.clone())
             .or(self.node.take());
         let stalled = pending.stalled(Instant::now(), &backend.limits());
-        (backend.look_pod(&pod, stalled, fits_cache).await, Some(pod))
+        Ok((backend.look_pod(&pod, stalled, fits_cache).await, Some(pod)))
     }
 }
 
@@ -764,7 +1103,12 @@ impl Platform for JobCell<'_> {
 
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
         let backend = self.backend;
-        let err = |e: KubeError| Early::failed("backend", BackendError::from(e).to_string());
+        let err = |e: KubeError| match &e {
+            KubeError::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut => {
+                Early::failed("api_unreachable", e.to_string())
+            }
+            _ => Early::failed("backend", BackendError::from(e).to_string()),
+        };
         backend
             .ensure_secret(&cell.task.run_id, &cell.launch.secrets)
             .await
@@ -793,9 +1137,43 @@ impl Platform for JobCell<'_> {
         let mut pending = Pending::new(Instant::now());
         let mut fits_cache = None;
         let mut ticker = tokio::time::interval(backend.poll);
+        let mut down = Down::default();
+        let mut n = 0;
         loop {
-            ticker.tick().await;
-            let (seen, pod) = self.look(&pending, &mut fits_cache).await;
+            if down.0.is_some() {
+                tokio::time::sleep(backoff(n)).await;
+                n += 1;
+            } else {
+                ticker.tick().await;
+                n = 0;
+            }
+            let (seen, pod) = match self.look(&pending, &mut fits_cache).await {
+                Ok(look) => {
+                    if down.0.is_some() {
+                        self.log("orch: the API server answers again");
+                    }
+                    down.ok();
+                    look
+                }
+                Err(CallError::Api(e)) => {
+                    let e = KubeError::api(format!("list pods of job {}", self.job_name))(e);
+                    return Err(err(e));
+                }
+                Err(CallError::Unreachable(e)) => {
+                    if down.0.is_none() {
+                        self.log(&format!(
+                            "orch: the API server does not answer ({e}); trying again for {}s",
+                            backend.api_budget.as_secs()
+                        ));
+                    }
+                    if down.failed(e, backend.api_budget) {
+                        let message = unreachable_message(backend.api_budget, &down.last());
+                        self.log(&format!("orch: kubernetes api_unreachable: {message}"));
+                        return Err(Early::failed("api_unreachable", message));
+                    }
+                    continue;
+                }
+            };
             let (line, action) = pending.decide(&seen, Instant::now(), &limits, cell.task.gpu.as_str());
             if let Some(line) = line {
                 self.log(&format!("orch: {line}"));
@@ -809,7 +1187,12 @@ impl Platform for JobCell<'_> {
                     let pname = pod.metadata.name.clone().unwrap_or_default();
                     let (tx, rx) = mpsc::unbounded_channel();
                     self.lines = Some(rx);
-                    self.follower = Some(tokio::spawn(follow_log(backend.api(), pname, tx)));
+                    self.follower = Some(tokio::spawn(follow_log(
+                        backend.api(),
+                        pname,
+                        tx,
+                        backend.api_budget,
+                    )));
                     return Ok(());
                 }
                 Action::Fail(status, failure) => {
@@ -858,9 +1241,26 @@ impl Platform for JobCell<'_> {
     async fn end(&mut self, cell: &mut Cell, stopped: Option<Stop>) -> PlatformEnd {
         let backend = self.backend;
         let pods: Api<Pod> = backend.api();
-        let stream = match self.follower.take() {
+        let mut last_seen = None;
+        // The API server refused the log (a 403: the Role lacks `get
+        // pods/log`): the cell's logs and metrics cannot come home.
+        let mut refused: Option<String> = None;
+        let stream: Result<(), String> = match self.follower.take() {
             Some(mut f) => match tokio::time::timeout(Duration::from_secs(5), &mut f).await {
-                Ok(Ok(r)) => r,
+                Ok(Ok(followed)) => {
+                    last_seen = followed.last;
+                    match followed.error {
+                        Some(e) if e.unreachable => {
+                            self.unreachable = Some(e.message.clone());
+                            Err(e.message)
+                        }
+                        Some(e) => {
+                            refused = Some(e.message.clone());
+                            Err(e.message)
+                        }
+                        None => Ok(()),
+                    }
+                }
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => {
                     f.abort();
@@ -875,14 +1275,26 @@ impl Platform for JobCell<'_> {
                 let _ = home.line(&line);
             }
         }
+        // The pod now (the API server's absence is waited out for the
+        // budget: a pod not seen is not a pod lost); one gone since keeps
+        // the disruption it was last seen with.
         let pod = match &self.pod_name {
-            Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(p))
-                .await
-                .ok()
-                .and_then(|r| r.ok())
-                .flatten(),
+            Some(p) => match call(backend.api_budget, || pods.get_opt(p)).await {
+                Ok(pod) => pod,
+                Err(CallError::Unreachable(last)) => {
+                    if self.unreachable.is_none() {
+                        self.unreachable = Some(unreachable_message(backend.api_budget, &last));
+                    }
+                    last_seen.clone()
+                }
+                Err(CallError::Api(e)) => {
+                    self.log(&format!("orch: {}", KubeError::api(format!("get pod {p}"))(e)));
+                    last_seen.clone()
+                }
+            },
             None => None,
         };
+        let pod = pod.or_else(|| last_seen.filter(|p| watch::disruption(p).is_some()));
         let message = pod.as_ref().and_then(watch::termination_message);
         if let Some(home) = cell.stream.home() {
             // The termination message may hold the log's last lines (frames,
@@ -911,9 +1323,22 @@ impl Platform for JobCell<'_> {
         {
             self.node = Some(n);
         }
-        let (status, mut failure) = watch::pod_end(pod.as_ref());
+        let (mut status, mut failure) = watch::pod_end(pod.as_ref());
+        // Given up on the API server: the pod was not seen to end (it may
+        // run on), and that is what the cell says.
+        if let Some(why) = self.unreachable.clone() {
+            if !pod.as_ref().is_some_and(watch::cell_terminated) && failure.kind != "disrupted" {
+                status = Status::Failed;
+                failure = Failure::new("api_unreachable", why);
+            }
+        }
         // The Job's own deadline deletes its pod: the Job says so.
-        if stopped.is_none() && !matches!(failure.kind.as_str(), "oom" | "evicted") {
+        if stopped.is_none()
+            && !matches!(
+                failure.kind.as_str(),
+                "oom" | "evicted" | "disrupted" | "api_unreachable"
+            )
+        {
             if let Some(reason) = backend.job_failed_reason(&self.job_name).await {
                 if reason == "DeadlineExceeded" {
                     failure = Failure::new(
@@ -939,7 +1364,9 @@ impl Platform for JobCell<'_> {
         // container ended by itself.
         let exit_code = failure.exit_code.filter(|_| failure.kind == "agent_died");
         if let Err(e) = &stream {
-            failure.message.push_str(&format!(" ({e})"));
+            if failure.kind != "api_unreachable" {
+                failure.message.push_str(&format!(" ({e})"));
+            }
         }
         if let Some(msg) = &message {
             let tail: Vec<&str> = msg
@@ -955,13 +1382,40 @@ impl Platform for JobCell<'_> {
                     .push_str(&format!("; its last output:\n{}", tail.join("\n")));
             }
         }
-        // What the cluster did to the pod (OOM kill, eviction, the Job's
-        // deadline, a lost node) names the end.
+        let (mut status, mut failure) = (status, failure);
+        // Stopped from outside orch with no word from the cluster (the pod
+        // deleted, drained or preempted before a look saw its
+        // `DisruptionTarget`): the agent says it was told to stop, and
+        // orch told it nothing. A disruption too: `--resume` runs it again.
+        if stopped.is_none()
+            && !matches!(
+                failure.kind.as_str(),
+                "oom" | "evicted" | "disrupted" | "node_lost" | "timeout"
+            )
+            && recovered.as_ref().is_some_and(|r| r.status == Status::Cancelled)
+        {
+            status = Status::Cancelled;
+            failure = Failure::new(
+                "disrupted",
+                "the pod was stopped from outside orch (deleted, drained or preempted; the cluster left no reason on it) while the cell ran; `orch run --resume RUN` runs it again",
+            );
+        }
+        // A log the API server refused: whatever the agent's summary says,
+        // its logs and metrics are not home; the permission is the cause.
+        if let Some(why) = refused {
+            status = Status::Failed;
+            failure = Failure::new(
+                "forbidden",
+                format!("{why}; the cell's logs and metrics could not come home\nhint: grant what `deploy/kubernetes/orch-role.yaml` grants (`kubectl auth can-i get pods/log -n {}`)", backend.settings.namespace),
+            );
+        }
+        // What the cluster did to the pod (OOM kill, eviction, a
+        // disruption, the Job's deadline, a lost node) names the end.
         PlatformEnd::named(
             recovered,
             exit_code,
             (status, failure),
-            &["oom", "evicted", "node_lost", "timeout"],
+            &["oom", "evicted", "disrupted", "node_lost", "timeout", "forbidden"],
         )
     }
 

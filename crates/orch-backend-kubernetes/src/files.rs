@@ -256,6 +256,53 @@ pub fn task_file(job: &mut Job, run_id: &str, json: &Path) -> Result<Option<Pack
     Ok(packs(run_id, &[(sha.as_str(), json, size)]).into_iter().next())
 }
 
+/// A cell's objects as a run applies them and `--dry-run` prints them: its
+/// Job ([`spec::cell_job`]) for the task rewritten to its files, with the
+/// ConfigMaps of those files and, for a task too long for one argument, of
+/// the task itself (its JSON written at `task_json`).
+pub struct CellObjects {
+    pub job: Job,
+    pub packs: Vec<Pack>,
+    /// The task as the pod sees it (its files under `/orch/files`).
+    pub task: orch_protocol::TaskSpec,
+}
+
+/// Build a cell's [`CellObjects`]: one code path for a run and `--dry-run`.
+pub fn cell_objects(
+    task: &orch_protocol::TaskSpec,
+    image: &str,
+    secret_names: &[String],
+    shipment: Option<&Shipment>,
+    task_json: &Path,
+    s: &KubeSettings,
+) -> Result<CellObjects, BackendError> {
+    let mut task = task.clone();
+    let mut packs = Vec::new();
+    let shipment = shipment.filter(|s| !s.is_empty());
+    if let Some(shipment) = shipment {
+        check_size(&task.cell_id, shipment)?;
+        shipment.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
+        packs = self::packs(&task.run_id, &shipment.blobs());
+    }
+    let mut job = spec::cell_job(&task, image, secret_names, s);
+    let big = orch_backend::home::task_b64(&task).len() > TASK_ARG_BYTES;
+    if big {
+        let json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
+            action: "serialise the task".into(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(task_json, json).map_err(|e| BackendError::Io {
+            action: format!("write `{}`", task_json.display()),
+            source: e,
+        })?;
+        packs.extend(task_file(&mut job, &task.run_id, task_json)?);
+    }
+    if shipment.is_some() || big {
+        mount(&mut job, &packs);
+    }
+    Ok(CellObjects { job, packs, task })
+}
+
 /// The cell's Job with its files: the blobs' ConfigMaps as one read-only
 /// `projected` volume at `/orch/blobs`, an `emptyDir` at `/orch/files`.
 pub fn mount(job: &mut Job, packs: &[Pack]) {

@@ -52,6 +52,7 @@ pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
     s.runtime_class = def.runtime_class.clone();
     s.gpu_label = def.gpu_label.clone();
     s.gpu_types = def.gpu_types.clone();
+    s.gpu_affinity = def.gpu_affinity.unwrap_or_default();
     s.weights_pvc = def.weights_pvc.clone();
     s.secret_name = def.secret.clone();
     s.secret_keys = plan.secrets.clone();
@@ -90,7 +91,65 @@ pub async fn backend(
     let (client, ns) = crate::connect(context, namespace_choice(plan, namespace)?)
         .await
         .map_err(kube_err)?;
-    Ok(KubernetesBackend::new(client, settings(plan, &ns)))
+    let mut s = settings(plan, &ns);
+    let gpu_cells = plan.cells.iter().any(|c| c.task.gpu.type_name().is_some());
+    if gpu_cells && s.gpu_affinity == orch_manifest::GpuAffinity::Auto {
+        if let Some(note) = resolve_gpu_affinity(&client, &mut s).await {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(KubernetesBackend::new(client, s))
+}
+
+/// `gpu_affinity: auto`: off when the cluster has GPU nodes (allocatable
+/// `nvidia.com/gpu`) and none carries a label the affinity would use (no
+/// GPU Feature Discovery, a cloud without a GPU-name label): the affinity
+/// would match nothing, and the record's hardware identity still says
+/// which GPU ran. Kept when the nodes cannot be listed, when there are no
+/// GPU nodes yet (an autoscaler's node templates carry the labels) or when
+/// one carries a label. Returns a note when it turns the affinity off.
+async fn resolve_gpu_affinity(client: &kube::Client, s: &mut KubeSettings) -> Option<String> {
+    use k8s_openapi::api::core::v1::Node;
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    let list = tokio::time::timeout(
+        Duration::from_secs(15),
+        api.list(&kube::api::ListParams::default()),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let (off, gpu_nodes) = gpu_nodes_without_labels(&list.items, s);
+    if !off {
+        return None;
+    }
+    s.gpu_affinity = orch_manifest::GpuAffinity::Off;
+    Some(format!(
+        "none of the cluster's {gpu_nodes} GPU node(s) shows its GPU type in a label orch reads (GPU Feature Discovery, GKE, Karpenter, EKS Auto Mode, a known instance type{}): GPU cells ask for `nvidia.com/gpu` only, and each record's hardware identity says which GPU ran\nhint: set `kubernetes.gpu_label` and `gpu_types` to your nodes' label, `gpu_affinity: required` to insist, or `off` to silence this",
+        s.gpu_label.as_ref().map(|l| format!(", `{l}`")).unwrap_or_default()
+    ))
+}
+
+/// (turn the affinity off?, how many GPU nodes) for `auto`.
+fn gpu_nodes_without_labels(nodes: &[k8s_openapi::api::core::v1::Node], s: &KubeSettings) -> (bool, usize) {
+    let gpus = |n: &k8s_openapi::api::core::v1::Node| {
+        let status = n.status.as_ref();
+        [
+            status.and_then(|s| s.allocatable.as_ref()),
+            status.and_then(|s| s.capacity.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("nvidia.com/gpu"))
+        .any(|q| q.0.trim() != "0" && !q.0.trim().is_empty())
+    };
+    let gpu_nodes: Vec<_> = nodes.iter().filter(|n| gpus(n)).collect();
+    let labelled = gpu_nodes.iter().any(|n| {
+        n.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| spec::node_shows_gpu_type(l, s))
+    });
+    (!gpu_nodes.is_empty() && !labelled, gpu_nodes.len())
 }
 
 /// Which of the suite's models are complete on the weights PVC (a probe Job
@@ -181,34 +240,39 @@ pub fn dry_run(
     if s.agent_image.is_empty() {
         s.agent_image = "<ORCH_AGENT_IMAGE>".into();
     }
-    let run_id = format!("dry-run-{}", plan.suite);
+    let run_id = run_id_like(plan, std::time::SystemTime::now());
     let mut jobs = Vec::new();
-    // The ConfigMaps of every cell's files, each once.
+    // The ConfigMaps of every cell's files, each once; long tasks' JSON in
+    // a folder of their own, as a run stages them.
     let mut packs: Vec<crate::files::Pack> = Vec::new();
-    for c in &plan.cells {
-        let mut task = c.task.clone();
-        task.run_id = run_id.clone();
-        let shipment = files
-            .shipment(&task)
-            .map_err(|e| orch_backend::host::files_error(&e))?;
-        let mut cell_packs = None;
-        if !shipment.is_empty() {
-            crate::files::check_size(&c.id, &shipment)?;
-            shipment.apply(&mut task, orch_files::CELL_ROOT, orch_files::CELL_BLOBS);
-            cell_packs = Some(crate::files::packs(&run_id, &shipment.blobs()));
-        }
-        let image = images.get(&c.id).cloned().unwrap_or_default();
-        let mut job = spec::cell_job(&task, &image, &plan.secrets, &s);
-        if let Some(cell_packs) = cell_packs {
-            crate::files::mount(&mut job, &cell_packs);
-            for p in cell_packs {
+    let staged = std::env::temp_dir().join(format!("orch-dry-run-{}", std::process::id()));
+    std::fs::create_dir_all(&staged).map_err(|source| BackendError::Io {
+        action: format!("create `{}`", staged.display()),
+        source,
+    })?;
+    let built = (|| {
+        for c in &plan.cells {
+            let mut task = c.task.clone();
+            task.run_id = run_id.clone();
+            let shipment = files
+                .shipment(&task)
+                .map_err(|e| orch_backend::host::files_error(&e))?;
+            let image = images.get(&c.id).cloned().unwrap_or_default();
+            let json = staged.join(format!("{}.json", spec::dns_name("task", &c.id, 60)));
+            let objects =
+                crate::files::cell_objects(&task, &image, &plan.secrets, Some(&shipment), &json, &s)?;
+            for p in objects.packs {
                 if !packs.iter().any(|q| q.name == p.name) {
                     packs.push(p);
                 }
             }
+            jobs.push(objects.job);
         }
-        jobs.push(job);
-    }
+        Ok::<(), BackendError>(())
+    })();
+    let described = crate::files::describe(&packs, &s);
+    let _ = std::fs::remove_dir_all(&staged);
+    built?;
     let mut out = format!(
         "# orch run --backend kubernetes --dry-run: {} Job(s) of suite `{}` for namespace `{ns}`{}\n",
         jobs.len(),
@@ -220,9 +284,51 @@ pub fn dry_run(
         files,
         orch_files::CELL_ROOT,
     )?);
-    out.push_str(&crate::files::describe(&packs, &s));
+    out.push_str(&format!(
+        "# names derive from the run id, here `{run_id}` (a run's own id differs in its time and last four characters)\n"
+    ));
+    out.push_str(&described);
     out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
     Ok(out)
+}
+
+/// A run id as `orch run` makes them (`<yyyymmdd-hhmmss>-<suite>-<salt>`,
+/// UTC), with `0000` for the salt: `--dry-run` names objects the way a run
+/// will.
+fn run_id_like(plan: &Plan, now: std::time::SystemTime) -> String {
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let suite: String = plan
+        .suite
+        .chars()
+        .take(40)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}-{suite}-0000",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// `orch setup --backend kubernetes`: the download runs in the cluster, in a
@@ -385,6 +491,53 @@ impl Host for KubernetesHost {
 mod namespace_tests {
     use super::*;
 
+    fn node(labels: &[(&str, &str)], gpus: Option<&str>) -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+            "status": {"allocatable": gpus.map(|g| serde_json::json!({"nvidia.com/gpu": g})).unwrap_or(serde_json::json!({}))}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn auto_turns_the_gpu_affinity_off_only_where_no_gpu_node_carries_a_label() {
+        let s = KubeSettings::new("ns", "a");
+        // A GPU node of an instance type orch does not know, no GFD.
+        let odd = node(
+            &[
+                ("kubernetes.azure.com/accelerator", "nvidia"),
+                ("node.kubernetes.io/instance-type", "Standard_NC4as_T4_v3"),
+            ],
+            Some("1"),
+        );
+        let cpu = node(&[("kubernetes.io/os", "linux")], None);
+        assert_eq!(
+            gpu_nodes_without_labels(&[odd.clone(), cpu.clone()], &s),
+            (true, 1)
+        );
+        // One GPU node of a known instance type: the affinity stays.
+        let aks = node(
+            &[("node.kubernetes.io/instance-type", "Standard_ND96isr_H100_v5")],
+            Some("8"),
+        );
+        assert_eq!(gpu_nodes_without_labels(&[odd.clone(), aks], &s), (false, 2));
+        // No GPU node yet (a pool at zero): the autoscaler's templates decide.
+        assert_eq!(
+            gpu_nodes_without_labels(std::slice::from_ref(&cpu), &s),
+            (false, 0)
+        );
+        let gfd = node(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")], Some("8"));
+        assert!(!gpu_nodes_without_labels(&[gfd, cpu], &s).0);
+        let zero = node(&[], Some("0"));
+        assert_eq!(gpu_nodes_without_labels(&[zero], &s), (false, 0));
+        // The user's own label.
+        let mut own = KubeSettings::new("ns", "a");
+        own.gpu_label = Some("example.com/gpu".into());
+        let labelled = node(&[("example.com/gpu", "t4")], Some("1"));
+        assert!(!gpu_nodes_without_labels(&[odd.clone(), labelled], &own).0);
+        assert!(gpu_nodes_without_labels(&[odd], &own).0);
+    }
+
     #[test]
     fn the_namespace_flag_is_a_dns_label() {
         let plan = orch_manifest::load_str(
@@ -394,6 +547,12 @@ mod namespace_tests {
         )
         .unwrap();
         assert_eq!(namespace_choice(&plan, Some("team-a")).unwrap(), Some("team-a"));
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_795_723_016);
+        assert_eq!(run_id_like(&plan, t), "20261126-195656-x-0000");
+        assert_eq!(
+            run_id_like(&plan, std::time::UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "20000229-000000-x-0000"
+        );
         assert_eq!(namespace_choice(&plan, None).unwrap(), None);
         let e = namespace_choice(&plan, Some("Team_A")).unwrap_err();
         assert!(matches!(e, BackendError::User(_)));

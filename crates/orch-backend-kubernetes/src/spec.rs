@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
+use orch_manifest::GpuAffinity;
 use orch_protocol::TaskSpec;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -57,9 +58,12 @@ pub struct KubeSettings {
     /// The node label naming the GPU type (`None`: GPU Feature Discovery's
     /// `nvidia.com/gpu.product`, GKE's and Karpenter's labels, any of them).
     pub gpu_label: Option<String>,
-    /// Label values per GPU type for `gpu_label` (or in place of the known
-    /// values of the three standard labels).
+    /// Label values per GPU type for `gpu_label` (or added to GPU Feature
+    /// Discovery's known values).
     pub gpu_types: BTreeMap<String, Vec<String>>,
+    /// Whether GPU pods get the GPU-type node affinity (`auto` is resolved
+    /// by the host against the cluster's nodes; here it means `required`).
+    pub gpu_affinity: GpuAffinity,
     /// A PVC holding the weights (a hub cache), mounted read-only at `/weights`.
     pub weights_pvc: Option<String>,
     /// An existing Secret holding the suite's secrets under their names;
@@ -96,6 +100,7 @@ impl KubeSettings {
             runtime_class: None,
             gpu_label: None,
             gpu_types: BTreeMap::new(),
+            gpu_affinity: GpuAffinity::Auto,
             weights_pvc: None,
             secret_name: None,
             secret_keys: vec![],
@@ -198,86 +203,276 @@ pub fn run_selector(run_id: &str) -> String {
     )
 }
 
-/// Node label values of GPU types on the standard labels: GPU Feature
-/// Discovery's `nvidia.com/gpu.product`, GKE's
-/// `cloud.google.com/gke-accelerator`, Karpenter's
-/// `karpenter.k8s.aws/instance-gpu-name`.
-fn known_gpu_labels(gpu_type: &str) -> [(&'static str, Vec<&'static str>); 3] {
-    let (gfd, gke, karpenter): (Vec<&str>, Vec<&str>, Vec<&str>) = match gpu_type {
+/// Node labels that name a node's GPU type, the label keys in the order
+/// they are tried:
+/// - NVIDIA GPU Feature Discovery's `nvidia.com/gpu.product` (the NVML
+///   product name with `-` for spaces: the exact product, any cloud);
+/// - GKE's `cloud.google.com/gke-accelerator`;
+/// - Karpenter's (AWS provider) `karpenter.k8s.aws/instance-gpu-name` and
+///   EKS Auto Mode's `eks.amazonaws.com/instance-gpu-name`, with their
+///   `instance-gpu-memory` (MiB per GPU) where the name alone is ambiguous
+///   (`a100` is both A100 sizes);
+/// - the well-known `node.kubernetes.io/instance-type` every cloud node
+///   carries, with the instance types of one GPU type (AWS, Azure, which has
+///   no GPU-name label, OCI, Nebius, Google Cloud).
+pub const GPU_LABEL_KEYS: [&str; 6] = [
+    "nvidia.com/gpu.product",
+    "cloud.google.com/gke-accelerator",
+    "karpenter.k8s.aws/instance-gpu-name",
+    "eks.amazonaws.com/instance-gpu-name",
+    "node.kubernetes.io/instance-type",
+    "karpenter.k8s.aws/instance-gpu-memory",
+];
+
+/// One way to pick nodes of a GPU type: every (label, values) must match.
+type Term = Vec<(&'static str, Vec<String>)>;
+
+/// The node-selector terms that pick nodes of `gpu_type` on the standard
+/// labels ([`GPU_LABEL_KEYS`]); a node matching any one term will do.
+/// Empty for a type no label knows.
+pub fn known_gpu_terms(gpu_type: &str) -> Vec<Term> {
+    // (GFD products, GKE accelerators, AWS GPU name and its memory in MiB
+    // when needed, instance types)
+    type Row = (
+        &'static [&'static str],
+        &'static [&'static str],
+        Option<(&'static str, Option<&'static str>)>,
+        &'static [&'static str],
+    );
+    let row: Row = match gpu_type {
         "H100" => (
-            vec![
+            &[
                 "NVIDIA-H100-80GB-HBM3",
                 "NVIDIA-H100-PCIe",
                 "NVIDIA-H100-NVL",
                 "NVIDIA-H100-SXM5-80GB",
             ],
-            vec!["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
-            vec!["h100"],
+            &["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
+            Some(("h100", None)),
+            &[
+                "p5.48xlarge",
+                "p5.4xlarge",
+                "Standard_ND96isr_H100_v5",
+                "Standard_NC40ads_H100_v5",
+                "Standard_NC80adis_H100_v5",
+                "BM.GPU.H100.8",
+                "gpu-h100-sxm",
+                "a3-highgpu-1g",
+                "a3-highgpu-2g",
+                "a3-highgpu-4g",
+                "a3-highgpu-8g",
+                "a3-megagpu-8g",
+                "a3-edgegpu-8g",
+            ],
         ),
         "H200" => (
-            vec!["NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e", "NVIDIA-H200-NVL"],
-            vec!["nvidia-h200-141gb"],
-            vec!["h200"],
+            &["NVIDIA-H200", "NVIDIA-H200-NVL", "NVIDIA-H200-141GB-HBM3e"],
+            &["nvidia-h200-141gb"],
+            Some(("h200", None)),
+            &[
+                "p5e.48xlarge",
+                "p5en.48xlarge",
+                "Standard_ND96isr_H200_v5",
+                "BM.GPU.H200.8",
+                "gpu-h200-sxm",
+                "a3-ultragpu-8g",
+            ],
         ),
-        "B200" => (vec!["NVIDIA-B200"], vec!["nvidia-b200"], vec!["b200"]),
+        "B200" => (
+            &["NVIDIA-B200"],
+            &["nvidia-b200"],
+            Some(("b200", None)),
+            &[
+                "p6-b200.48xlarge",
+                "BM.GPU.B200.8",
+                "gpu-b200-sxm",
+                "a4-highgpu-8g",
+            ],
+        ),
         "A100-80GB" => (
-            vec!["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"],
-            vec!["nvidia-a100-80gb"],
-            vec!["a100"],
+            &["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"],
+            &["nvidia-a100-80gb"],
+            Some(("a100", Some("81920"))),
+            &[
+                "p4de.24xlarge",
+                "Standard_ND96amsr_A100_v4",
+                "Standard_NC24ads_A100_v4",
+                "Standard_NC48ads_A100_v4",
+                "Standard_NC96ads_A100_v4",
+                "BM.GPU.A100-v2.8",
+                "a2-ultragpu-1g",
+                "a2-ultragpu-2g",
+                "a2-ultragpu-4g",
+                "a2-ultragpu-8g",
+            ],
         ),
         "A100-40GB" => (
-            vec!["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"],
-            vec!["nvidia-tesla-a100"],
-            vec!["a100"],
+            &["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"],
+            &["nvidia-tesla-a100"],
+            Some(("a100", Some("40960"))),
+            &[
+                "p4d.24xlarge",
+                "Standard_ND96asr_v4",
+                "BM.GPU4.8",
+                "a2-highgpu-1g",
+                "a2-highgpu-2g",
+                "a2-highgpu-4g",
+                "a2-highgpu-8g",
+                "a2-megagpu-16g",
+            ],
         ),
-        "L40S" => (vec!["NVIDIA-L40S"], vec![], vec!["l40s"]),
-        "L4" => (vec!["NVIDIA-L4"], vec!["nvidia-l4"], vec!["l4"]),
-        "A10G" => (vec!["NVIDIA-A10G"], vec![], vec!["a10g"]),
-        "A10" => (vec!["NVIDIA-A10"], vec![], vec!["a10"]),
-        "T4" => (vec!["Tesla-T4"], vec!["nvidia-tesla-t4"], vec!["t4"]),
-        _ => (vec![], vec![], vec![]),
+        "L40S" => (
+            &["NVIDIA-L40S"],
+            &[],
+            Some(("l40s", None)),
+            &[
+                "g6e.xlarge",
+                "g6e.2xlarge",
+                "g6e.4xlarge",
+                "g6e.8xlarge",
+                "g6e.12xlarge",
+                "g6e.16xlarge",
+                "g6e.24xlarge",
+                "g6e.48xlarge",
+                "BM.GPU.L40S.4",
+                "gpu-l40s-a",
+                "gpu-l40s-d",
+            ],
+        ),
+        "L4" => (
+            &["NVIDIA-L4"],
+            &["nvidia-l4"],
+            Some(("l4", None)),
+            &[
+                "g6.xlarge",
+                "g6.2xlarge",
+                "g6.4xlarge",
+                "g6.8xlarge",
+                "g6.12xlarge",
+                "g6.16xlarge",
+                "g6.24xlarge",
+                "g6.48xlarge",
+                "g2-standard-4",
+                "g2-standard-8",
+                "g2-standard-12",
+                "g2-standard-16",
+                "g2-standard-24",
+                "g2-standard-32",
+                "g2-standard-48",
+                "g2-standard-96",
+            ],
+        ),
+        "A10G" => (
+            &["NVIDIA-A10G"],
+            &[],
+            Some(("a10g", None)),
+            &[
+                "g5.xlarge",
+                "g5.2xlarge",
+                "g5.4xlarge",
+                "g5.8xlarge",
+                "g5.12xlarge",
+                "g5.16xlarge",
+                "g5.24xlarge",
+                "g5.48xlarge",
+            ],
+        ),
+        "A10" => (
+            &["NVIDIA-A10"],
+            &[],
+            None,
+            &[
+                "Standard_NV36ads_A10_v5",
+                "Standard_NV72ads_A10_v5",
+                "VM.GPU.A10.1",
+                "VM.GPU.A10.2",
+                "BM.GPU.A10.4",
+            ],
+        ),
+        "T4" => (
+            &["Tesla-T4"],
+            &["nvidia-tesla-t4"],
+            Some(("t4", None)),
+            &[
+                "g4dn.xlarge",
+                "g4dn.2xlarge",
+                "g4dn.4xlarge",
+                "g4dn.8xlarge",
+                "g4dn.12xlarge",
+                "g4dn.16xlarge",
+                "g4dn.metal",
+            ],
+        ),
+        _ => (&[], &[], None, &[]),
     };
-    [
-        ("nvidia.com/gpu.product", gfd),
-        ("cloud.google.com/gke-accelerator", gke),
-        ("karpenter.k8s.aws/instance-gpu-name", karpenter),
-    ]
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (gfd, gke, aws, instance_types) = row;
+    let mut terms: Vec<Term> = Vec::new();
+    if !gfd.is_empty() {
+        terms.push(vec![(GPU_LABEL_KEYS[0], owned(gfd))]);
+    }
+    if !gke.is_empty() {
+        terms.push(vec![(GPU_LABEL_KEYS[1], owned(gke))]);
+    }
+    if let Some((name, memory)) = aws {
+        for (key, memory_key) in [
+            (GPU_LABEL_KEYS[2], "karpenter.k8s.aws/instance-gpu-memory"),
+            (GPU_LABEL_KEYS[3], "eks.amazonaws.com/instance-gpu-memory"),
+        ] {
+            let mut term = vec![(key, vec![name.to_string()])];
+            if let Some(m) = memory {
+                term.push((memory_key, vec![m.to_string()]));
+            }
+            terms.push(term);
+        }
+    }
+    if !instance_types.is_empty() {
+        terms.push(vec![(GPU_LABEL_KEYS[4], owned(instance_types))]);
+    }
+    terms
 }
 
-/// The node affinity that picks nodes of a GPU type: one term per label
-/// that knows the type (a node needs to match any one of them).
-pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Affinity {
-    let term = |key: &str, values: Vec<String>| NodeSelectorTerm {
-        match_expressions: Some(vec![NodeSelectorRequirement {
-            key: key.to_string(),
-            operator: "In".into(),
-            values: Some(values),
-        }]),
+/// The node affinity that picks nodes of a GPU type: the user's label
+/// (`gpu_label`, with `gpu_types`' values or the type's name), else GPU
+/// Feature Discovery's label with `gpu_types`' values (the exact products
+/// wanted), else one term per standard label that knows the type
+/// ([`known_gpu_terms`]). `None` with `gpu_affinity: off`.
+pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Option<Affinity> {
+    if s.gpu_affinity == GpuAffinity::Off {
+        return None;
+    }
+    let term = |reqs: Vec<(&str, Vec<String>)>| NodeSelectorTerm {
+        match_expressions: Some(
+            reqs.into_iter()
+                .map(|(key, values)| NodeSelectorRequirement {
+                    key: key.to_string(),
+                    operator: "In".into(),
+                    values: Some(values),
+                })
+                .collect(),
+        ),
         match_fields: None,
     };
     let user_values = s.gpu_types.get(gpu_type).cloned();
     let terms: Vec<NodeSelectorTerm> = match &s.gpu_label {
-        Some(label) => vec![term(
-            label,
+        Some(label) => vec![term(vec![(
+            label.as_str(),
             user_values.unwrap_or_else(|| vec![gpu_type.to_string()]),
-        )],
+        )])],
+        // The user's values for the type are the exact products wanted.
         None => match user_values {
-            Some(values) => vec![term("nvidia.com/gpu.product", values)],
+            Some(values) => vec![term(vec![(GPU_LABEL_KEYS[0], values)])],
             None => {
-                let known: Vec<NodeSelectorTerm> = known_gpu_labels(gpu_type)
-                    .into_iter()
-                    .filter(|(_, v)| !v.is_empty())
-                    .map(|(k, v)| term(k, v.into_iter().map(String::from).collect()))
-                    .collect();
+                let known = known_gpu_terms(gpu_type);
                 if known.is_empty() {
-                    vec![term("nvidia.com/gpu.product", vec![gpu_type.to_string()])]
+                    vec![term(vec![(GPU_LABEL_KEYS[0], vec![gpu_type.to_string()])])]
                 } else {
-                    known
+                    known.into_iter().map(term).collect()
                 }
             }
         },
     };
-    Affinity {
+    Some(Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                 node_selector_terms: terms,
@@ -286,7 +481,40 @@ pub fn gpu_affinity(gpu_type: &str, s: &KubeSettings) -> Affinity {
         }),
         pod_affinity: None,
         pod_anti_affinity: None,
+    })
+}
+
+/// The GPU types [`known_gpu_terms`] knows.
+pub const KNOWN_GPU_TYPES: [&str; 10] = [
+    "H100",
+    "H200",
+    "B200",
+    "A100-80GB",
+    "A100-40GB",
+    "L40S",
+    "L4",
+    "A10G",
+    "A10",
+    "T4",
+];
+
+/// Does a node with these labels show its GPU type in a way these settings
+/// read: the user's `gpu_label`, else a known type's terms? (For `auto`: a
+/// cluster none of whose GPU nodes does has labels orch cannot read.)
+pub fn node_shows_gpu_type(labels: &BTreeMap<String, String>, s: &KubeSettings) -> bool {
+    if let Some(key) = &s.gpu_label {
+        return labels.contains_key(key);
     }
+    let user = s.gpu_types.values().flatten();
+    if user.into_iter().any(|v| labels.get(GPU_LABEL_KEYS[0]) == Some(v)) {
+        return true;
+    }
+    KNOWN_GPU_TYPES.iter().any(|t| {
+        known_gpu_terms(t).iter().any(|term| {
+            term.iter()
+                .all(|(k, vs)| labels.get(*k).is_some_and(|v| vs.contains(v)))
+        })
+    })
 }
 
 /// A byte count as a Kubernetes quantity (`Mi` when whole, else bytes).
@@ -335,8 +563,6 @@ fn user_tolerations(s: &KubeSettings) -> Vec<K8sToleration> {
         .collect()
 }
 
-/// The agent installer's security context: what a `restricted` Pod
-/// Security namespace admits (the copy needs nothing more).
 /// A benchmark pod is not to be moved: Karpenter's consolidation and the
 /// cluster autoscaler's scale-down leave a node running one alone (a
 /// drain still evicts it, which is recorded as such).
@@ -366,10 +592,14 @@ fn small_resources(cpu_limit: &str, memory_limit: &str) -> ResourceRequirements 
     }
 }
 
-fn installer_security() -> k8s_openapi::api::core::v1::SecurityContext {
+/// The agent installer's security context: what Pod Security `restricted`
+/// admits, and OpenShift's `restricted-v2` SCC too: no fixed `runAsUser`
+/// (OpenShift assigns one from the namespace's range and refuses any other);
+/// `runAsNonRoot` is met by the agent image's numeric `USER 65532` elsewhere.
+/// The copy needs nothing more (the `emptyDir` it writes is world-writable).
+pub fn installer_security() -> k8s_openapi::api::core::v1::SecurityContext {
     k8s_openapi::api::core::v1::SecurityContext {
         run_as_non_root: Some(true),
-        run_as_user: Some(65532),
         allow_privilege_escalation: Some(false),
         capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
             drop: Some(vec!["ALL".into()]),
@@ -574,7 +804,7 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
                     containers: vec![cell],
                     volumes: Some(volumes),
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
-                    affinity: gpu.as_ref().map(|(t, _)| gpu_affinity(t, s)),
+                    affinity: gpu.as_ref().and_then(|(t, _)| gpu_affinity(t, s)),
                     tolerations: (!tolerations.is_empty()).then_some(tolerations),
                     service_account_name: s.service_account.clone(),
                     image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
@@ -941,43 +1171,122 @@ mod tests {
         assert!(l.len() <= 63 && !l.contains('/'), "{l}");
     }
 
-    #[test]
-    fn gpu_types_pick_nodes_by_standard_labels_or_the_users() {
-        let s = KubeSettings::new("ns", "agent");
-        let a = gpu_affinity("H100", &s);
-        let terms = a
+    /// The terms of an affinity as (key, values) lists.
+    fn terms_of(a: Option<Affinity>) -> Vec<Vec<(String, Vec<String>)>> {
+        a.unwrap()
             .node_affinity
             .unwrap()
             .required_during_scheduling_ignored_during_execution
             .unwrap()
-            .node_selector_terms;
-        let keys: Vec<String> = terms
-            .iter()
-            .map(|t| t.match_expressions.as_ref().unwrap()[0].key.clone())
-            .collect();
+            .node_selector_terms
+            .into_iter()
+            .map(|t| {
+                t.match_expressions
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| (e.key, e.values.unwrap()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Does a node with these labels match any term?
+    fn matches(terms: &[Vec<(String, Vec<String>)>], node: &[(&str, &str)]) -> bool {
+        terms.iter().any(|t| {
+            t.iter()
+                .all(|(k, vs)| node.iter().any(|(nk, nv)| nk == k && vs.iter().any(|v| v == nv)))
+        })
+    }
+
+    #[test]
+    fn gpu_types_pick_nodes_by_standard_labels_or_the_users() {
+        let s = KubeSettings::new("ns", "agent");
+        let terms = terms_of(gpu_affinity("H100", &s));
+        let keys: Vec<&str> = terms.iter().map(|t| t[0].0.as_str()).collect();
         assert_eq!(
             keys,
             [
                 "nvidia.com/gpu.product",
                 "cloud.google.com/gke-accelerator",
-                "karpenter.k8s.aws/instance-gpu-name"
+                "karpenter.k8s.aws/instance-gpu-name",
+                "eks.amazonaws.com/instance-gpu-name",
+                "node.kubernetes.io/instance-type",
             ]
         );
+        // Nodes as each platform labels them (their documentation's examples).
+        let gfd = [("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")];
+        let gke = [("cloud.google.com/gke-accelerator", "nvidia-h100-80gb")];
+        let eks_auto = [
+            ("eks.amazonaws.com/instance-gpu-name", "h100"),
+            ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+        ];
+        let aks = [
+            ("kubernetes.azure.com/accelerator", "nvidia"),
+            ("node.kubernetes.io/instance-type", "Standard_ND96isr_H100_v5"),
+        ];
+        let oci = [("node.kubernetes.io/instance-type", "BM.GPU.H100.8")];
+        let nebius = [("node.kubernetes.io/instance-type", "gpu-h100-sxm")];
+        for node in [&gfd[..], &gke, &eks_auto, &aks, &oci, &nebius] {
+            assert!(matches(&terms, node), "{node:?}");
+        }
+        let a100_80 = [
+            ("karpenter.k8s.aws/instance-gpu-name", "a100"),
+            ("karpenter.k8s.aws/instance-gpu-memory", "81920"),
+        ];
+        let a100_40 = [
+            ("karpenter.k8s.aws/instance-gpu-name", "a100"),
+            ("karpenter.k8s.aws/instance-gpu-memory", "40960"),
+        ];
+        assert!(!matches(&terms, &a100_80) && !matches(&terms, &[("nvidia.com/gpu.product", "NVIDIA-H200")]));
+        // Karpenter's `a100` is both sizes: the memory tells them apart.
+        let big = terms_of(gpu_affinity("A100-80GB", &s));
+        let small = terms_of(gpu_affinity("A100-40GB", &s));
+        assert!(matches(&big, &a100_80) && !matches(&big, &a100_40));
+        assert!(matches(&small, &a100_40) && !matches(&small, &a100_80));
+        // Every value is a valid label value.
+        for t in big.iter().chain(&small).chain(&terms) {
+            for (k, vs) in t {
+                assert_eq!(orch_manifest::k8s::qualified_name_error(k), None, "{k}");
+                for v in vs {
+                    assert_eq!(orch_manifest::k8s::label_value_error(v), None, "{v}");
+                }
+            }
+        }
+
+        // The user's exact products on GPU Feature Discovery's label.
+        let mut exact = KubeSettings::new("ns", "agent");
+        exact
+            .gpu_types
+            .insert("H100".into(), vec!["NVIDIA-H100-80GB-HBM3".into()]);
+        let t = terms_of(gpu_affinity("H100", &exact));
+        assert!(matches(&t, &gfd) && !matches(&t, &[("nvidia.com/gpu.product", "NVIDIA-H100-PCIe")]));
+        assert!(!matches(&t, &gke));
+
+        // The user's own label.
         let mut s = s;
         s.gpu_label = Some("example.com/gpu".into());
         s.gpu_types.insert("H100".into(), vec!["h100-sxm".into()]);
-        let a = gpu_affinity("H100", &s);
-        let t = &a
-            .node_affinity
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms;
-        assert_eq!(t.len(), 1);
-        let e = &t[0].match_expressions.as_ref().unwrap()[0];
         assert_eq!(
-            (e.key.as_str(), e.values.clone().unwrap()),
-            ("example.com/gpu", vec!["h100-sxm".to_string()])
+            terms_of(gpu_affinity("H100", &s)),
+            [vec![(
+                "example.com/gpu".to_string(),
+                vec!["h100-sxm".to_string()]
+            )]]
         );
+
+        // An unknown type: its name on GPU Feature Discovery's label.
+        let plain = KubeSettings::new("ns", "agent");
+        assert_eq!(
+            terms_of(gpu_affinity("MI300X", &plain)),
+            [vec![(
+                "nvidia.com/gpu.product".to_string(),
+                vec!["MI300X".to_string()]
+            )]]
+        );
+
+        // Off: no affinity at all.
+        let mut off = KubeSettings::new("ns", "agent");
+        off.gpu_affinity = GpuAffinity::Off;
+        assert!(gpu_affinity("H100", &off).is_none());
     }
 }

@@ -1,7 +1,9 @@
 //! What a pod's status says, without IO: has the cell's container started,
 //! is the pod waiting for something that will come (a node, an image pull),
 //! or for something that never will (no node fits, no such image, a missing
-//! Secret key), and how did it end.
+//! Secret key), and how did it end. A pod the cluster took away (its
+//! `DisruptionTarget` condition, [`disruption`]) ended `disrupted`, status
+//! `cancelled` (its work was not done: `--resume` runs it again).
 
 use crate::{AGENT_CONTAINER, CELL_CONTAINER};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -53,6 +55,45 @@ fn pull_error_is_permanent(message: &str) -> bool {
     .any(|p| m.contains(p))
 }
 
+/// The `DisruptionTarget` condition of a pod, when it is `True`: its
+/// reason (`PreemptionByScheduler`, `DeletionByTaintManager`,
+/// `EvictionByEvictionAPI`, `DeletionByPodGC`, `TerminationByKubelet`) and
+/// message. The control plane or kubelet sets it on a pod it is about to
+/// delete or has terminated ("Pod disruption conditions", Kubernetes docs,
+/// concepts/workloads/pods/disruptions).
+pub fn disruption(pod: &Pod) -> Option<(String, String)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_else(|| "DisruptionTarget".into()),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// The failure of a disrupted pod: kind `disrupted`, the condition's words.
+fn disrupted(reason: &str, message: &str) -> (Status, Failure) {
+    (
+        Status::Cancelled,
+        Failure::new(
+            "disrupted",
+            format!(
+                "the cluster took the pod away ({reason}){}; `orch run --resume` runs the cell again",
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ),
+        ),
+    )
+}
+
 /// The state of a pod before (or as) the cell's container starts.
 pub fn pod_state(pod: &Pod) -> PodState {
     let Some(status) = pod.status.as_ref() else {
@@ -68,6 +109,15 @@ pub fn pod_state(pod: &Pod) -> PodState {
         .is_some_and(|s| s.running.is_some() || s.terminated.is_some());
     if started {
         return PodState::Started;
+    }
+    let gone = matches!(phase, "Failed" | "Succeeded") || pod.metadata.deletion_timestamp.is_some();
+    if let Some((reason, message)) = disruption(pod).filter(|_| gone) {
+        let (status, failure) = disrupted(&reason, &message);
+        return PodState::EndedEarly {
+            status,
+            kind: "disrupted",
+            message: failure.message,
+        };
     }
     if matches!(phase, "Failed" | "Succeeded") {
         let reason = status.reason.clone().unwrap_or_default();
@@ -231,6 +281,10 @@ pub fn pod_end(pod: Option<&Pod>) -> (Status, Failure) {
                 format!("the pod was evicted from its node: {message}"),
                 None,
             )
+        }
+        _ if disruption(pod).is_some() => {
+            let (reason, message) = disruption(pod).unwrap_or_default();
+            return disrupted(&reason, &message);
         }
         "DeadlineExceeded" => {
             return fail(
@@ -471,6 +525,40 @@ mod tests {
         ));
         assert_eq!(pod_end(Some(&p)).1.kind, "evicted");
         assert_eq!(pod_end(None).1.kind, "pod_lost");
+    }
+
+    #[test]
+    fn a_disruption_target_condition_names_the_end_and_asks_for_a_resume() {
+        // A drain: the Eviction API sets the condition, then deletes the pod.
+        let p = pod(serde_json::json!({
+            "metadata": {"deletionTimestamp": "2026-01-01T00:00:30Z"},
+            "status": {"phase": "Failed", "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                 "message": "Eviction API: evicting"}],
+                "containerStatuses": [{"name": "cell", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"terminated": {"reason": "Error", "exitCode": 143}}}]}}));
+        let (status, f) = pod_end(Some(&p));
+        assert_eq!((status, f.kind.as_str()), (Status::Cancelled, "disrupted"));
+        assert!(f.message.contains("EvictionByEvictionAPI") && f.message.contains("Eviction API: evicting"));
+        // Preempted before the cell's container ran.
+        let p = pod(serde_json::json!({
+            "metadata": {"deletionTimestamp": "2026-01-01T00:00:30Z"},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                 "message": "ns/p: preempting to accommodate a higher priority pod"}]}}));
+        assert!(matches!(
+            pod_state(&p),
+            PodState::EndedEarly {
+                kind: "disrupted",
+                status: Status::Cancelled,
+                ..
+            }
+        ));
+        // A condition that is not `True` is no disruption.
+        let p = pod(serde_json::json!({"status": {"phase": "Failed", "conditions": [
+            {"type": "DisruptionTarget", "status": "False", "reason": "EvictionByEvictionAPI"}]}}));
+        assert_eq!(disruption(&p), None);
+        assert_ne!(pod_end(Some(&p)).1.kind, "disrupted");
     }
 }
 
@@ -726,11 +814,15 @@ impl Pending {
                         self.unschedulable_since = None;
                         self.scaling = false;
                         // Errors the kubelet retries: failed when they last.
+                        // A transient pull error (a permanent one is `Stuck`
+                        // already) is retried by the kubelet with a backoff
+                        // of up to 5 minutes, and a large image's next pull
+                        // takes minutes: it gets the whole `max_pending`.
                         let (limit, kind) = match reason.as_str() {
-                            "ErrImagePull"
-                            | "ImagePullBackOff"
-                            | "RegistryUnavailable"
-                            | "ImageInspectError" => (Some(Duration::from_secs(90)), "image_pull_failed"),
+                            "ErrImagePull" | "ImagePullBackOff" | "RegistryUnavailable" => {
+                                (Some(limits.max_pending), "image_pull_failed")
+                            }
+                            "ImageInspectError" => (Some(Duration::from_secs(90)), "image_pull_failed"),
                             "CreateContainerError" | "RunContainerError" => {
                                 (Some(Duration::from_secs(30)), "container_config_error")
                             }
@@ -842,9 +934,21 @@ mod decide_tests {
             p.decide(&pulling("ErrImagePull"), t0, &LIMITS, "none").1,
             Action::Wait
         );
+        // The kubelet is still retrying a transient error at 91 s (a
+        // large image's first pull hit a timeout): wait.
+        assert_eq!(
+            p.decide(
+                &pulling("ImagePullBackOff"),
+                t0 + Duration::from_secs(91),
+                &LIMITS,
+                "none"
+            )
+            .1,
+            Action::Wait
+        );
         let (_, a) = p.decide(
             &pulling("ImagePullBackOff"),
-            t0 + Duration::from_secs(91),
+            t0 + LIMITS.max_pending + Duration::from_secs(1),
             &LIMITS,
             "none",
         );

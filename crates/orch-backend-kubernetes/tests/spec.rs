@@ -159,3 +159,43 @@ fn every_container_orch_adds_has_cpu_and_memory_limits() {
     assert_eq!(ann["karpenter.sh/do-not-disrupt"], "true");
     assert_eq!(ann["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
 }
+
+/// The agent installer of every Job passes Pod Security `restricted` (its
+/// container-level rules: non-root, no privilege escalation, every
+/// capability dropped, a `RuntimeDefault`/`Localhost` seccomp profile) and
+/// OpenShift's `restricted-v2` SCC, which assigns the UID from the
+/// namespace's range and refuses a pod that fixes another: no `runAsUser`.
+#[test]
+fn the_agent_installer_passes_restricted_and_openshifts_scc() {
+    let s = KubeSettings::new("bench", "registry.example.com/orch/orch-agent:0.1.0");
+    let cell = serde_json::to_value(job()).unwrap();
+    let setup = serde_json::to_value(spec::setup_job(
+        "orch-setup-x",
+        "registry.example.com/orch/orch-agent:0.1.0",
+        &["setup".into()],
+        None,
+        &[],
+        &s,
+    ))
+    .unwrap();
+    for job in [&cell, &setup] {
+        let init = &job["spec"]["template"]["spec"]["initContainers"][0];
+        let sc = &init["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true, "{init}");
+        assert!(
+            sc.get("runAsUser").is_none(),
+            "a fixed UID is refused by OpenShift: {sc}"
+        );
+        assert!(job["spec"]["template"]["spec"]["securityContext"]
+            .get("runAsUser")
+            .is_none());
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        assert!(sc["capabilities"].get("add").is_none());
+        assert!(matches!(
+            sc["seccompProfile"]["type"].as_str(),
+            Some("RuntimeDefault" | "Localhost")
+        ));
+        assert!(sc.get("privileged").is_none_or(|p| p == false));
+    }
+}

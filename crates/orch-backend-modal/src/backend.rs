@@ -1,7 +1,8 @@
 //! `--backend modal`: a sandbox per cell.
 //!
 //! For each cell: the app `orch` (get-or-create), the cell's image (built by
-//! Modal, build log into `image-build.log`), the static agent as a
+//! Modal, build log into `image-build.log`; a Dockerfile's context as a
+//! context mount, [`crate::ops::context_mount`]), the static agent as a
 //! content-addressed mount at `/orch/agent`, the secrets as an app-owned
 //! secret, the weights volume (read-only at `/weights`) when it exists, then
 //! a sandbox running `/orch/agent run --task-b64 ... --ship` with the GPU
@@ -16,8 +17,8 @@
 //! as a second content-addressed mount: every blob once at
 //! `/orch/blobs/<sha256>` ([`orch_files::CELL_BLOBS`]), offered to Modal by
 //! its digest and uploaded only when Modal lacks it (inline under 4 MiB,
-//! through `BlobCreate` above), the mount made once per set of blobs in a
-//! run (the cells of a suite that name the same files share it). The task
+//! through the blob store above: [`crate::blob`], multipart when Modal
+//! asks), the mount made once per set of blobs in a run (the cells of a suite that name the same files share it). The task
 //! the sandbox gets is rewritten by [`orch_files::Shipment::apply`]: its
 //! paths point under `/orch/files` ([`orch_files::CELL_ROOT`]), where the
 //! agent lays the files out from the blobs, checking each SHA-256, before

@@ -12,7 +12,13 @@
 //!   backoff, throttling (an error carrying an `RPCRetryPolicy`, typically
 //!   `RESOURCE_EXHAUSTED`) waited out for its retry-after and sent again under
 //!   the same key, bounded (`MODAL_MAX_THROTTLE_WAIT`);
-//! - [`ops`]: app, image (with the build log streamed), content-addressed
+//! - [`blob`]: the blob store as the official client writes to it: files of
+//!   4 MiB or more (`LARGE_FILE_LIMIT`) by `BlobCreate`, then one `PUT` or a
+//!   multipart upload (a `PUT` per part, each retried, then the completion),
+//!   ETags checked against the data's MD5;
+//! - [`ops`]: app, image (with the build log streamed; a Dockerfile's context
+//!   as a context mount, as the official client sends `COPY` sources, never
+//!   inline), content-addressed
 //!   mounts for the static agent, `orch` and the cell's files (an upload
 //!   answered `exists: false`, not yet ingested, is asked about again with
 //!   backoff until it is there, at most 10 minutes), secrets, volumes, sandboxes
@@ -29,9 +35,11 @@
 //! `tests/proto_matches_official.rs` checks it against the official wheel's descriptor);
 //! `config.rs` (token from env or `~/.modal.toml`, never shown); `client.rs` (the Go
 //! client's headers, `AuthTokenGet`, retries with one idempotency key per call, throttling
-//! read from `grpc-status-details-bin`); `ops.rs`
-//! (environment, app, image build with streamed log and failing step, content-addressed
-//! mounts with blob upload and the wait for ingestion, secrets, volumes, sandbox
+//! read from `grpc-status-details-bin`); `blob.rs` (`BlobCreate`, single and multipart
+//! uploads with per-part retry and ETag checks); `ops.rs`
+//! (environment, app, image build with streamed log and failing step and its context as
+//! a mount, content-addressed mounts with blob upload and the wait for ingestion, secrets,
+//! volumes, sandbox
 //! create (`network_access: OPEN`)/schedule/logs from the last
 //! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, the cell's files as a
 //! mount of their blobs at `/orch/blobs` with the task rewritten to `/orch/files`, GPU
@@ -42,6 +50,7 @@
 //! remotely, `orch down`.
 
 pub mod backend;
+pub mod blob;
 pub mod client;
 pub mod config;
 pub mod host;
@@ -60,6 +69,8 @@ pub mod proto {
 pub use backend::ModalBackend;
 pub use client::Modal;
 pub use config::Credentials;
+/// The protobuf runtime of [`proto`] (for fakes that measure messages).
+pub use prost;
 
 /// The app every orch sandbox belongs to.
 pub const APP_NAME: &str = "orch";

@@ -1,4 +1,11 @@
 //! Modal operations orch needs, each as Modal's own clients perform it.
+//!
+//! An image built from a Dockerfile sends its context as the official client
+//! does (`modal/_image.py`'s `_create_context_mount`): the context files in a
+//! mount at `/PATH` ([`context_mount`]), the mount's id as the image's
+//! `context_mount_id`, nothing in `context_files`; a mount's files of
+//! [`LARGE_FILE_LIMIT`] bytes or more go through the blob store
+//! ([`crate::blob`]), so no request carries a large file.
 
 use crate::client::Modal;
 use crate::proto::{self, generic_result::GenericStatus, GenericResult, ObjectCreationType};
@@ -7,9 +14,7 @@ use sha2::Digest;
 use std::path::Path;
 use std::time::Duration;
 
-/// Files under this size go inline in `MountPutFile`; larger ones through
-/// the blob store (Modal's Python client uses the same limit).
-pub const LARGE_FILE_LIMIT: usize = 4 * 1024 * 1024;
+pub use crate::blob::LARGE_FILE_LIMIT;
 /// How long a file Modal has not yet ingested (`MountPutFile` answered
 /// `exists: false` after its upload) is waited for, asking again (the
 /// official client waits as long: `MOUNT_PUT_FILE_CLIENT_TIMEOUT`).
@@ -79,8 +84,8 @@ pub async fn builder_version(modal: &Modal) -> String {
 }
 
 /// An image as Modal builds it: Dockerfile instructions (the first is
-/// `FROM`) and the context files they may `COPY`, sent inline with the
-/// request (Modal's `ImageContextFile`).
+/// `FROM`) and the context files they may `COPY`, sent as the image's
+/// context mount ([`image`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ImageSpec {
     /// What the user wrote (`vllm/vllm-openai:v0.6.3`, `{build: quickstart}`), for messages.
@@ -89,9 +94,6 @@ pub struct ImageSpec {
     /// (name in the context, file on this host).
     pub context: Vec<(String, std::path::PathBuf)>,
 }
-
-/// Context files above this total are refused: they travel in one request.
-pub const MAX_CONTEXT_BYTES: u64 = 64 * 1024 * 1024;
 
 impl ImageSpec {
     /// `Image.from_registry(tag)`.
@@ -145,9 +147,53 @@ pub struct Built {
     pub build_s: f64,
 }
 
-/// `ImageGetOrCreate`, then `ImageJoinStreaming` until the build has a
-/// result, resuming from the last entry id; every build log line goes to
-/// `log` as it arrives.
+/// Whether the Dockerfile reads its context: a `COPY` or `ADD` not `--from`
+/// another stage (the official client makes a context mount only for
+/// `COPY`; `ADD` of a local file needs one as much).
+pub fn reads_context(commands: &[String]) -> bool {
+    commands.iter().any(|c| {
+        let mut w = c.split_whitespace();
+        let instr = w.next().unwrap_or_default().to_ascii_uppercase();
+        (instr == "COPY" || instr == "ADD") && !w.any(|a| a.starts_with("--from"))
+    })
+}
+
+/// The image's context mount, as the official client makes it
+/// (`_create_context_mount`: the context folder mounted at `/`, each file at
+/// `/PATH`, its mode the file's permission bits); the files through
+/// [`mount`], so a large one goes as a blob. Empty (no mount) when the
+/// Dockerfile copies nothing or the context has no files.
+pub async fn context_mount(modal: &Modal, app_id: &str, spec: &ImageSpec) -> Result<String, ModalError> {
+    use std::os::unix::fs::PermissionsExt;
+    if spec.context.is_empty() || !reads_context(&spec.commands) {
+        return Ok(String::new());
+    }
+    let mut names = Vec::with_capacity(spec.context.len());
+    for (name, path) in &spec.context {
+        let meta = tokio::fs::metadata(path).await.map_err(|e| ModalError::Io {
+            action: format!("read the image context file `{}`", path.display()),
+            source: e,
+        })?;
+        names.push((
+            format!("/{}", name.trim_start_matches("./").trim_start_matches('/')),
+            meta.permissions().mode() & 0o7777,
+        ));
+    }
+    let sources: Vec<MountSource<'_>> = names
+        .iter()
+        .zip(&spec.context)
+        .map(|((remote, mode), (_, path))| MountSource {
+            remote_path: remote,
+            local: path,
+            mode: *mode,
+        })
+        .collect();
+    mount(modal, app_id, &sources).await
+}
+
+/// `ImageGetOrCreate` (the context as a mount: [`context_mount`]), then
+/// `ImageJoinStreaming` until the build has a result, resuming from the
+/// last entry id; every build log line goes to `log` as it arrives.
 pub async fn image(
     modal: &Modal,
     app_id: &str,
@@ -156,32 +202,15 @@ pub async fn image(
     mut log: impl FnMut(&str),
 ) -> Result<Built, ModalError> {
     let started = std::time::Instant::now();
-    let mut context_files = Vec::new();
-    let mut total = 0u64;
-    for (name, path) in &spec.context {
-        let data = tokio::fs::read(path).await.map_err(|e| ModalError::Io {
-            action: format!("read the image context file `{}`", path.display()),
-            source: e,
-        })?;
-        total += data.len() as u64;
-        if total > MAX_CONTEXT_BYTES {
-            return Err(ModalError::Unavailable {
-                message: format!("the context of image `{}` is over {} MiB", spec.label, MAX_CONTEXT_BYTES >> 20),
-                hint: "keep large files out of the context (`.dockerignore`) and download them in a `RUN` step, or use `image: REF`".into(),
-            });
-        }
-        context_files.push(proto::ImageContextFile {
-            filename: name.clone(),
-            data,
-        });
-    }
+    let context_mount_id = context_mount(modal, app_id, spec).await?;
     let req = proto::ImageGetOrCreateRequest {
         image: Some(proto::Image {
             base_images: vec![],
             dockerfile_commands: spec.commands.clone(),
-            context_files,
+            context_files: vec![],
             version: builder_version.into(),
             secret_ids: vec![],
+            context_mount_id,
         }),
         app_id: app_id.into(),
         force_build: false,
@@ -335,7 +364,7 @@ pub async fn mount(modal: &Modal, app_id: &str, files: &[MountSource<'_>]) -> Re
                 proto::mount_put_file_request::DataOneof::Data(data.clone())
             } else {
                 proto::mount_put_file_request::DataOneof::DataBlobId(
-                    blob_upload(modal, &data, &f.local.display().to_string()).await?,
+                    crate::blob::upload(modal, &data, &f.local.display().to_string()).await?,
                 )
             };
             let put = proto::MountPutFileRequest {
@@ -411,54 +440,6 @@ pub async fn wait_ingested(modal: &Modal, sha: &str, name: &str, wait: Duration)
             return Ok(());
         }
     }
-}
-
-/// `BlobCreate`, then an HTTP `PUT` of the bytes to the URL it gives.
-async fn blob_upload(modal: &Modal, data: &[u8], name: &str) -> Result<String, ModalError> {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let md5 = b64.encode(md5::Md5::digest(data));
-    let req = proto::BlobCreateRequest {
-        content_md5: md5.clone(),
-        content_sha256_base64: b64.encode(sha2::Sha256::digest(data)),
-        content_length: data.len() as i64,
-    };
-    let resp = modal
-        .call(
-            "BlobCreate",
-            req,
-            |mut c, r| async move { c.blob_create(r).await },
-        )
-        .await
-        .map_err(ModalError::rpc("BlobCreate"))?;
-    let Some(proto::blob_create_response::UploadTypeOneof::UploadUrl(url)) = resp.upload_type_oneof else {
-        return Err(ModalError::Upload {
-            file: name.into(),
-            message: "Modal asked for a multipart upload, which orch does not do".into(),
-        });
-    };
-    let client = reqwest::Client::new();
-    let mut last = String::new();
-    for attempt in 0..4u64 {
-        match client
-            .put(&url)
-            .header("Content-MD5", &md5)
-            .header("Content-Type", "application/octet-stream")
-            .body(data.to_vec())
-            .send()
-            .await
-        {
-            Ok(r) if r.status().is_success() => return Ok(resp.blob_id),
-            // The URL is presigned: never show it (it grants access).
-            Ok(r) => last = format!("the blob store answered {}", r.status()),
-            Err(e) => last = format!("the blob store is not reachable ({})", e.without_url()),
-        }
-        tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
-    }
-    Err(ModalError::Upload {
-        file: name.into(),
-        message: last,
-    })
 }
 
 /// An app-owned secret holding `env` (names and values; values never leave
@@ -802,6 +783,16 @@ mod tests {
                 "COPY a /a"
             ]
         );
+    }
+
+    #[test]
+    fn only_a_dockerfile_that_copies_gets_a_context_mount() {
+        let c = |t: &str| ImageSpec::dockerfile("x", t, vec![]).commands;
+        assert!(reads_context(&c("FROM a\nCOPY x /x\n")));
+        assert!(reads_context(&c("FROM a\ncopy --chmod=755 x /x\n")));
+        assert!(reads_context(&c("FROM a\nADD x.tar /x\n")));
+        assert!(!reads_context(&c("FROM a\nCOPY --from=builder /a /a\n")));
+        assert!(!reads_context(&c("FROM a\nRUN echo COPY x\n")));
     }
 
     #[test]

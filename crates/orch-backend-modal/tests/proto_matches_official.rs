@@ -2,7 +2,10 @@
 //! official Python client (`modal_proto.api_pb2.DESCRIPTOR`, from the
 //! `modal` wheel on PyPI): every message, field (name, number, type, label,
 //! oneof), enum value and RPC we declare must be there, the same. An
-//! upstream protocol change fails this test, not our users.
+//! upstream protocol change fails this test, not our users. A second test
+//! holds the declarations the context mount and blob uploads need (the
+//! image's `context_mount_id`, `BlobCreateResponse`'s multipart forms) to
+//! Modal's field numbers and oneofs, without Python.
 //!
 //! Needs `python3` with `modal` installed (`.ci/run` installs it). Under
 //! CI a missing `modal` fails the test; elsewhere it is skipped with the
@@ -203,4 +206,44 @@ fn every_declaration_matches_modals_own() {
         oe.len(),
         svc.method.len()
     );
+}
+
+/// The fields a Dockerfile context and a large file travel by (issue 29): declared here
+/// with Modal's numbers, so the check above holds them to Modal's descriptor.
+#[test]
+fn the_context_mount_and_blob_upload_fields_are_declared() {
+    let ours = ours();
+    let mut om = BTreeMap::new();
+    messages(".modal.client", &ours.message_type, &mut om);
+    let want = [
+        ("Image", "context_mount_id", 15, None),
+        ("BlobCreateResponse", "blob_id", 2, None),
+        ("BlobCreateResponse", "upload_url", 1, Some("upload_type_oneof")),
+        ("BlobCreateResponse", "multipart", 3, Some("upload_type_oneof")),
+        ("BlobCreateResponse", "blob_ids", 4, None),
+        ("BlobCreateResponse", "upload_urls", 5, Some("upload_types_oneof")),
+        ("BlobCreateResponse", "multiparts", 6, Some("upload_types_oneof")),
+        ("MultiPartUpload", "part_length", 1, None),
+        ("MultiPartUpload", "upload_urls", 2, None),
+        ("MultiPartUpload", "completion_url", 3, None),
+        ("MultiPartUploadList", "items", 1, None),
+        ("UploadUrlList", "items", 1, None),
+        ("MountPutFileRequest", "data_blob_id", 5, Some("data_oneof")),
+    ];
+    for (msg, field, number, oneof) in want {
+        let m = om
+            .get(&format!(".modal.client.{msg}"))
+            .unwrap_or_else(|| panic!("message {msg} is not declared"));
+        let f = m
+            .field
+            .iter()
+            .find(|f| f.name() == field)
+            .unwrap_or_else(|| panic!("{msg}.{field} is not declared"));
+        assert_eq!(f.number(), number, "{msg}.{field}");
+        let got = f
+            .oneof_index
+            .and_then(|i| m.oneof_decl.get(i as usize))
+            .map(|o| o.name().to_string());
+        assert_eq!(got.as_deref(), oneof, "{msg}.{field}");
+    }
 }

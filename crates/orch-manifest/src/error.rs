@@ -79,12 +79,46 @@ impl ManifestError {
     }
 }
 
-/// The message of a YAML error without its location suffix (we print the
-/// location ourselves, as `file:line:column`).
+/// The message of a YAML error in our words, without its location suffix
+/// (we print the location ourselves, as `file:line:column`). The parser's
+/// own wording for its limits (`budget breached: Nodes { .. }`) and for a
+/// repeated key (`set DuplicateKeyPolicy in Options`) speaks of its API,
+/// not of the manifest, so those are said here.
 pub fn yaml_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    use serde_saphyr::Error as E;
     match e {
-        serde_saphyr::Error::WithSnippet { error, .. } => yaml_message(error),
-        serde_saphyr::Error::Message { msg, .. } => msg.clone(),
+        E::WithSnippet { error, .. } => yaml_message(error),
+        E::AliasError { error, .. } => yaml_message(error),
+        E::Message { msg, .. } => msg.clone(),
+        E::DuplicateMappingKey { key: Some(k), .. } => format!("duplicate key `{k}`"),
+        E::DuplicateMappingKey { key: None, .. } => "duplicate key in a mapping".into(),
+        E::Budget { breach, .. } => {
+            let what = match breach {
+                B::Aliases { aliases } => format!("too many aliases ({aliases})"),
+                B::Anchors { anchors } => format!("too many anchors ({anchors})"),
+                B::Nodes { nodes } => format!("too many aliases/nodes ({nodes} YAML nodes)"),
+                B::Events { events } => format!("too many aliases/nodes ({events} YAML events)"),
+                B::Depth { depth } => format!("nested too deep ({depth} levels)"),
+                B::Documents { documents } => format!("too many YAML documents ({documents})"),
+                B::ScalarBytes { total_scalar_bytes } => {
+                    format!("too much text ({total_scalar_bytes} bytes of values)")
+                }
+                B::AliasAnchorRatio { aliases, anchors } => {
+                    format!("too many aliases ({aliases} uses of {anchors} anchors)")
+                }
+                B::MergeKeys { merge_keys } => format!("too many merge keys `<<` ({merge_keys})"),
+                B::InputBytes { .. } => "the file is too large".into(),
+                other => format!("the manifest is too large or too complex ({other:?})"),
+            };
+            format!("{what}: a manifest may not be this large once its aliases are expanded")
+        }
+        E::AliasReplayCounterOverflow { .. }
+        | E::AliasReplayLimitExceeded { .. }
+        | E::AliasExpansionLimitExceeded { .. }
+        | E::AliasReplayStackDepthExceeded { .. } => {
+            "too many aliases/nodes: a manifest may not be this large once its aliases are expanded".into()
+        }
         other => {
             let text = other.to_string();
             // Drop a trailing " at line X, column Y" the crate appends.
@@ -118,6 +152,15 @@ pub(crate) fn yaml_hint(message: &str) -> String {
     }
     if message.contains("unknown GPU type") || message.contains("GPU count") {
         return "GPU specs are `TYPE[:COUNT]`, e.g. `H100`, `H100:8`, `A100-80GB:2`, or `none`".into();
+    }
+    if message.starts_with("duplicate key") {
+        return "each key may appear once in a mapping: remove or merge the repeated one".into();
+    }
+    if message.starts_with("too many")
+        || message.starts_with("nested too deep")
+        || message.contains("too large")
+    {
+        return "write the values out, or split the suite; YAML aliases (`*name`) may not multiply a manifest beyond its limits".into();
     }
     if message.starts_with("missing field") {
         return "add the field; see docs/manifest.md".into();

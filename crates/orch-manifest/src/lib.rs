@@ -10,6 +10,17 @@
 //! `plan.rs`: matrix expansion, `{{param}}` templates, stable cell ids, measure defaults;
 //! `error.rs`: `file:line:column` errors with hints. It does not: know backends or the
 //! store.
+//!
+//! ## Hostile manifests
+//!
+//! A manifest is refused before it costs anything: a file over
+//! [`MAX_MANIFEST_BYTES`] is not read; the parser's budget (nodes, aliases,
+//! depth) stops an alias bomb, said in our words (`too many aliases/nodes`);
+//! a repeated key is an error (`duplicate key `x``); durations and sizes are
+//! range-checked as they are parsed (`units.rs`); the number of cells is
+//! counted from the axes' lengths before the matrix is expanded and refused
+//! over `max_cells` (default [`plan::DEFAULT_MAX_CELLS`]); names and cell ids
+//! follow the store's rule (at most [`plan::MAX_NAME_BYTES`] bytes, no `.`/`..`).
 
 pub mod error;
 pub mod gpu;
@@ -22,8 +33,8 @@ pub use error::{ManifestError, Pos};
 pub use gpu::{GpuSpec, GpuSpecError, KNOWN_GPUS};
 pub use plan::{CellPlan, ExpandOptions, Plan};
 pub use suite::{
-    BuildDef, DirtyDef, ImageDef, KubernetesDef, KubernetesSection, ModelRef, SlurmDef, Suite, SyncDef,
-    TolerationDef,
+    BuildDef, DirtyDef, GpuAffinity, ImageDef, KubernetesDef, KubernetesSection, ModelRef, SlurmDef, Suite,
+    SyncDef, TolerationDef,
 };
 
 use std::path::Path;
@@ -38,12 +49,30 @@ pub fn parse_str(text: &str, path: &Path) -> Result<Suite, ManifestError> {
     })
 }
 
+/// The largest manifest file read (16 MiB; real suites are a few KiB).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
 /// Read, parse and expand a manifest file.
 pub fn load(path: &Path, opts: &ExpandOptions) -> Result<Plan, ManifestError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+    use std::io::Read;
+    let read_err = |source| ManifestError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(read_err)?
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(ManifestError::invalid(
+            path,
+            None,
+            format!("the manifest is larger than {} MiB", MAX_MANIFEST_BYTES >> 20),
+            "a suite is a few KiB of YAML: check that `-f` names the manifest",
+        ));
+    }
     let suite = parse_str(&text, path)?;
     plan::expand(suite, path, opts)
 }

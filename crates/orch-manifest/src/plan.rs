@@ -24,6 +24,12 @@ pub const DEFAULT_REPETITIONS: u32 = 10;
 pub const DEFAULT_TIMEOUT_S: f64 = 30.0 * 60.0;
 pub const DEFAULT_KILL_GRACE_S: f64 = 10.0;
 pub const DEFAULT_STARTUP_TIMEOUT_S: f64 = 10.0 * 60.0;
+/// The most cells a suite expands to unless its `max_cells` says otherwise.
+pub const DEFAULT_MAX_CELLS: u64 = 100_000;
+/// The longest name (suite, benchmark, variant, build) and cell id, in bytes:
+/// the store's rule for a name that becomes a folder or a file
+/// (`orch_store::check_name`: one path component of at most 200 bytes).
+pub const MAX_NAME_BYTES: usize = 200;
 
 /// The resolved, expanded suite: what a run executes. Stored with each run
 /// (`plan.json`), so `orch run --resume` needs no manifest.
@@ -145,6 +151,7 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         })?;
         fallback.insert(key.to_string(), alts.clone());
     }
+    check_cell_count(&suite, opts).map_err(|(pos, m, h)| invalid(pos, m, h))?;
     let mut cells = Vec::new();
     let mut seen_bench = BTreeSet::new();
     let mut seen_ids = BTreeMap::<String, String>::new();
@@ -207,6 +214,16 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                     continue;
                 }
                 let id = cell_id(&bname, gpu, params);
+                if id.len() > MAX_NAME_BYTES {
+                    return Err(invalid(
+                        bpos,
+                        format!(
+                            "the cell id `{id}` is {} bytes long; the most is {MAX_NAME_BYTES} (it names the cell's folder in the store)",
+                            id.len()
+                        ),
+                        "shorten the benchmark name or the matrix values (the id is `<benchmark>.<gpu>.<param>-<value>...`)",
+                    ));
+                }
                 if let Some(other) = seen_ids.insert(id.clone(), bname.clone()) {
                     return Err(invalid(
                         bpos,
@@ -488,9 +505,21 @@ fn check_slurm(def: Option<SlurmDef>, path: &Path) -> Result<Option<SlurmDef>, M
 
 const NAME_HINT: &str = "names use letters, digits, `-`, `_` and `.`";
 
+/// A name that becomes part of a folder or file name in the store: the
+/// store's rule ([`MAX_NAME_BYTES`], one plain path component), checked
+/// here so `plan` says so, not `run`.
 fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("is empty".into());
+    }
+    if name == "." || name == ".." {
+        return Err(format!("`{name}` is not a name (it means a folder)"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "is {} bytes long; the most is {MAX_NAME_BYTES} (names become folder names in the store)",
+            name.len()
+        ));
     }
     if let Some(c) = name
         .chars()
@@ -802,6 +831,70 @@ fn argv_of(command: &Option<Vec<String>>, shell: &Option<String>) -> Option<Vec<
 }
 
 type LocMsg = (Option<Pos>, String, &'static str);
+
+/// The number of cells the suite expands to, counted from the lengths of
+/// its GPU lists and matrix axes (before `exclude`), without expanding
+/// anything; refused over the suite's `max_cells`.
+fn check_cell_count(suite: &Suite, opts: &ExpandOptions) -> Result<(), LocMsg> {
+    let cap = suite.max_cells.unwrap_or(DEFAULT_MAX_CELLS);
+    let mut total: Option<u64> = Some(0);
+    let mut biggest: Option<(u64, &Benchmark)> = None;
+    for bench in &suite.benchmarks {
+        let gpus = opts
+            .gpus
+            .as_ref()
+            .or(bench.gpus.as_ref())
+            .or(suite.gpus.as_ref())
+            .map_or(1, Vec::len) as u64;
+        let axes = bench.matrix.as_ref().map(|m| &m.value);
+        // `None`: more than `u64::MAX`.
+        let count = axes
+            .into_iter()
+            .flat_map(|m| m.values())
+            .try_fold(gpus, |n, values| n.checked_mul(values.len() as u64));
+        total = total.zip(count).and_then(|(t, c)| t.checked_add(c));
+        let c = count.unwrap_or(u64::MAX);
+        if biggest.is_none_or(|(b, _)| c > b) {
+            biggest = Some((c, bench));
+        }
+    }
+    if total.is_some_and(|t| t <= cap) {
+        return Ok(());
+    }
+    let shown = total.map_or_else(|| "more than 18446744073709551615".to_string(), |t| t.to_string());
+    let (pos, detail) = match biggest {
+        Some((_, b)) => {
+            let mut axes: Vec<String> = b
+                .matrix
+                .iter()
+                .flat_map(|m| m.value.iter())
+                .map(|(k, v)| format!("{k}: {}", v.len()))
+                .collect();
+            if axes.len() > 12 {
+                let more = axes.len() - 12;
+                axes.truncate(12);
+                axes.push(format!("{more} more axes"));
+            }
+            (
+                b.matrix
+                    .as_ref()
+                    .and_then(|m| Pos::from_loc(m.referenced))
+                    .or_else(|| Pos::from_loc(b.name.referenced)),
+                format!(
+                    " (the largest, benchmark `{}`: {})",
+                    b.name.value,
+                    axes.join(", ")
+                ),
+            )
+        }
+        None => (None, String::new()),
+    };
+    Err((
+        pos,
+        format!("the suite expands to {shown} cells{detail}, more than the limit of {cap}"),
+        "make the matrix smaller, or raise the limit with `max_cells: N` at the top of the suite",
+    ))
+}
 
 fn matrix_combos(bench: &Benchmark) -> Result<Vec<BTreeMap<String, Value>>, LocMsg> {
     let Some(matrix) = &bench.matrix else {

@@ -36,6 +36,11 @@ pub struct Suite {
     /// Memory a cell may use (builtin workloads refuse larger sizes as `oom`).
     #[serde(default)]
     pub memory_limit: Option<Bytes>,
+    /// The most cells the suite may expand to (default
+    /// [`crate::plan::DEFAULT_MAX_CELLS`]); counted before the matrix is
+    /// expanded, so a matrix too large is refused without building it.
+    #[serde(default)]
+    pub max_cells: Option<u64>,
     /// Cells run at once (default 1, so cells never share a GPU).
     #[serde(default)]
     pub concurrency: Option<usize>,
@@ -428,6 +433,10 @@ pub struct KubernetesDef {
     /// Label values per GPU type (`{H100: [NVIDIA-H100-80GB-HBM3]}`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub gpu_types: BTreeMap<String, Vec<String>>,
+    /// Whether a GPU cell's pod asks for nodes of its GPU type by label
+    /// (default `auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_affinity: Option<GpuAffinity>,
     /// A PersistentVolumeClaim holding the weights (a hub cache), mounted read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights_pvc: Option<String>,
@@ -487,6 +496,8 @@ pub struct KubernetesSection {
     #[serde(default)]
     pub gpu_types: BTreeMap<String, Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
+    pub gpu_affinity: Option<GpuAffinity>,
+    #[serde(default)]
     pub weights_pvc: Option<Spanned<String>>,
     #[serde(default)]
     pub secret: Option<Spanned<String>>,
@@ -527,6 +538,7 @@ impl KubernetesSection {
                 .into_iter()
                 .map(|(k, l)| (k, l.value.into_iter().map(v).collect()))
                 .collect(),
+            gpu_affinity: self.gpu_affinity,
             weights_pvc: self.weights_pvc.map(v),
             secret: self.secret.map(v),
             registry: self.registry,
@@ -537,6 +549,23 @@ impl KubernetesSection {
             cpu: self.cpu.map(v),
         }
     }
+}
+
+/// `kubernetes.gpu_affinity`: how a GPU cell's pod picks nodes of its GPU
+/// type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuAffinity {
+    /// A node affinity on the GPU-type labels, except on a cluster whose GPU
+    /// nodes carry none of them (then none: the record's hardware identity
+    /// says what ran).
+    #[default]
+    Auto,
+    /// Always the node affinity.
+    Required,
+    /// Never: the pod asks for `nvidia.com/gpu` only (pick nodes with
+    /// `node_selector`).
+    Off,
 }
 
 /// A pod toleration.

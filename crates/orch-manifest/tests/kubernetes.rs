@@ -159,3 +159,23 @@ fn gpu_label_is_a_label_key_and_namespace_a_dns_label() {
     let e = err("  namespace: Team_A\n", 3, "namespace");
     assert!(e.contains("`Team_A` is not a namespace name"), "{e}");
 }
+
+#[test]
+fn gpu_affinity_is_auto_required_or_off() {
+    assert_eq!(ok("  namespace: a\n").gpu_affinity, None);
+    for (text, want) in [
+        ("auto", orch_manifest::GpuAffinity::Auto),
+        ("required", orch_manifest::GpuAffinity::Required),
+        ("off", orch_manifest::GpuAffinity::Off),
+    ] {
+        assert_eq!(ok(&format!("  gpu_affinity: {text}\n")).gpu_affinity, Some(want));
+    }
+    let e = load_str(
+        &suite("  gpu_affinity: sometimes\n"),
+        Path::new("suite.yaml"),
+        &ExpandOptions::default(),
+    )
+    .expect_err("not a choice")
+    .to_string();
+    assert!(e.starts_with("suite.yaml:3:") && e.contains("sometimes"), "{e}");
+}

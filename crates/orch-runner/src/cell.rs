@@ -1,5 +1,10 @@
 //! One cell's task: its GPUs from the pool, its attempt claimed in the store, the backend's
 //! run, and its record (budget stop, diagnosis, cost, masking) written the moment it ends.
+//!
+//! No cell is skipped silently: a cell whose attempt cannot be claimed, whose agent cannot
+//! start for want of this host's resources (open files, disk space), or whose record cannot
+//! be written is announced at once ([`Progress::CellNotRun`]), left without a record (so
+//! `--resume` runs it), and halts the launching of new cells; the run ends `interrupted`.
 
 use crate::budget::mark_budget;
 use crate::diagnosis::{diagnose_cell, diagnose_variants, oom_from_diagnosis};
@@ -74,6 +79,7 @@ pub(crate) async fn run_cell(
         }
         Err(e) => {
             shared.settle(&cell.id, 0.0);
+            not_run(&shared, &cell.id, format!("cannot start: {e}"));
             return Err(e.into());
         }
     };
@@ -122,6 +128,13 @@ pub(crate) async fn run_cell(
             .await
         {
             Ok(r) => r,
+            // This host ran out of something (open files, disk): not the
+            // cell's failure; it stays unrecorded for `--resume`.
+            Err(e) if host_resource(&e) => {
+                shared.settle(&cell.id, 0.0);
+                not_run(&shared, &cell.id, format!("cannot start: {e}"));
+                return Err(e.into());
+            }
             Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
         },
         },
@@ -141,12 +154,46 @@ pub(crate) async fn run_cell(
         // Another `orch` recorded the cell first; this attempt's
         // record is kept as an earlier attempt (its cost was spent).
         Err(StoreError::RecordedElsewhere { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            not_run(
+                &shared,
+                &cell.id,
+                format!("ended `{}` but its record cannot be written: {e}", record.status),
+            );
+            return Err(e.into());
+        }
     }
     let _ = shared
         .progress
         .send(Progress::CellFinished(Box::new(record.clone())));
     Ok(Some(record.status))
+}
+
+/// Say at once why `cell` has no record, and start no new cell.
+fn not_run(shared: &Shared, cell: &str, why: String) {
+    shared.stop.halt(format!("cell `{cell}` {why}"));
+    let _ = shared.progress.send(Progress::CellNotRun {
+        cell_id: cell.to_string(),
+        why,
+    });
+}
+
+/// Whether a backend failed for want of this host's resources: too many
+/// open files (the process's or the system's), no space or quota left.
+fn host_resource(e: &orch_backend::BackendError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.raw_os_error(),
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOSPC | libc::EDQUOT)
+            ) {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// What the runner adds to a finished cell's record: the budget as the cause of a

@@ -27,8 +27,9 @@
 //! its logs (`orch-diagnose`) into its record (a command that failed with the cause
 //! `cuda_oom` becomes `oom`), records each cell's cost, enforces `--max-cost` (admission
 //! and stop) through one internal stop channel (cancel or budget), records each finished
-//! cell, stops launching on cancel, sets the run state; `Progress` events for the UI. It
-//! does not: print anything.
+//! cell, stops launching on cancel or on a store/host failure (each cell it leaves without
+//! a record announced at once, `Progress::CellNotRun`), sets the run state (`interrupted`
+//! when it fails); `Progress` events for the UI. It does not: print anything.
 
 mod budget;
 mod cell;
@@ -69,6 +70,13 @@ pub enum Progress {
     },
     Agent(CellEvent),
     CellFinished(Box<CellRecord>),
+    /// A cell that could not start, or whose record could not be written
+    /// (a store or host failure): it has no record and `--resume` runs it.
+    /// Sent the moment it happens; no new cell starts after it.
+    CellNotRun {
+        cell_id: String,
+        why: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,8 +130,26 @@ impl Outcome {
     }
 }
 
-/// Run every unfinished cell of `run` on `backend`.
+/// Run every unfinished cell of `run` on `backend`. When it fails (the
+/// store or the backend), the run is left `interrupted` (if the store still
+/// takes that), never `running`: `--resume` runs the rest.
 pub async fn execute(
+    run: &mut Run,
+    backend: Arc<dyn Backend>,
+    opts: RunnerOptions,
+    progress: mpsc::UnboundedSender<Progress>,
+    cancel: watch::Receiver<bool>,
+) -> Result<Outcome, RunnerError> {
+    let out = execute_cells(run, backend, opts, progress, cancel).await;
+    if out.is_err() && run.meta.state == RunState::Running {
+        // Best effort: a store that refuses this too leaves the run
+        // `running`, which `--resume` treats the same way.
+        let _ = run.set_state(RunState::Interrupted);
+    }
+    out
+}
+
+async fn execute_cells(
     run: &mut Run,
     backend: Arc<dyn Backend>,
     opts: RunnerOptions,
@@ -257,7 +283,7 @@ async fn launch_cells(
             p = semaphore.clone().acquire_owned() => p.map_err(|e| RunnerError::Join(e.to_string()))?,
             _ = stop_wait.wait_for(|c| *c) => { not_launched = cells[i..].to_vec(); break; }
         };
-        if *stop_rx.borrow() || *cancel.borrow() {
+        if *stop_rx.borrow() || *cancel.borrow() || shared.stop.halted().is_some() {
             not_launched = cells[i..].to_vec();
             break;
         }

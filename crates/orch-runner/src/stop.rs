@@ -1,6 +1,7 @@
 //! The one internal stop channel handed to every cell's backend: it fires on the caller's
 //! cancel (Ctrl-C) or on the budget; the first reason is kept and decides how stopped cells
-//! are recorded.
+//! are recorded. Apart from it, a halt (a store or host failure) only stops
+//! new cells from starting.
 
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -16,6 +17,9 @@ pub(crate) enum StopReason {
 pub(crate) struct Stop {
     tx: watch::Sender<bool>,
     reason: Mutex<Option<StopReason>>,
+    /// Why no new cell may start (a store or host failure), if one is said;
+    /// running cells go on and are recorded if they can be.
+    halt: Mutex<Option<String>>,
 }
 
 impl Stop {
@@ -38,8 +42,22 @@ impl Stop {
         let stop = Arc::new(Stop {
             tx,
             reason: Mutex::new(None),
+            halt: Mutex::new(None),
         });
         (stop, rx)
+    }
+
+    /// No new cell starts: the store (or this host) failed; the first
+    /// reason is kept.
+    pub(crate) fn halt(&self, why: String) {
+        if let Ok(mut h) = self.halt.lock() {
+            h.get_or_insert(why);
+        }
+    }
+
+    /// Why no new cell starts, if [`Stop::halt`] was called.
+    pub(crate) fn halted(&self) -> Option<String> {
+        self.halt.lock().ok().and_then(|h| h.clone())
     }
 
     /// Keep a reason without stopping the running cells (the budget refused a

@@ -1,6 +1,8 @@
 //! [`StoreBackend`] for [`S3Store`]: runs created and loaded, states saved,
 //! cells claimed, followed and recorded once, records, ledgers and summaries
-//! read through the caches.
+//! read through the caches. A record that cannot go up is spooled
+//! (`spool.rs`) and goes up before the run's records are read, its state
+//! changed, with the run's next write that succeeds, or when it is opened.
 
 use crate::index::INDEX_EVERY;
 use crate::{follow, objects, Result, S3Store};
@@ -73,6 +75,18 @@ impl StoreBackend for S3Store {
     }
 
     fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)> {
+        if self.adopt_spool(id)? {
+            // Records went up after the run's latest state: a new state
+            // (the same one) tells the caches made at the old one apart.
+            if let (_, Some(meta)) = self.latest_state(id)? {
+                if meta.state != orch_store::RunState::Running {
+                    self.save_meta(&meta)?;
+                }
+            }
+            if let Ok(mut m) = self.state_keys.lock() {
+                m.remove(id);
+            }
+        }
         let base = self.run_key(id);
         let (run_key, plan_key) = (format!("{base}run.json"), format!("{base}plan.json"));
         let seen = self.run_json.lock().ok().and_then(|mut m| m.remove(id));
@@ -97,6 +111,12 @@ impl StoreBackend for S3Store {
     }
 
     fn save_meta(&self, meta: &RunMeta) -> Result<()> {
+        // Records kept on this host go up before the state that covers them.
+        if let Err(e) = self.flush_spool(&meta.id, true) {
+            if meta.state == orch_store::RunState::Complete {
+                return Err(e);
+            }
+        }
         let key = format!(
             "{}state/{:013}-{}.json",
             self.run_key(&meta.id),
@@ -124,6 +144,7 @@ impl StoreBackend for S3Store {
     }
 
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
+        self.flush_spool(run.id(), true)?;
         let base = self.run_key(run.id());
         if let Some(r) = self.get_json::<CellRecord>(&format!("{base}done/{cell}.json"))? {
             return Ok(Some(r));
@@ -155,6 +176,8 @@ impl StoreBackend for S3Store {
             m.entry(run.id().to_string()).or_insert_with(|| run.clone());
         }
         let n = self.claim_attempt(run, cell)?;
+        // The store answers again: what was kept meanwhile goes up.
+        let _ = self.flush_spool(run.id(), false);
         let dir = run.cell_dir(cell);
         // A leftover of a crash on this host: its files went up under its
         // own attempt as far as they were followed.
@@ -170,9 +193,18 @@ impl StoreBackend for S3Store {
 
     fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
         let dir = run.cell_dir(&record.id);
-        self.upload_cell_files(run, record, &dir)?;
-        let outcome = self.create_records(run, record)?;
+        let base = self.stop_following(run, record);
+        let up = match dir.is_dir() {
+            true => follow::finalize(&self.objects, &dir, &base),
+            false => Ok(()),
+        };
+        let outcome = match up.and_then(|()| self.create_records(run, record)) {
+            Ok(outcome) => outcome,
+            Err(e @ StoreError::Remote { .. }) => return self.keep(run, record, &base, &dir, e),
+            Err(e) => return Err(e),
+        };
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = self.flush_spool(run.id(), false);
         self.write_index_if_due(run);
         outcome
     }
@@ -222,9 +254,8 @@ impl S3Store {
         }
     }
 
-    /// Stop following the cell folder and upload its files whole, under the
-    /// attempt's files.
-    fn upload_cell_files(&self, run: &Run, record: &CellRecord, dir: &Path) -> Result<()> {
+    /// Stop following the cell folder; the key prefix of the attempt's files.
+    fn stop_following(&self, run: &Run, record: &CellRecord) -> String {
         let cell = &record.id;
         let runkey = self.run_key(run.id());
         let follower = self
@@ -232,17 +263,49 @@ impl S3Store {
             .lock()
             .ok()
             .and_then(|mut m| m.remove(&(run.id().to_string(), cell.clone())));
-        let base = match follower {
+        match follower {
             Some((f, base)) => {
                 f.stop();
                 base
             }
             None => format!("{runkey}cells/{cell}/{}/", record.attempt),
-        };
-        if dir.is_dir() {
-            follow::finalize(&self.objects, dir, &base)?;
         }
-        Ok(())
+    }
+
+    /// A record that could not go up: kept in the spool. The run goes on
+    /// (with a warning) through an outage; a refusal (credentials, bucket)
+    /// is the error, with where the record is kept.
+    fn keep(&self, run: &Run, record: &CellRecord, base: &str, dir: &Path, e: StoreError) -> Result<()> {
+        let path = match self.spool(run, record, base, dir, &e) {
+            Ok(p) => p,
+            Err(spool_err) => {
+                eprintln!(
+                    "warning: the record of cell `{}` could not be kept on this host either: {spool_err}",
+                    record.id
+                );
+                return Err(e);
+            }
+        };
+        let kept = format!(
+            "the record of cell `{}` is kept at `{}` and goes up with `orch run --resume {}`",
+            record.id,
+            path.display(),
+            run.id()
+        );
+        if objects::is_outage(&e) {
+            let first = e.to_string();
+            let first = first.lines().next().unwrap_or_default();
+            eprintln!("warning: {first}\n  {kept}, or with the run's next write that succeeds");
+            return Ok(());
+        }
+        Err(match e {
+            StoreError::Remote { message, hint, user } => StoreError::Remote {
+                message,
+                hint: format!("{hint}; {kept}"),
+                user,
+            },
+            other => other,
+        })
     }
 
     /// Create the attempt's record, then (for a finished cell) the `done`

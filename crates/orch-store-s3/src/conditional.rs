@@ -9,34 +9,38 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 impl S3Store {
-    /// Find out, once, whether the server honours `If-None-Match: *`.
+    /// Find out, once, whether the server honours `If-None-Match: *`. A
+    /// probe that could not be made (the store did not answer) is made
+    /// again by the next write; only its answer is kept.
     fn probe(&self) -> Result<()> {
-        let r = self.probed.get_or_init(|| {
+        let mut probed = self.probed.lock().map_err(|_| poisoned())?;
+        if probed.is_none() {
             let key = format!("{}.orch/probe/{}", self.prefix, self.token);
             let run = || -> Result<bool> {
                 let first = self.objects.create(&key, self.claim_bytes(), &self.token)?;
                 // A second create with another token must be refused.
-                let second = self.objects.create(&key, b"{\"writer\":\"probe-2\"}".to_vec(), "probe-2")?;
+                let second = self
+                    .objects
+                    .create(&key, b"{\"writer\":\"probe-2\"}".to_vec(), "probe-2")?;
                 let _ = self.objects.delete(std::slice::from_ref(&key));
                 Ok(first == Created::Ours && matches!(second, Created::Theirs(_)))
             };
-            match run() {
-                Ok(true) => Ok(()),
-                Ok(false) if std::env::var(UNCONDITIONAL_ENV).is_ok_and(|v| v == "1") => {
+            *probed = Some(match run()? {
+                true => Ok(()),
+                false if std::env::var(UNCONDITIONAL_ENV).is_ok_and(|v| v == "1") => {
                     eprintln!(
                         "warning: the object store at {} ignores conditional writes (`If-None-Match`); with `{UNCONDITIONAL_ENV}=1` two processes writing one run may both record a cell",
                         self.objects.endpoint
                     );
                     Ok(())
                 }
-                Ok(false) => Err(format!(
+                false => Err(format!(
                     "the object store at {} ignores conditional writes (`If-None-Match: *`): a second create of `{key}` overwrote the first",
                     self.objects.endpoint
                 )),
-                Err(e) => Err(e.to_string()),
-            }
-        });
-        r.clone().map_err(|message| StoreError::Remote {
+            });
+        }
+        probed.clone().unwrap_or(Ok(())).map_err(|message| StoreError::Remote {
             message,
             hint: format!(
                 "use a server that supports conditional writes (AWS S3, MinIO, R2, recent Ceph), or set `{UNCONDITIONAL_ENV}=1` if only one process ever writes a run"
@@ -47,8 +51,20 @@ impl S3Store {
 
     /// Create `key` once; `Err(writer)` names the other writer on a conflict.
     pub(crate) fn create(&self, key: &str, bytes: Vec<u8>) -> Result<std::result::Result<(), String>> {
+        self.create_as(key, bytes, &self.token)
+    }
+
+    /// [`S3Store::create`] of bytes written by `writer` (a spooled record
+    /// of this or an earlier process): the object already holding that
+    /// writer's token is ours, so a spooled upload is made at most once.
+    pub(crate) fn create_as(
+        &self,
+        key: &str,
+        bytes: Vec<u8>,
+        writer: &str,
+    ) -> Result<std::result::Result<(), String>> {
         self.probe()?;
-        Ok(match self.objects.create(key, bytes, &self.token)? {
+        Ok(match self.objects.create(key, bytes, writer)? {
             Created::Ours => Ok(()),
             Created::Theirs(b) => Err(writer_of(&b)),
         })

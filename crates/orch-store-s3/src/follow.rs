@@ -3,7 +3,8 @@
 //! (written once, never rewritten), so a crash of the host loses at most
 //! the last interval and another machine can follow the logs. When the cell
 //! ends, each file goes up whole (multipart when large) and its segments
-//! are deleted.
+//! are deleted. A segment is tried for a few seconds only (the next flush
+//! sends what it missed), so stopping a follower never waits out an outage.
 //!
 //! Only regular files are read: a symbolic link in a cell folder (a
 //! workload pointing `x.log` at `~/.aws/credentials`) is never followed.
@@ -131,7 +132,7 @@ pub fn flush(
         };
         let Ok(bytes) = read() else { continue };
         let n = bytes.len() as u64;
-        objects.put(&segment_key(base, &rel, from), bytes)?;
+        objects.put_segment(&segment_key(base, &rel, from), bytes)?;
         sent.insert(rel, from + n);
     }
     Ok(())

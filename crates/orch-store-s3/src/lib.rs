@@ -43,11 +43,34 @@
 //! writes is found out by the probe before the first write, and refused
 //! unless `ORCH_S3_UNCONDITIONAL=1`.
 //!
+//! Outages: every request has a connect, read, attempt and operation
+//! timeout and is retried with backoff (the SDK's `TimeoutConfig` and
+//! `RetryConfig`) within a budget of 60 s; the environment sets them:
+//!
+//! ```text
+//! ORCH_S3_TIMEOUT_S=60           one operation, all its attempts and backoff
+//! ORCH_S3_ATTEMPT_TIMEOUT_S=30   one attempt (connect, send, the reply's headers; a read's body)
+//! ORCH_S3_CONNECT_TIMEOUT_S=5    opening a connection
+//! ORCH_S3_MAX_ATTEMPTS=40        attempts per operation at most
+//! ORCH_S3_RETRY_MODE=standard    or `adaptive` (the SDK's client-side rate limiter)
+//! ```
+//!
+//! A finished cell whose record (or files) cannot be uploaded within the
+//! budget is kept in the local spool, `<work>/.spool/<run>/` (`<work>`
+//! is `$ORCH_S3_WORKDIR` or `~/.cache/orch/s3/<bucket>/<prefix>`, so the
+//! spool is keyed by the store URL and the run): the run goes on with a
+//! warning, and the record goes up, at most once, with the next write of
+//! the run that succeeds, before the run's records are read or its final
+//! state written, and when any command (`orch run --resume`, `orch show`,
+//! ...) opens the run. A refused credential or a missing bucket stops the
+//! run (a user error); the record is spooled all the same.
+//!
 //! The files: `layout.rs` (URLs and keys), `conditional.rs` (write-once
 //! creates and the probe, JSON reads), `claims.rs` (who runs which attempt),
 //! `records.rs` (records and their cache), `index.rs` (the run index and the
 //! state it was made at), `catalog.rs` (run markers, changes, the catalog),
-//! `backend.rs` (the store backend); `objects.rs`,
+//! `backend.rs` (the store backend), `spool.rs` (records kept locally
+//! through an outage); `objects.rs`,
 //! `follow.rs` and `transfer.rs` as above.
 //!
 //! ## What is where
@@ -72,6 +95,7 @@ mod index;
 mod layout;
 pub mod objects;
 mod records;
+mod spool;
 pub mod transfer;
 
 pub use layout::parse_url;
@@ -79,9 +103,9 @@ pub use layout::parse_url;
 use chrono::Utc;
 use objects::Objects;
 use orch_store::{CellRecord, Run, StoreError};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -95,7 +119,12 @@ pub struct S3Store {
     url: String,
     token: String,
     work: PathBuf,
-    probed: OnceLock<std::result::Result<(), String>>,
+    /// The probe's answer, once there is one.
+    probed: Mutex<Option<std::result::Result<(), String>>>,
+    /// Runs that may have records in the local spool (see `spool.rs`).
+    spool_pending: Mutex<HashSet<String>>,
+    /// One upload of the spool at a time.
+    spool_lock: Mutex<()>,
     followers: Mutex<HashMap<(String, String), (follow::Follower, String)>>,
     /// Records are never rewritten: once read, a key's record is kept.
     records: Mutex<HashMap<String, CellRecord>>,
@@ -116,8 +145,14 @@ impl S3Store {
     /// fails the first one with an error naming the bucket and where the
     /// credentials came from).
     pub fn open(url: &str) -> Result<S3Store> {
+        S3Store::open_with(url, objects::Settings::from_env()?)
+    }
+
+    /// [`S3Store::open`] with these timeouts and retries (and, for tests,
+    /// another endpoint).
+    pub fn open_with(url: &str, settings: objects::Settings) -> Result<S3Store> {
         let (bucket, prefix) = parse_url(url)?;
-        let objects = Objects::connect(&bucket)?;
+        let objects = Objects::connect_with(&bucket, settings)?;
         let key_prefix = if prefix.is_empty() {
             String::new()
         } else {
@@ -159,7 +194,9 @@ impl S3Store {
             ),
             token,
             work,
-            probed: OnceLock::new(),
+            probed: Mutex::new(None),
+            spool_pending: Mutex::new(HashSet::new()),
+            spool_lock: Mutex::new(()),
             followers: Mutex::new(HashMap::new()),
             records: Mutex::new(HashMap::new()),
             last_index: Mutex::new(HashMap::new()),

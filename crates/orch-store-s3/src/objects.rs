@@ -2,6 +2,16 @@
 //! store needs, run on the client's own runtime so that the store's
 //! synchronous interface can be called from anywhere (inside `orch`'s
 //! runtime, a plain thread, a test).
+//!
+//! Every request has timeouts and is retried with backoff by the SDK's own
+//! machinery ([`Settings`]: `TimeoutConfig` for connect, read, attempt and
+//! the whole operation; `RetryConfig` standard or adaptive, with a retry
+//! token bucket that never runs dry): refused or dropped connections,
+//! timeouts, 5xx and `503 SlowDown` are retried until the operation's budget
+//! (60 s unless `ORCH_S3_TIMEOUT_S` says otherwise) is spent. A body cut
+//! short after its headers (which the SDK does not retry for streamed
+//! reads) is read again here within the same budget. A refused credential
+//! or a missing bucket is not retried: the error is the user's to fix.
 
 use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
@@ -10,6 +20,7 @@ use futures::StreamExt;
 use orch_store::StoreError;
 use std::future::Future;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Objects this size and larger go up in parts.
 pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
@@ -17,6 +28,144 @@ pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
 pub const PART_SIZE: u64 = 8 << 20;
 /// Requests in flight at once for batch reads.
 pub const PARALLEL: usize = 32;
+
+/// Seconds one operation is tried, all its attempts and backoff together.
+pub const TIMEOUT_ENV: &str = "ORCH_S3_TIMEOUT_S";
+/// Seconds one attempt may take (connect, send, the reply's headers).
+pub const ATTEMPT_TIMEOUT_ENV: &str = "ORCH_S3_ATTEMPT_TIMEOUT_S";
+/// Seconds to open a connection.
+pub const CONNECT_TIMEOUT_ENV: &str = "ORCH_S3_CONNECT_TIMEOUT_S";
+/// Attempts per operation at most (the time budget usually ends them first).
+pub const MAX_ATTEMPTS_ENV: &str = "ORCH_S3_MAX_ATTEMPTS";
+/// `standard` (the default) or `adaptive` (a client-side rate limiter too).
+pub const RETRY_MODE_ENV: &str = "ORCH_S3_RETRY_MODE";
+
+/// Timeouts and retries of every request. The defaults ride out an outage
+/// of tens of seconds and give up after [`Settings::budget`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// One operation with all its attempts and the backoff between them.
+    pub budget: Duration,
+    /// One attempt: connect, send, the reply's headers (and, for reads,
+    /// each body read here).
+    pub attempt_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub max_attempts: u32,
+    /// The SDK's adaptive retry mode (a client-side rate limiter that
+    /// slows down on throttling) instead of the standard one.
+    pub adaptive: bool,
+    /// Backoff between attempts: exponential from `initial_backoff`, at
+    /// most `max_backoff`, with full jitter (the SDK's standard backoff).
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// The endpoint, instead of the AWS chain's (`AWS_ENDPOINT_URL`): tests.
+    pub endpoint: Option<String>,
+    /// An access key id and secret, instead of the AWS chain's: tests that
+    /// must not touch the process environment.
+    pub credentials: Option<(String, String)>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            budget: Duration::from_secs(60),
+            attempt_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            max_attempts: 40,
+            adaptive: false,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(4),
+            endpoint: None,
+            credentials: None,
+        }
+    }
+}
+
+impl Settings {
+    /// The defaults, overridden by `ORCH_S3_TIMEOUT_S`,
+    /// `ORCH_S3_ATTEMPT_TIMEOUT_S`, `ORCH_S3_CONNECT_TIMEOUT_S`,
+    /// `ORCH_S3_MAX_ATTEMPTS` and `ORCH_S3_RETRY_MODE`. A bad value is a
+    /// user error naming the variable.
+    pub fn from_env() -> Result<Settings, StoreError> {
+        Settings::from_vars(|k| std::env::var(k).ok())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Settings, StoreError> {
+        let mut s = Settings::default();
+        let bad = |k: &str, v: &str, what: &str| StoreError::Remote {
+            message: format!("`{k}={v}`: {what}"),
+            hint: format!("unset `{k}` for the default, or give {what}"),
+            user: true,
+        };
+        let secs = |k: &str, into: &mut Duration| -> Result<(), StoreError> {
+            if let Some(v) = var(k).filter(|v| !v.trim().is_empty()) {
+                match v.trim().parse::<f64>() {
+                    Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => *into = Duration::from_secs_f64(x),
+                    _ => return Err(bad(k, &v, "a number of seconds above 0 and at most 86400")),
+                }
+            }
+            Ok(())
+        };
+        secs(TIMEOUT_ENV, &mut s.budget)?;
+        secs(ATTEMPT_TIMEOUT_ENV, &mut s.attempt_timeout)?;
+        secs(CONNECT_TIMEOUT_ENV, &mut s.connect_timeout)?;
+        if let Some(v) = var(MAX_ATTEMPTS_ENV).filter(|v| !v.trim().is_empty()) {
+            s.max_attempts = match v.trim().parse::<u32>() {
+                Ok(n) if (1..=1000).contains(&n) => n,
+                _ => return Err(bad(MAX_ATTEMPTS_ENV, &v, "a whole number from 1 to 1000")),
+            };
+        }
+        if let Some(v) = var(RETRY_MODE_ENV).filter(|v| !v.trim().is_empty()) {
+            s.adaptive = match v.trim() {
+                "standard" => false,
+                "adaptive" => true,
+                _ => return Err(bad(RETRY_MODE_ENV, &v, "`standard` or `adaptive`")),
+            };
+        }
+        Ok(s.clamped())
+    }
+
+    /// No attempt or connect longer than the whole budget.
+    pub fn clamped(mut self) -> Settings {
+        self.attempt_timeout = self.attempt_timeout.min(self.budget);
+        self.connect_timeout = self.connect_timeout.min(self.attempt_timeout);
+        self
+    }
+
+    fn timeout_config(&self) -> aws_sdk_s3::config::timeout::TimeoutConfig {
+        aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+            .connect_timeout(self.connect_timeout)
+            .read_timeout(self.attempt_timeout)
+            .operation_attempt_timeout(self.attempt_timeout)
+            .operation_timeout(self.budget)
+            .build()
+    }
+
+    fn retry_config(&self) -> aws_sdk_s3::config::retry::RetryConfig {
+        use aws_sdk_s3::config::retry::RetryConfig;
+        let c = if self.adaptive {
+            RetryConfig::adaptive()
+        } else {
+            RetryConfig::standard()
+        };
+        c.with_max_attempts(self.max_attempts)
+            .with_initial_backoff(self.initial_backoff)
+            .with_max_backoff(self.max_backoff)
+    }
+
+    /// The settings of a segment upload while a cell runs: short (a failed
+    /// segment goes up with the next flush), so that stopping the follower
+    /// at the cell's end never waits out a whole budget.
+    fn segment(&self) -> Settings {
+        Settings {
+            budget: self.budget.min(Duration::from_secs(10)),
+            attempt_timeout: self.attempt_timeout.min(Duration::from_secs(5)),
+            max_attempts: self.max_attempts.min(3),
+            ..self.clone()
+        }
+        .clamped()
+    }
+}
 
 /// How a conditional create ended.
 #[derive(Debug, PartialEq)]
@@ -66,7 +215,7 @@ pub fn redact(text: &str) -> String {
 /// profiles, SSO, `AWS_ENDPOINT_URL`, region), and the endpoint's name. A
 /// custom endpoint gets path-style addressing and checksums only where
 /// required (S3-compatible servers).
-async fn load() -> (Client, String) {
+async fn load(settings: Settings) -> (Client, String) {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     // A region is required to sign; S3-compatible servers accept any.
     if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
@@ -82,9 +231,32 @@ async fn load() -> (Client, String) {
             aws_config::environment::credentials::EnvironmentVariableCredentialsProvider::new(),
         );
     }
+    if let Some((id, secret)) = &settings.credentials {
+        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+            id.clone(),
+            secret.clone(),
+            None,
+            None,
+            "orch-settings",
+        ));
+    }
+    if let Some(e) = &settings.endpoint {
+        loader = loader.endpoint_url(e);
+    }
     let shared = loader.load().await;
     let endpoint = shared.endpoint_url().map(String::from);
-    let mut conf = aws_sdk_s3::config::Builder::from(&shared);
+    let mut conf = aws_sdk_s3::config::Builder::from(&shared)
+        .timeout_config(settings.timeout_config())
+        .retry_config(settings.retry_config())
+        // The SDK's retry quota (a token bucket shared by the process,
+        // drained 5 to 10 tokens a retry) would stop every retry after a
+        // few dozen failures: an outage of seconds fails many requests at
+        // once. The time budget bounds the retries instead.
+        .retry_partition(
+            aws_sdk_s3::config::retry::RetryPartition::custom("orch-s3")
+                .token_bucket(aws_sdk_s3::config::retry::TokenBucket::unlimited())
+                .build(),
+        );
     if endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
         // Plain HTTP (a server on the local network): no TLS, so no reading
         // of the system's root certificates (milliseconds on every command).
@@ -163,6 +335,7 @@ pub struct Objects {
     client: Client,
     pub bucket: String,
     pub endpoint: String,
+    pub settings: Settings,
 }
 
 impl Drop for Objects {
@@ -172,6 +345,27 @@ impl Drop for Objects {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+/// The start of the message of an object store that cannot be reached.
+const UNREACHABLE: &str = "cannot reach the object store";
+/// The start of the message of one that did not answer in time.
+const SILENT: &str = "the object store";
+/// The code given here to a request that timed out (no server code has it).
+const TIMED_OUT: &str = "orch:timeout";
+
+/// Whether an error is the object store being away (unreachable, silent,
+/// failing) rather than refusing us (credentials, bucket): a finished
+/// cell's record is then kept on local disk and the run goes on.
+pub fn is_outage(e: &StoreError) -> bool {
+    match e {
+        StoreError::Remote { message, user, .. } => {
+            !user
+                || message.starts_with(UNREACHABLE)
+                || (message.starts_with(SILENT) && message.contains(" did not answer "))
+        }
+        _ => false,
     }
 }
 
@@ -219,8 +413,13 @@ fn remote(
             hint: "set `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, or run `aws sso login`".into(),
             user: true,
         },
+        (Some(TIMED_OUT), _) => StoreError::Remote {
+            message: format!("{SILENT} at {endpoint} did not answer {op} `{key}` in `{bucket}` in time: {message}"),
+            hint: format!("check `AWS_ENDPOINT_URL` (or the region) and the network; `{TIMEOUT_ENV}` and `{ATTEMPT_TIMEOUT_ENV}` set how long a request is tried"),
+            user: true,
+        },
         (None, None) => StoreError::Remote {
-            message: format!("cannot reach the object store at {endpoint} for {op} `{key}` in `{bucket}`: {message}"),
+            message: format!("{UNREACHABLE} at {endpoint} for {op} `{key}` in `{bucket}`: {message}"),
             hint: "check `AWS_ENDPOINT_URL` (or the region) and the network".into(),
             user: true,
         },
@@ -237,6 +436,113 @@ fn remote(
 
 type SdkErr<E> = aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>;
 
+/// A failed request, as [`remote`] classifies it.
+#[derive(Debug)]
+struct Failure {
+    code: Option<String>,
+    status: Option<u16>,
+    message: String,
+}
+
+impl Failure {
+    fn of<E: ProvideErrorMetadata + std::error::Error + 'static>(e: &SdkErr<E>) -> Failure {
+        use aws_sdk_s3::error::SdkError;
+        let timed_out = match e {
+            SdkError::TimeoutError(_) => true,
+            SdkError::DispatchFailure(d) => d.is_timeout(),
+            _ => false,
+        };
+        if timed_out {
+            return Failure {
+                code: Some(TIMED_OUT.into()),
+                status: None,
+                message: text_of(e),
+            };
+        }
+        let (code, message) = match e.as_service_error() {
+            Some(s) => (
+                s.code().map(String::from),
+                s.message().unwrap_or_default().to_string(),
+            ),
+            None => (None, text_of(e)),
+        };
+        Failure {
+            code,
+            status: status_of(e),
+            message,
+        }
+    }
+
+    /// A body cut short or not read in time (after the reply's headers).
+    fn body(message: String, timed_out: bool) -> Failure {
+        Failure {
+            code: timed_out.then(|| TIMED_OUT.to_string()),
+            status: (!timed_out).then_some(500),
+            message,
+        }
+    }
+}
+
+/// A read: the body (`None`: no such object), or why not.
+type Read = Result<Option<Vec<u8>>, Failure>;
+
+/// GET `key` from `offset` on, the body read whole. The SDK retries the
+/// request; a body cut short (a connection dropped mid-reply) or silent
+/// past one attempt's time is read again here until the budget is spent.
+async fn read_object(c: Client, bucket: String, key: String, offset: u64, s: Settings) -> Read {
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        let mut req = c.get_object().bucket(&bucket).key(&key);
+        if offset > 0 {
+            req = req.range(format!("bytes={offset}-"));
+        }
+        let out = match req.send().await {
+            Ok(out) => out,
+            Err(e) => {
+                let status = status_of(&e);
+                let code = e.as_service_error().and_then(|s| s.code().map(String::from));
+                if code.as_deref() == Some("NoSuchBucket") {
+                    return Err(Failure::of(&e));
+                }
+                if e.as_service_error().is_some_and(|s| s.is_no_such_key()) || status == Some(404) {
+                    return Ok(None);
+                }
+                if status == Some(416) {
+                    // The range starts at the end: nothing new.
+                    return Ok(Some(Vec::new()));
+                }
+                return Err(Failure::of(&e));
+            }
+        };
+        let failure = match tokio::time::timeout(s.attempt_timeout, out.body.collect()).await {
+            Ok(Ok(d)) => return Ok(Some(d.into_bytes().to_vec())),
+            Ok(Err(e)) => Failure::body(format!("the reply was cut short: {e}"), false),
+            Err(_) => Failure::body(format!("no reply body within {:?}", s.attempt_timeout), true),
+        };
+        tries += 1;
+        // The SDK's backoff, by hand: exponential with full jitter.
+        let backoff = s
+            .initial_backoff
+            .saturating_mul(1 << tries.min(16))
+            .min(s.max_backoff)
+            .mul_f64(jitter());
+        if tries >= s.max_attempts || start.elapsed() + backoff >= s.budget {
+            return Err(failure);
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// A number in [0, 1) from the clock (enough for backoff jitter).
+fn jitter() -> f64 {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (n % 1000) as f64 / 1000.0
+}
+
 fn status_of<E>(e: &SdkErr<E>) -> Option<u16> {
     e.raw_response().map(|r| r.status().as_u16())
 }
@@ -250,6 +556,12 @@ impl Objects {
     /// (environment, profiles, SSO, `AWS_ENDPOINT_URL`, region). A custom
     /// endpoint gets path-style addressing and checksums only where required.
     pub fn connect(bucket: &str) -> Result<Objects, StoreError> {
+        Objects::connect_with(bucket, Settings::from_env()?)
+    }
+
+    /// [`Objects::connect`] with these timeouts and retries.
+    pub fn connect_with(bucket: &str, settings: Settings) -> Result<Objects, StoreError> {
+        let settings = settings.clamped();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
             .thread_name("orch-s3")
@@ -261,8 +573,9 @@ impl Objects {
                 user: false,
             })?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let s = settings.clone();
         rt.spawn(async move {
-            let _ = tx.send(load().await);
+            let _ = tx.send(load(s).await);
         });
         // The task only ends by sending (a panic in the SDK would be a bug).
         let (client, endpoint) = wait(rx).unwrap_or_else(|| panic!("loading the AWS configuration panicked"));
@@ -271,6 +584,7 @@ impl Objects {
             client,
             bucket: bucket.to_string(),
             endpoint,
+            settings,
         })
     }
 
@@ -297,78 +611,63 @@ impl Objects {
         key: &str,
         e: &SdkErr<E>,
     ) -> StoreError {
-        let (code, msg) = match e.as_service_error() {
-            Some(s) => (
-                s.code().map(String::from),
-                s.message().unwrap_or_default().to_string(),
-            ),
-            None => (None, text_of(e)),
-        };
+        self.failed(op, key, Failure::of(e))
+    }
+
+    fn failed(&self, op: &str, key: &str, f: Failure) -> StoreError {
         remote(
             &self.bucket,
             &self.endpoint,
             op,
             key,
-            code.as_deref(),
-            status_of(e),
-            msg,
+            f.code.as_deref(),
+            f.status,
+            f.message,
         )
     }
 
     /// The object's bytes from `offset` on, or `None` when there is none.
     pub fn get(&self, key: &str, offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let _trace = Trace::new("GET", key);
-        enum Fail {
-            Sdk(Box<SdkErr<aws_sdk_s3::operation::get_object::GetObjectError>>),
-            Body(String),
-        }
-        let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
-        let r = self.block(async move {
-            let mut req = c.get_object().bucket(b).key(k);
-            if offset > 0 {
-                req = req.range(format!("bytes={offset}-"));
-            }
-            let out = req.send().await.map_err(|e| Fail::Sdk(Box::new(e)))?;
-            let data = out.body.collect().await.map_err(|e| Fail::Body(e.to_string()))?;
-            Ok::<_, Fail>(data.into_bytes().to_vec())
-        });
-        match r {
-            Ok(v) => Ok(Some(v)),
-            Err(Fail::Sdk(e)) => {
-                let e = *e;
-                let status = status_of(&e);
-                if e.as_service_error().is_some_and(|s| s.is_no_such_key()) || status == Some(404) {
-                    return Ok(None);
-                }
-                if status == Some(416) {
-                    // The range starts at the end: nothing new.
-                    return Ok(Some(Vec::new()));
-                }
-                Err(self.err("read", key, &e))
-            }
-            Err(Fail::Body(msg)) => Err(remote(
-                &self.bucket,
-                &self.endpoint,
-                "read",
-                key,
-                None,
-                Some(500),
-                msg,
-            )),
-        }
+        let (c, b, k, st) = (
+            self.client.clone(),
+            self.bucket.clone(),
+            key.to_string(),
+            self.settings.clone(),
+        );
+        self.block(read_object(c, b, k, offset, st))
+            .map_err(|f| self.failed("read", key, f))
     }
 
-    /// Write an object (overwriting): only caches are written this way.
+    /// Write an object (overwriting): only caches and files are written this way.
     pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.put_with(key, bytes, None)
+    }
+
+    /// [`Objects::put`] of a segment of a running cell's file: tried for a
+    /// short while only (the next flush sends it again).
+    pub fn put_segment(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.put_with(key, bytes, Some(self.settings.segment()))
+    }
+
+    fn put_with(&self, key: &str, bytes: Vec<u8>, over: Option<Settings>) -> Result<(), StoreError> {
         let _trace = Trace::new("PUT", key);
         let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
         let r = self.block(async move {
-            c.put_object()
-                .bucket(b)
-                .key(k)
-                .body(ByteStream::from(bytes))
-                .send()
-                .await
+            let req = c.put_object().bucket(b).key(k).body(ByteStream::from(bytes));
+            match over {
+                Some(s) => {
+                    req.customize()
+                        .config_override(
+                            aws_sdk_s3::config::Builder::new()
+                                .timeout_config(s.timeout_config())
+                                .retry_config(s.retry_config()),
+                        )
+                        .send()
+                        .await
+                }
+                None => req.send().await,
+            }
         });
         r.map(|_| ()).map_err(|e| self.err("write", key, &e))
     }
@@ -514,36 +813,13 @@ impl Objects {
     /// Read many objects at once (missing ones are `None`), in order.
     pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let _trace = Trace::new("GET*", keys.first().map_or("", |k| k.as_str()));
-        let (c, b) = (self.client.clone(), self.bucket.clone());
+        let (c, b, st) = (self.client.clone(), self.bucket.clone(), self.settings.clone());
         let keys2 = keys.to_vec();
         let results = self.block(async move {
             futures::stream::iter(keys2.into_iter().enumerate())
                 .map(|(i, k)| {
-                    let (c, b) = (c.clone(), b.clone());
-                    async move {
-                        let r = match c.get_object().bucket(b).key(k).send().await {
-                            Ok(out) => match out.body.collect().await {
-                                Ok(d) => Ok(Some(d.into_bytes().to_vec())),
-                                Err(e) => Err((None, Some(500u16), e.to_string())),
-                            },
-                            Err(e) => {
-                                let status = status_of(&e);
-                                if e.as_service_error().is_some_and(|s| s.is_no_such_key())
-                                    || status == Some(404)
-                                {
-                                    Ok(None)
-                                } else {
-                                    let code = e.as_service_error().and_then(|s| s.code().map(String::from));
-                                    let msg = match e.as_service_error() {
-                                        Some(s) => s.message().unwrap_or_default().to_string(),
-                                        None => text_of(&e),
-                                    };
-                                    Err((code, status, msg))
-                                }
-                            }
-                        };
-                        (i, r)
-                    }
+                    let (c, b, st) = (c.clone(), b.clone(), st.clone());
+                    async move { (i, read_object(c, b, k, 0, st).await) }
                 })
                 .buffer_unordered(PARALLEL)
                 .collect::<Vec<_>>()
@@ -553,17 +829,7 @@ impl Objects {
         for (i, r) in results {
             match r {
                 Ok(v) => out[i] = v,
-                Err((code, status, msg)) => {
-                    return Err(remote(
-                        &self.bucket,
-                        &self.endpoint,
-                        "read",
-                        &keys[i],
-                        code.as_deref(),
-                        status,
-                        msg,
-                    ))
-                }
+                Err(f) => return Err(self.failed("read", &keys[i], f)),
             }
         }
         Ok(out)
@@ -600,7 +866,7 @@ impl Objects {
             key.to_string(),
             path.to_path_buf(),
         );
-        let r: Result<(), (String, String)> = self.block(async move {
+        let r: Result<(), (String, Failure)> = self.block(async move {
             use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
             let up = c
                 .create_multipart_upload()
@@ -608,9 +874,12 @@ impl Objects {
                 .key(&k)
                 .send()
                 .await
-                .map_err(|e| ("start a multipart upload of".to_string(), text_of(&e)))?;
+                .map_err(|e| ("start a multipart upload of".to_string(), Failure::of(&e)))?;
             let Some(id) = up.upload_id().map(String::from) else {
-                return Err(("start a multipart upload of".into(), "no upload id".into()));
+                return Err((
+                    "start a multipart upload of".into(),
+                    Failure::body("no upload id in the reply".into(), false),
+                ));
             };
             let parts = size.div_ceil(PART_SIZE);
             let results = futures::stream::iter(0..parts)
@@ -624,7 +893,7 @@ impl Objects {
                             .length(aws_sdk_s3::primitives::Length::Exact(len))
                             .build()
                             .await
-                            .map_err(|e| ("read".to_string(), e.to_string()))?;
+                            .map_err(|e| ("read".to_string(), Failure::body(e.to_string(), false)))?;
                         let out = c
                             .upload_part()
                             .bucket(b)
@@ -634,8 +903,8 @@ impl Objects {
                             .body(body)
                             .send()
                             .await
-                            .map_err(|e| ("upload a part of".to_string(), text_of(&e)))?;
-                        Ok::<_, (String, String)>(
+                            .map_err(|e| ("upload a part of".to_string(), Failure::of(&e)))?;
+                        Ok::<_, (String, Failure)>(
                             CompletedPart::builder()
                                 .part_number(i as i32 + 1)
                                 .set_e_tag(out.e_tag().map(String::from))
@@ -669,10 +938,10 @@ impl Objects {
                 .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
                 .send()
                 .await
-                .map_err(|e| ("complete the multipart upload of".to_string(), text_of(&e)))?;
+                .map_err(|e| ("complete the multipart upload of".to_string(), Failure::of(&e)))?;
             Ok(())
         });
-        r.map_err(|(op, msg)| remote(&self.bucket, &self.endpoint, &op, key, None, Some(500), msg))?;
+        r.map_err(|(op, f)| self.failed(&op, key, f))?;
         Ok(size)
     }
 }

@@ -115,6 +115,8 @@ impl S3Store {
     /// exactly the record keys listed now, else read (and the caches rewritten).
     #[allow(clippy::type_complexity)]
     pub(crate) fn records_of(&self, run: &Run) -> Result<(Vec<Option<CellRecord>>, Vec<CellRecord>)> {
+        // Records kept on this host go up first: they are part of the run.
+        self.flush_spool(run.id(), true)?;
         let cache = self
             .read_records_cache(run.id())
             .filter(|c| c.records.len() == run.plan.cells.len());

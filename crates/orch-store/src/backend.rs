@@ -4,7 +4,7 @@
 //! `orch-store-s3` crate). Run and cell ids reaching an implementation have
 //! been checked with [`crate::check_name`].
 
-use crate::{CellRecord, Result, Run, RunMeta, RunSummary, Store, StoreError};
+use crate::{CellRecord, Result, Run, RunMeta, RunSummary, Store, StoreError, WriterLock};
 use chrono::{DateTime, Utc};
 use orch_cost::{History, LedgerLine};
 use orch_manifest::Plan;
@@ -39,6 +39,13 @@ pub trait StoreBackend: Send + Sync {
 
     /// The metadata (latest state) and plan of a run.
     fn load_run(&self, id: &str) -> Result<(RunMeta, Plan)>;
+
+    /// Become the one writer of a run (see `lock.rs`); a store without a
+    /// run-wide lock (an object store, whose cells are claimed one by one)
+    /// answers no lock.
+    fn lock_run(&self, _run: &Run) -> Result<WriterLock> {
+        Ok(WriterLock::none())
+    }
 
     /// Record a change of the run's state, budget or resume count.
     fn save_meta(&self, meta: &RunMeta) -> Result<()>;

@@ -36,6 +36,9 @@ pub enum StoreError {
     /// kept as an earlier attempt.
     #[error("cell `{cell}` of run `{run}` was already recorded by another process ({by})")]
     RecordedElsewhere { run: String, cell: String, by: String },
+    /// Another live `orch` writes this run (the folder store's writer lock).
+    #[error("run `{run}` is being written by another orch ({holder})\nhint: wait for it to end or stop it, then `orch run --resume {run}`; `orch show {run}` reads the run meanwhile")]
+    Locked { run: String, holder: String },
     /// An object store's failure. `user` when the user must fix it
     /// (credentials, bucket, URL); the message never holds a secret.
     #[error("{message}\nhint: {hint}")]
@@ -47,13 +50,22 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The OS error under an IO failure (`EMFILE`, `ENOSPC`...), if any.
+    pub fn os_error(&self) -> Option<i32> {
+        match self {
+            StoreError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
     /// True when the user named something that is not there.
     pub fn is_user_error(&self) -> bool {
         match self {
             StoreError::NoSuchRun { .. }
             | StoreError::Ambiguous { .. }
             | StoreError::NoSuchCell { .. }
-            | StoreError::Unsafe { .. } => true,
+            | StoreError::Unsafe { .. }
+            | StoreError::Locked { .. } => true,
             StoreError::Remote { user, .. } => *user,
             _ => false,
         }

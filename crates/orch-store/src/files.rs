@@ -19,10 +19,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .create_new(true)
         .open(&tmp)
         .map_err(io("create", &tmp))?;
-    f.write_all(bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("sync", &tmp))?;
+    let written = f
+        .write_all(bytes)
+        .map_err(io("write", &tmp))
+        .and_then(|()| f.sync_all().map_err(io("sync", &tmp)));
     drop(f);
-    std::fs::rename(&tmp, path).map_err(io("rename into place", path))?;
+    // A full disk leaves no half-written temporary behind.
+    let placed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(io("rename into place", path)));
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    placed?;
     if let Some(parent) = path.parent() {
         // Make the rename itself durable.
         if let Ok(d) = std::fs::File::open(parent) {

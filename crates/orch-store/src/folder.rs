@@ -1,15 +1,46 @@
 //! The folder store: one folder per run under a root folder (the layout in
-//! the crate's documentation). A cell's record is written last, atomically.
+//! the crate's documentation). A cell's record is written last, atomically,
+//! by the host only. A `result.json` that is not this cell's record (the
+//! agent's own result, left by a host killed before recording; a damaged
+//! file) is read as no record, with a warning naming it; the next attempt
+//! moves it aside as `interrupted/<cell>.<n>/result.unrecorded.json`.
+//! The run's writer lock is `lock.rs`'s.
 
 use crate::ledger::{append_ledger, folder_cost_lines, folder_history, folder_ledger, record_files};
 use crate::{
     io, read_json, write_atomic, write_json, CellRecord, Result, Run, RunMeta, Store, StoreBackend,
-    StoreError,
+    StoreError, WriterLock,
 };
 use chrono::{DateTime, Utc};
 use orch_cost::{History, LedgerLine};
 use orch_manifest::Plan;
 use std::path::{Path, PathBuf};
+
+/// The name a `result.json` that was not a record gets when its attempt is moved aside.
+pub const UNRECORDED: &str = "result.unrecorded.json";
+
+/// `bytes` as the record of `cell`, or why they are not one.
+pub(crate) fn parse_record(bytes: &[u8], cell: &str) -> std::result::Result<CellRecord, String> {
+    match serde_json::from_slice::<CellRecord>(bytes) {
+        Ok(r) if r.id == cell => Ok(r),
+        Ok(r) => Err(format!(
+            "is the record of another cell (`{}`)",
+            r.id.escape_debug()
+        )),
+        Err(e) => {
+            if serde_json::from_slice::<orch_protocol::CellResult>(bytes).is_ok() {
+                Err(
+                    "is the agent's result, not the host's record (orch ended before recording the cell)"
+                        .into(),
+                )
+            } else {
+                Err(format!(
+                    "is damaged ({e}): cut short, edited or written by another version of orch"
+                ))
+            }
+        }
+    }
+}
 
 pub struct FolderStore {
     root: PathBuf,
@@ -90,12 +121,24 @@ impl StoreBackend for FolderStore {
         write_json(&self.root.join(&meta.id).join("run.json"), meta)
     }
 
+    fn lock_run(&self, run: &Run) -> Result<WriterLock> {
+        crate::lock::lock_folder(run.dir(), run.id())
+    }
+
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
         let path = run.cell_dir(cell).join("result.json");
         match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|source| StoreError::Corrupt { path, source }),
+            Ok(bytes) => match parse_record(&bytes, cell) {
+                Ok(r) => Ok(Some(r)),
+                Err(why) => {
+                    run.warn(format!(
+                        "`{}` {why}: cell `{cell}` counts as not run; `orch run --resume {}` runs it again",
+                        path.display(),
+                        run.id()
+                    ));
+                    Ok(None)
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io("read", &path)(e)),
         }
@@ -125,6 +168,16 @@ impl StoreBackend for FolderStore {
             attempt = n + 1;
             let to = prior.join(format!("{cell}.{n}"));
             std::fs::rename(&dir, &to).map_err(io("move aside", &dir))?;
+            // What sits at the record's place without being this cell's
+            // record is kept under another name: `interrupted/*/result.json`
+            // are records only (the ledger and pushes read them).
+            let left = to.join("result.json");
+            if let Ok(bytes) = std::fs::read(&left) {
+                if parse_record(&bytes, cell).is_err() {
+                    let kept = to.join(UNRECORDED);
+                    std::fs::rename(&left, &kept).map_err(io("move aside", &left))?;
+                }
+            }
         } else if let Ok(entries) = std::fs::read_dir(run.dir().join("interrupted")) {
             let prefix = format!("{cell}.");
             attempt += entries

@@ -10,6 +10,12 @@
 //! Staleness is checked with `stat` only (no record is opened): the number
 //! of records must equal the number of lines, every current record's cell
 //! must have a line, and no record may be newer than the ledger.
+//!
+//! A cell attempt is counted once: a ledger with two lines of one cell and
+//! attempt (two writers appended) is stale and rebuilt, and a rebuild keeps
+//! one line per cell and attempt. A run that cannot be read (a damaged
+//! `run.json` or `plan.json`) is left out of the store's lines with a
+//! warning, never failing `orch cost` for the other runs.
 
 use crate::{io, read_json, write_atomic, CellRecord, Result, Run, RunMeta, RunState, Store, StoreError};
 use chrono::{DateTime, Utc};
@@ -131,9 +137,11 @@ pub(crate) fn append_ledger(run: &Run, r: &CellRecord) -> Result<()> {
 
 /// Rewrite a folder run's ledger from the records.
 pub(crate) fn rebuild_ledger(run: &Run) -> Result<Vec<LedgerLine>> {
+    let mut seen = HashSet::new();
     let lines: Vec<LedgerLine> = run
         .all_records()?
         .iter()
+        .filter(|(r, _)| seen.insert((r.id.clone(), r.attempt)))
         .map(|(r, _)| run.ledger_line(r))
         .collect();
     write_lines(&run.ledger_path(), &lines)?;
@@ -190,6 +198,14 @@ fn read_fresh_ledger(run_dir: &Path) -> Option<Vec<LedgerLine>> {
         }
         lines.push(l);
     }
+    // Two lines of one attempt: two writers appended; rebuilt once.
+    let mut attempts = HashSet::with_capacity(lines.len());
+    if !lines
+        .iter()
+        .all(|l| attempts.insert((l.cell.as_str(), l.attempt)))
+    {
+        return None;
+    }
     let current = record_files(&run_dir.join("cells"));
     let earlier = record_files(&run_dir.join("interrupted"));
     if current.len() + earlier.len() != lines.len() {
@@ -239,10 +255,24 @@ pub(crate) fn folder_cost_lines(
     };
     let per_run = parallel_map(&ids, one);
     let mut out = Vec::new();
-    for r in per_run {
-        out.extend(r?);
+    for (id, r) in ids.iter().zip(per_run) {
+        match r {
+            Ok(lines) => out.extend(lines),
+            // A run that cannot be read costs its own lines only.
+            Err(e) if unreadable(&e) => store.warn(format!("run `{id}` is left out: {e}")),
+            Err(e) => return Err(e),
+        }
     }
     Ok(out)
+}
+
+/// A run whose files are damaged or missing (not a failing disk or store).
+fn unreadable(e: &StoreError) -> bool {
+    match e {
+        StoreError::Corrupt { .. } | StoreError::Unsafe { .. } => true,
+        StoreError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
+    }
 }
 
 /// `f` over `items` on every core, results in the items' order.
@@ -421,5 +451,21 @@ mod tests {
         let h = store.history("t").unwrap();
         let e = h.estimate(&id, "a", "none", 600.0, &orch_cost::Rate::flat("local", 1.0));
         assert_eq!((e.basis, e.seconds), (orch_cost::Basis::History, 2.0));
+    }
+
+    #[test]
+    fn a_line_appended_twice_is_counted_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let run = run_in(&store);
+        let r = record(&run, 0, Status::Succeeded, 2.0, 1.0, 1);
+        run.finish_cell(&r).unwrap();
+        // A second writer appended the same attempt (no lock, an old orch).
+        append_ledger(&run, &r).unwrap();
+        let lines = run.ledger().unwrap();
+        assert_eq!(lines.len(), 1);
+        assert!((total(&store.cost_lines(None).unwrap()) - 2.0).abs() < 1e-9);
+        let text = std::fs::read_to_string(run.ledger_path()).unwrap();
+        assert_eq!(text.lines().count(), 1, "rebuilt: {text}");
     }
 }

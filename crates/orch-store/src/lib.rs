@@ -9,11 +9,22 @@
 //!   cells/<cell-id>/result.json   the cell's record; its presence means "done"
 //!   interrupted/<cell-id>.<n>/    earlier attempts that never finished
 //!   costs.jsonl           the cost ledger, a cache of the records
+//!   .writer.lock, writer.json   the one writer's lock and name (host, pid, since)
 //! ```
 //!
 //! Invariant: a cell's `result.json` is written last, atomically (temporary
-//! file, fsync, rename, fsync of the folder). A run killed at any moment has
-//! every finished cell's record whole, and no half-written one.
+//! file, fsync, rename, fsync of the folder), and only by the host. A run
+//! killed at any moment has every finished cell's record whole, and no
+//! half-written one. What else may sit at that path (the agent's own
+//! `result.json`, left when `orch` was killed between the agent's end and
+//! the record; a file cut short or edited) is not a record: the cell counts
+//! as not run, a warning names the file ([`Warnings`]), `--resume` runs the
+//! cell again and keeps the file in `interrupted/` (renamed
+//! `result.unrecorded.json`). One such file costs its own cell only.
+//!
+//! One writer per run: `orch run` and `--resume` hold the run's writer lock
+//! (`lock.rs`; folder store), so two processes never run or record the same
+//! cells; the ledger drops a line it has twice (same cell and attempt).
 //!
 //! The shapes stored (`RunMeta`, `CellRecord`, `RunRecord`, ...) are
 //! `orch-record`'s, re-exported here. The parts:
@@ -29,6 +40,8 @@
 //! - `ledger.rs`: the cost ledger (`costs.jsonl`) and estimates' history;
 //! - `names.rs`: [`check_name`]/[`check_relative`], ids and file names that
 //!   stay inside the run;
+//! - `lock.rs`: the writer lock of a run; `warnings.rs`: what was
+//!   skipped while reading (damaged or foreign records, unreadable runs);
 //! - `ids.rs`: new run ids; `files.rs`: atomic writes and JSON files;
 //!   `environment.rs`: the host's [`Environment`]; `error.rs`: [`StoreError`].
 
@@ -39,23 +52,27 @@ mod files;
 mod folder;
 mod ids;
 mod ledger;
+mod lock;
 mod names;
 mod resume;
 mod run;
 mod store;
 #[cfg(test)]
 mod test_support;
+mod warnings;
 
 pub use backend::StoreBackend;
 pub use environment::host_environment;
 pub use error::{Result, StoreError};
 pub use files::{read_json, write_atomic, write_json};
-pub use folder::FolderStore;
+pub use folder::{FolderStore, UNRECORDED};
 pub use ledger::{cell_model, parallel_map, parallel_map_with, LEDGER_FILE};
+pub use lock::{Writer, WriterLock, LOCK_FILE, WRITER_FILE};
 pub use names::{check_name, check_relative};
 pub use orch_record::{CellRecord, CellView, Environment, RunMeta, RunRecord, RunState, RunSummary};
 pub use run::Run;
 pub use store::Store;
+pub use warnings::Warnings;
 
 pub(crate) use error::io;
 

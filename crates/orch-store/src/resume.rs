@@ -115,4 +115,53 @@ mod tests {
             vec![run.plan.cells[0].id.clone()]
         );
     }
+
+    #[test]
+    fn the_agents_own_result_at_the_records_place_is_no_record() {
+        // `kill -9` of `orch` after the agent wrote its `result.json` and
+        // before the host recorded the cell.
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let run = store.create_run(&plan(), "", "local", env()).unwrap();
+        let cell = run.plan.cells[0].id.clone();
+        let (dir, _) = run.prepare_cell(&cell).unwrap();
+        let agents = CellResult::new(&cell, Status::Succeeded);
+        std::fs::write(dir.join("result.json"), serde_json::to_vec(&agents).unwrap()).unwrap();
+        // A record of another cell, copied in by hand, is no record of this one.
+        let other = &run.plan.cells[1];
+        let now = Utc::now();
+        let (odir, _) = run.prepare_cell(&other.id).unwrap();
+        let mut foreign =
+            CellRecord::from_result(other, CellResult::new(&other.id, Status::Succeeded), now, now, 1);
+        foreign.id = "x.y".into();
+        std::fs::write(odir.join("result.json"), serde_json::to_vec(&foreign).unwrap()).unwrap();
+
+        assert_eq!(run.unfinished_cells().unwrap().len(), 2);
+        let record = run.record().unwrap();
+        assert!(record.cells.iter().all(|c| c.status == "pending"));
+        let warned = store.take_warnings();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("agent's result") && w.contains(&cell)),
+            "{warned:?}"
+        );
+        assert!(warned.iter().any(|w| w.contains("another cell")), "{warned:?}");
+        assert!(run.ledger().unwrap().is_empty());
+        // Resumed: the agent's file is kept apart; the new record is the only one.
+        let (_, attempt) = run.prepare_cell(&cell).unwrap();
+        assert_eq!(attempt, 2);
+        let kept = run.dir().join("interrupted").join(format!("{cell}.1"));
+        assert!(kept.join(crate::UNRECORDED).is_file());
+        run.finish_cell(&CellRecord::from_result(
+            &run.plan.cells[0],
+            agents,
+            now,
+            now,
+            attempt,
+        ))
+        .unwrap();
+        assert_eq!(run.unfinished_cells().unwrap(), vec![other.id.clone()]);
+        assert_eq!(run.ledger().unwrap().len(), 1);
+    }
 }

@@ -3,7 +3,7 @@
 
 use crate::{
     check_name, check_relative, CellRecord, CellView, Result, RunMeta, RunRecord, RunState, StoreBackend,
-    StoreError,
+    StoreError, Warnings,
 };
 use chrono::Utc;
 use orch_manifest::{CellPlan, Plan};
@@ -19,6 +19,8 @@ pub struct Run {
     /// The run's folder on this host: the run itself in a folder store, a
     /// working copy (cells being run, reports) for an object store.
     pub(crate) dir: PathBuf,
+    /// What reading skipped; the store's own list.
+    pub(crate) warnings: Warnings,
     pub meta: RunMeta,
     pub plan: Plan,
 }
@@ -31,6 +33,11 @@ impl Run {
     /// The run's folder on this host (see the field).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Say that reading this run skipped something (a damaged record).
+    pub fn warn(&self, text: String) {
+        self.warnings.push(text);
     }
 
     /// Where the run is stored, for messages: a folder or `s3://...`.

@@ -5,7 +5,7 @@
 use crate::ids::new_run_id;
 use crate::{
     check_name, Environment, FolderStore, Result, Run, RunMeta, RunState, RunSummary, StoreBackend,
-    StoreError,
+    StoreError, Warnings,
 };
 use chrono::{DateTime, Utc};
 use orch_cost::{History, LedgerLine};
@@ -18,6 +18,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn StoreBackend>,
+    /// What reading skipped (shared with every run opened from here).
+    warnings: Warnings,
 }
 
 impl Store {
@@ -25,12 +27,27 @@ impl Store {
     pub fn new(root: impl Into<PathBuf>) -> Store {
         Store {
             backend: Arc::new(FolderStore::new(root)),
+            warnings: Warnings::default(),
         }
     }
 
     /// A store over another implementation (an object store).
     pub fn with_backend(backend: Arc<dyn StoreBackend>) -> Store {
-        Store { backend }
+        Store {
+            backend,
+            warnings: Warnings::default(),
+        }
+    }
+
+    /// Say that something was skipped while reading (a damaged record, an
+    /// unreadable run); the command prints it.
+    pub fn warn(&self, text: String) {
+        self.warnings.push(text);
+    }
+
+    /// The warnings of this store and its runs so far (emptied).
+    pub fn take_warnings(&self) -> Vec<String> {
+        self.warnings.take()
     }
 
     /// Where the store is, for messages: `results`, `s3://bucket/prefix`.
@@ -104,6 +121,7 @@ impl Store {
         Ok(Run {
             dir: self.backend.local_dir(&id),
             backend: self.backend.clone(),
+            warnings: self.warnings.clone(),
             meta,
             plan,
         })
@@ -153,6 +171,7 @@ impl Store {
         Ok(Run {
             dir: self.backend.local_dir(id),
             backend: self.backend.clone(),
+            warnings: self.warnings.clone(),
             meta,
             plan,
         })
@@ -346,21 +365,44 @@ mod tests {
         std::fs::write(&rec, &text[..text.len() / 2]).unwrap();
         std::fs::write(bad_meta.dir().join("run.json"), "{\"id\": ").unwrap();
 
-        let e = bad_record.record().unwrap_err();
-        assert!(matches!(e, StoreError::Corrupt { .. }));
-        assert!(e.to_string().contains(&rec.display().to_string()), "{e}");
-        let (ok, damaged) = store.list_checked().unwrap();
-        assert_eq!(
-            ok.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
-            vec![good.id()]
+        // The damaged record costs its own cell: the run reads, the cell is
+        // pending (run again by `--resume`) and a warning names the file.
+        let r = bad_record.record().unwrap();
+        assert_eq!(r.cells[0].status, "pending");
+        assert_eq!(bad_record.unfinished_cells().unwrap().len(), 2);
+        let warned = store.take_warnings();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains(&rec.display().to_string()) && w.contains("damaged")),
+            "{warned:?}"
         );
-        assert_eq!(damaged.len(), 2);
+        let (ok, damaged) = store.list_checked().unwrap();
+        let mut listed: Vec<&str> = ok.iter().map(|s| s.id.as_str()).collect();
+        listed.sort();
+        assert_eq!(listed, vec![good.id(), bad_record.id()]);
+        assert_eq!(damaged.len(), 1);
         let text: Vec<String> = damaged.iter().map(|e| e.to_string()).collect();
-        assert!(text.iter().any(|t| t.contains("result.json")), "{text:?}");
         assert!(text.iter().any(|t| t.contains("run.json")), "{text:?}");
-        // `orch cost` names the damaged file; estimates skip the damaged run.
-        let e = store.cost_lines(None).unwrap_err();
-        assert!(e.to_string().contains(".json` is damaged"), "{e}");
+        // `orch cost` leaves the unreadable run out, naming its file.
+        store.take_warnings();
+        store.cost_lines(None).unwrap();
+        let warned = store.take_warnings();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("run.json") && w.contains(bad_meta.id())),
+            "{warned:?}"
+        );
+        // The next attempt keeps the damaged file apart from the records.
+        let (_, attempt) = bad_record.prepare_cell(&cell.id).unwrap();
+        assert_eq!(attempt, 2);
+        let moved = bad_record
+            .dir()
+            .join("interrupted")
+            .join(format!("{}.1", cell.id));
+        assert!(moved.join(crate::UNRECORDED).is_file());
+        assert!(!moved.join("result.json").exists());
         assert!(store.history("t").is_ok());
     }
 

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod container;
+pub mod faultproxy;
 pub mod fixtures;
 pub mod gpu;
 pub mod hashing;

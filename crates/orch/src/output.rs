@@ -124,6 +124,10 @@ impl Reporter {
                 }
                 self.line(text);
             }
+            Progress::CellNotRun { cell_id, why } => {
+                self.running.remove(&cell_id);
+                self.line(format!("error: cell `{cell_id}` {why}"));
+            }
         }
         self.refresh();
     }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
-//!           [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES]
+//!           [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
 //! ```
 //!
 //! Containers run in their image's root folder (a mount namespace and `chroot`): run it as root.
@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 const USAGE: &str =
     "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
-                 [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES]
+                 [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
 
   KUBECONFIG                 where to write the kubeconfig (cluster, user and context `fake`)
   --namespace NS             the context's namespace (default: default)
@@ -29,6 +29,8 @@ const USAGE: &str =
   --nvml-stub LIB            the NVML library GPU containers get (NVIDIA container toolkit style)
   --token T                  the bearer token to require (default: fake-token)
   --cut-log-streams-after N  followed log streams end after N bytes
+  --role FILE                authorize requests by the Roles and bindings in FILE (RBAC: 403
+                             for what they do not grant), e.g. deploy/kubernetes/orch-role.yaml
 
 Nodes: gpu-0 (8 × nvidia.com/gpu, NVIDIA-H100-80GB-HBM3, tainted nvidia.com/gpu=present:NoSchedule)
 and cpu-0. The first stdout line is `url http://127.0.0.1:PORT`.";
@@ -76,6 +78,7 @@ fn run() -> Result<(), String> {
             }
             "--nvml-stub" => b = b.nvml_stub(val()?),
             "--token" => b = b.token(&val()?),
+            "--role" => b = b.role(val()?),
             "--cut-log-streams-after" => {
                 b = b.cut_log_streams_after(
                     val()?

@@ -5,6 +5,8 @@
 //!            [--image REF=DIR]... [--busybox-image REF]... [--nvml-stub LIB]
 //!            [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
 //!            [--kill-after SECS] [--transient N] [--drop-log-streams]
+//!            [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
+//!            [--fail-blob-puts N] [--max-request-bytes N]
 //! ```
 //!
 //! Prints `url http://127.0.0.1:PORT` as the first stdout line (for
@@ -20,6 +22,8 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
                   [--image REF=DIR]... [--busybox-image REF]... [--nvml-stub LIB]
                   [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
                   [--kill-after SECS] [--transient N] [--drop-log-streams]
+                  [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
+                  [--fail-blob-puts N] [--max-request-bytes N]
 
   --root DIR            volumes, blobs and sandbox folders (default: a temporary folder)
   --port N              port on 127.0.0.1 (default: a free port)
@@ -35,6 +39,12 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
   --kill-after SECS     default 1
   --transient N         the first N calls answer UNAVAILABLE
   --drop-log-streams    log streams end after every batch (clients must resume)
+  --throttle N[:SECS]   the first N SandboxCreate calls answer RESOURCE_EXHAUSTED with a
+                        retry-after of SECS (default 1)
+  --slow-ingest N       an uploaded file answers `exists: false` for N more asks
+  --multipart BYTES     BlobCreate asks for multipart uploads in parts of BYTES
+  --fail-blob-puts N    the first N blob PUTs answer 503 Slow Down
+  --max-request-bytes N requests over N bytes are refused RESOURCE_EXHAUSTED
 
 The first stdout line is `url http://127.0.0.1:PORT`.";
 
@@ -46,6 +56,10 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("`{flag}` takes a number"))
 }
 
 fn run() -> Result<(), String> {
@@ -99,6 +113,21 @@ fn run() -> Result<(), String> {
                     .map_err(|_| "`--transient` takes a number".to_string())?
             }
             "--drop-log-streams" => sc.drop_log_streams = true,
+            "--throttle" => {
+                let v = val()?;
+                let (n, secs) = v.split_once(':').unwrap_or((v.as_str(), "1"));
+                sc.throttle_sandbox_creates = n
+                    .parse()
+                    .map_err(|_| "`--throttle` takes N or N:SECS".to_string())?;
+                sc.throttle_after = Duration::from_secs_f64(
+                    secs.parse()
+                        .map_err(|_| "`--throttle` takes N or N:SECS".to_string())?,
+                );
+            }
+            "--slow-ingest" => sc.slow_ingestion = number(&a, &val()?)?,
+            "--multipart" => sc.multipart_part_bytes = Some(number(&a, &val()?)?),
+            "--fail-blob-puts" => sc.fail_blob_puts = number(&a, &val()?)?,
+            "--max-request-bytes" => sc.max_request_bytes = Some(number(&a, &val()?)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());

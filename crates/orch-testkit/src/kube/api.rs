@@ -68,11 +68,24 @@ fn stream_resp(content_type: &'static str) -> (Tx, Response<Body>) {
 pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
-    lock(&inner.requests).push(if query.is_empty() {
+    let line = if query.is_empty() {
         format!("{} {path}", req.method())
     } else {
         format!("{} {path}?{query}", req.method())
-    });
+    };
+    lock(&inner.requests).push(line.clone());
+    // A scripted drop: this request is never answered, its connection goes with the rest.
+    let trigger = {
+        let mut d = lock(&inner.drop_on);
+        match &*d {
+            Some((prefix, _)) if line.starts_with(prefix.as_str()) => d.take(),
+            _ => None,
+        }
+    };
+    if let Some((_, d)) = trigger {
+        inner.drop_connections(d);
+        std::future::pending::<()>().await;
+    }
     let auth = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -81,9 +94,76 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
     if auth != format!("Bearer {}", inner.token) {
         return Ok(err_resp(&ApiError::new(401, "Unauthorized", "Unauthorized")));
     }
+    if let Some(rbac) = &inner.rbac {
+        let q: BTreeMap<String, String> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (decode(k), decode(v))
+            })
+            .collect();
+        let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(decode).collect();
+        if let Some(a) = attributes(req.method(), &segs, &q) {
+            if let Err(e) = rbac.authorize(&a) {
+                return Ok(err_resp(&e));
+            }
+        }
+    }
     Ok(match route(&inner, req, &path, &query).await {
         Ok(r) => r,
         Err(e) => err_resp(&e),
+    })
+}
+
+/// A resource request as RBAC sees it (`None`: discovery, allowed to all).
+fn attributes<'a>(
+    method: &Method,
+    segs: &'a [String],
+    q: &BTreeMap<String, String>,
+) -> Option<super::rbac::Attributes<'a>> {
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let (group, mut rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] if !rest.is_empty() => ("", rest),
+        ["apis", g, _, rest @ ..] if !rest.is_empty() => (*g, rest),
+        _ => return None,
+    };
+    let mut watch = query_bool(q, "watch");
+    if let ["watch", r @ ..] = rest {
+        watch = true;
+        rest = r;
+    }
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, r @ ..] if !r.is_empty() => (Some(*ns), r),
+        r => (None, r),
+    };
+    let (resource, name, sub) = match rest {
+        [r] => (*r, "", None),
+        [r, n] => (*r, *n, None),
+        [r, n, s] => (*r, *n, Some(*s)),
+        _ => return None,
+    };
+    let verb = match (method, name.is_empty()) {
+        (&Method::GET, true) if watch => "watch",
+        (&Method::GET, true) => "list",
+        (&Method::GET, false) if watch => "watch",
+        (&Method::GET, false) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, true) => "deletecollection",
+        (&Method::DELETE, false) => "delete",
+        _ => return None,
+    };
+    Some(super::rbac::Attributes {
+        verb,
+        group,
+        resource: match sub {
+            Some(s) => format!("{resource}/{s}"),
+            None => resource.to_string(),
+        },
+        name,
+        namespace,
     })
 }
 

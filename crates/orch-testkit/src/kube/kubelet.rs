@@ -371,8 +371,23 @@ impl Ctx {
     fn publish(&self) {
         let m = lock(&self.model);
         let status = m.json();
-        self.inner
-            .update("pods", &self.ns, &self.name, |p| p["status"] = status);
+        // Conditions others own (the control plane's `DisruptionTarget`) stay, as the
+        // kubelet's status patch leaves them.
+        self.inner.update("pods", &self.ns, &self.name, |p| {
+            let keep: Vec<Value> = p["status"]["conditions"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|c| c["type"] == json!("DisruptionTarget"))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            p["status"] = status;
+            if let Some(a) = p["status"]["conditions"].as_array_mut() {
+                a.extend(keep);
+            }
+        });
     }
 
     fn with(&self, f: impl FnOnce(&mut Model)) {

@@ -32,7 +32,18 @@
 //!   container toolkit's injection: the library at `libnvidia-ml.so.1` in the image and
 //!   `NVIDIA_VISIBLE_DEVICES` naming those indices;
 //! - deleting a Job through the API without a propagation policy orphans its pods, as
-//!   batch/v1 does; `Background` and `Foreground` delete them.
+//!   batch/v1 does; `Background` and `Foreground` delete them;
+//! - with a Role file ([`FakeKubeBuilder::role`]: the Roles, ClusterRoles and bindings of
+//!   e.g. `deploy/kubernetes/orch-role.yaml`), every request is authorized as RBAC does and
+//!   a verb the Role lacks is `403 Forbidden` in the API server's words (`rbac.rs`);
+//! - the API server going away: [`FakeKube::drop_connections`] closes every open
+//!   connection (watches and log streams are cut mid-way) and resets new ones (TCP RST:
+//!   the client sees `connection reset`) for a while, as a restarting or unreachable
+//!   control plane does, while pods run on; [`FakeKube::drop_connections_on`] does the
+//!   same when a given request comes (that request gets no answer);
+//! - a disruption ([`FakeKube::disrupt`]): the `DisruptionTarget` condition set with a
+//!   reason and message, then the pod deleted gracefully, as the Eviction API, the
+//!   scheduler's preemption or the taint manager do ("Pod disruption conditions").
 //!
 //! ```no_run
 //! use orch_testkit::kube::{FakeKube, FakeNode};
@@ -48,6 +59,7 @@
 mod api;
 mod jobs;
 mod kubelet;
+mod rbac;
 mod sched;
 mod store;
 mod util;
@@ -193,6 +205,7 @@ pub struct FakeKubeBuilder {
     nvml: Option<PathBuf>,
     cut_logs: Option<usize>,
     token: String,
+    role: Option<PathBuf>,
 }
 
 impl FakeKubeBuilder {
@@ -236,6 +249,14 @@ impl FakeKubeBuilder {
         self
     }
 
+    /// Authorize every request by the Roles and bindings of this YAML file (`kind: Role`,
+    /// `RoleBinding`, `ClusterRole`, `ClusterRoleBinding`): a verb on a resource no bound
+    /// rule grants is `403 Forbidden`. Without it every request is allowed.
+    pub fn role(mut self, path: impl Into<PathBuf>) -> Self {
+        self.role = Some(path.into());
+        self
+    }
+
     /// Require `Authorization: Bearer TOKEN` (default `fake-token`; a 401 `Status` otherwise).
     pub fn token(mut self, t: &str) -> Self {
         self.token = t.to_string();
@@ -251,6 +272,12 @@ impl FakeKubeBuilder {
             util::hex(6)
         ));
         std::fs::create_dir_all(&root)?;
+        let rbac = match &self.role {
+            Some(p) => Some(rbac::Rbac::parse(&std::fs::read_to_string(p)?).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()))
+            })?),
+            None => None,
+        };
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -270,6 +297,10 @@ impl FakeKubeBuilder {
             requests: Mutex::new(Vec::new()),
             pgids: Mutex::new(BTreeSet::new()),
             stopping: AtomicBool::new(false),
+            rbac,
+            drops: tokio::sync::watch::Sender::new(0),
+            down_until: Mutex::new(None),
+            drop_on: Mutex::new(None),
         });
         {
             let mut st = inner.lock();
@@ -319,15 +350,33 @@ async fn accept_loop(
             _ = &mut shutdown => break,
             acc = listener.accept() => match acc {
                 Ok((stream, _)) => {
+                    if inner.is_down() {
+                        // Reset at once (SO_LINGER 0: RST, not FIN). Deprecated
+                        // because a non-zero linger blocks the thread on drop;
+                        // a zero one does not.
+                        #[allow(deprecated)]
+                        let _ = stream.set_linger(Some(Duration::ZERO));
+                        drop(stream);
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let inner = inner.clone();
                     tokio::spawn(async move {
-                        let svc = service_fn(move |req| api::handle(inner.clone(), req));
-                        let _ = http1::Builder::new()
+                        let mut drops = inner.drops.subscribe();
+                        drops.borrow_and_update();
+                        let svc = {
+                            let inner = inner.clone();
+                            service_fn(move |req| api::handle(inner.clone(), req))
+                        };
+                        let conn = http1::Builder::new()
                             .timer(TokioTimer::new())
                             .keep_alive(true)
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
+                            .serve_connection(TokioIo::new(stream), svc);
+                        // A drop ends the connection where it is (its streams cut).
+                        tokio::select! {
+                            _ = conn => {}
+                            _ = drops.changed() => {}
+                        }
                     });
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -356,7 +405,45 @@ impl FakeKube {
             nvml: None,
             cut_logs: None,
             token: "fake-token".to_string(),
+            role: None,
         }
+    }
+
+    /// The API server goes away for `d`: every open connection is closed (watches and log
+    /// streams cut mid-way, requests unanswered) and new ones are reset, while pods run on.
+    pub fn drop_connections(&self, d: Duration) {
+        self.inner.drop_connections(d);
+    }
+
+    /// [`Self::drop_connections`] for `d` when the first request whose `"METHOD /path?query"`
+    /// starts with `request` comes (it gets no answer). Once.
+    pub fn drop_connections_on(&self, request: &str, d: Duration) {
+        *lock(&self.inner.drop_on) = Some((request.to_string(), d));
+    }
+
+    /// Is the API server away now (a drop in progress)?
+    pub fn is_down(&self) -> bool {
+        self.inner.is_down()
+    }
+
+    /// Disrupt a pod as the control plane does ("Pod disruption conditions"): the condition
+    /// `DisruptionTarget` (status `True`, the given reason, e.g. `EvictionByEvictionAPI`,
+    /// `PreemptionByScheduler`, `DeletionByTaintManager`, and message) is added to its status,
+    /// then it is deleted with its grace period (its containers get SIGTERM, then SIGKILL).
+    pub fn disrupt(&self, namespace: &str, pod: &str, reason: &str, message: &str) {
+        self.inner.update("pods", namespace, pod, |p| {
+            let cond = json!({"type": "DisruptionTarget", "status": "True", "reason": reason,
+                "message": message, "lastTransitionTime": util::now(), "lastProbeTime": null});
+            let list = &mut p["status"]["conditions"];
+            if !list.is_array() {
+                *list = json!([]);
+            }
+            if let Some(a) = list.as_array_mut() {
+                a.retain(|c| c["type"] != json!("DisruptionTarget"));
+                a.push(cond);
+            }
+        });
+        let _ = jobs::delete_pod(&self.inner, namespace, pod, None);
     }
 
     /// `http://127.0.0.1:PORT`

@@ -132,6 +132,27 @@ pub(crate) struct Inner {
     /// Process groups started and not yet reaped.
     pub pgids: Mutex<BTreeSet<i32>>,
     pub stopping: AtomicBool,
+    /// The Role requests are authorized by (`FakeKubeBuilder::role`).
+    pub rbac: Option<super::rbac::Rbac>,
+    /// Bumped to close every open connection (`FakeKube::drop_connections`).
+    pub drops: watch::Sender<u64>,
+    /// New connections are reset until then.
+    pub down_until: Mutex<Option<std::time::Instant>>,
+    /// A request starting with this (`METHOD /path`) starts a drop of this long.
+    pub drop_on: Mutex<Option<(String, std::time::Duration)>>,
+}
+
+impl Inner {
+    /// Close every open connection and reset new ones for `d`.
+    pub fn drop_connections(&self, d: std::time::Duration) {
+        *lock(&self.down_until) = Some(std::time::Instant::now() + d);
+        self.drops.send_modify(|n| *n += 1);
+    }
+
+    /// Is the API server away now?
+    pub fn is_down(&self) -> bool {
+        lock(&self.down_until).is_some_and(|t| std::time::Instant::now() < t)
+    }
 }
 
 /// Lock a mutex, also after a panic elsewhere (the data stays usable for a test fake).

@@ -1131,3 +1131,138 @@ async fn kube_autoscaler_scales_an_empty_gpu_pool_up_or_says_why_not() {
     );
     assert!(events_of(&evs, "TriggeredScaleUp").is_empty());
 }
+
+fn shipped_role() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/orch-role.yaml")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_role_is_enforced_with_the_api_servers_forbidden() {
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .role(shipped_role())
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let secret =
+        json!({"metadata": {"name": "s", "labels": {"orch.dev/run": "r"}}, "stringData": {"k": "v"}});
+    let (code, _) = c
+        .req("POST", "/api/v1/namespaces/bench/secrets", Some(secret))
+        .await;
+    assert_eq!(code, 201, "create secrets is granted");
+    // Reading a Secret back is not: orch never does.
+    let (code, v) = c.req("GET", "/api/v1/namespaces/bench/secrets/s", None).await;
+    assert_eq!(code, 403);
+    assert_eq!(v["kind"], "Status");
+    assert_eq!(v["reason"], "Forbidden");
+    assert_eq!(
+        v["message"],
+        "secrets \"s\" is forbidden: User \"system:serviceaccount:bench:orch\" cannot get resource \"secrets\" in API group \"\" in the namespace \"bench\""
+    );
+    assert_eq!(v["details"]["kind"], "secrets");
+    let (code, _) = c
+        .req(
+            "DELETE",
+            "/api/v1/namespaces/bench/secrets?labelSelector=orch.dev%2Frun%3Dr",
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "deletecollection secrets is granted");
+    // The optional ClusterRole: nodes list, cluster-scoped.
+    assert_eq!(c.req("GET", "/api/v1/nodes", None).await.0, 200);
+    assert_eq!(c.req("GET", "/api/v1/nodes/cpu-0", None).await.0, 403);
+    // A subresource is its own resource: `pods/log` get is granted (then the pod is missing).
+    assert_eq!(
+        c.req("GET", "/api/v1/namespaces/bench/pods/p/log?container=cell", None)
+            .await
+            .0,
+        404
+    );
+    // No watch, and nothing in another namespace.
+    let (code, v) = c
+        .req("GET", "/api/v1/namespaces/bench/pods?watch=true", None)
+        .await;
+    assert_eq!(code, 403, "{v}");
+    assert!(v["message"]
+        .as_str()
+        .unwrap()
+        .contains("cannot watch resource \"pods\""));
+    assert_eq!(c.req("GET", "/api/v1/namespaces/other/pods", None).await.0, 403);
+    assert_eq!(
+        c.req("GET", "/apis/batch/v1/namespaces/bench/jobs", None).await.0,
+        403,
+        "no list jobs"
+    );
+    // Discovery is for everyone.
+    assert_eq!(c.req("GET", "/api/v1", None).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_drop_cuts_streams_resets_new_connections_and_passes() {
+    let k = FakeKube::builder().node(FakeNode::cpu("cpu-0")).start().unwrap();
+    let c = C::new(&k);
+    let cm = json!({"metadata": {"name": "kept"}, "data": {"a": "b"}});
+    assert_eq!(
+        c.req("POST", "/api/v1/namespaces/ns/configmaps", Some(cm))
+            .await
+            .0,
+        201
+    );
+    // A watch open when the API server goes away is cut mid-way.
+    let resp = c
+        .http
+        .get(format!("{}/api/v1/namespaces/ns/configmaps?watch=true", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await
+        .unwrap();
+    k.drop_connections(Duration::from_secs(2));
+    assert!(k.is_down());
+    let body = tokio::time::timeout(Duration::from_secs(10), resp.text())
+        .await
+        .unwrap();
+    assert!(
+        body.is_err() || !body.unwrap().contains("DELETED"),
+        "the stream ended"
+    );
+    // New connections are refused while it lasts.
+    let fresh = reqwest::Client::new();
+    let r = fresh
+        .get(format!("{}/api/v1/namespaces/ns/configmaps", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    // Then it answers again, with everything as it was.
+    let t = Instant::now();
+    let v = loop {
+        let r = fresh
+            .get(format!("{}/api/v1/namespaces/ns/configmaps/kept", c.base))
+            .header("Authorization", "Bearer fake-token")
+            .send()
+            .await;
+        if let Ok(r) = r {
+            break r.json::<Value>().await.unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(v["data"]["a"], "b");
+    assert!(!k.is_down());
+    // A drop armed on a request: that request gets no answer.
+    k.drop_connections_on(
+        "DELETE /api/v1/namespaces/ns/configmaps/kept",
+        Duration::from_secs(1),
+    );
+    let r = reqwest::Client::new()
+        .delete(format!("{}/api/v1/namespaces/ns/configmaps/kept", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(
+        k.objects("configmaps").len(),
+        1,
+        "the unanswered deletion did nothing"
+    );
+}

@@ -153,7 +153,7 @@ impl ModalClient for Svc {
         req: Request<proto::BlobCreateRequest>,
     ) -> Result<Response<proto::BlobCreateResponse>, Status> {
         self.0.enter("BlobCreate", &req)?;
-        volumes::blob_create(&self.0)
+        volumes::blob_create(&self.0, req.into_inner())
     }
 
     async fn sandbox_create(

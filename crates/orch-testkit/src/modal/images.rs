@@ -1,9 +1,13 @@
 //! Images: `ImageGetOrCreate` and `ImageJoinStreaming`, and the build itself: the
 //! Dockerfile commands run against root folders (`FROM` a mapped root or `scratch`,
 //! `COPY`/`ADD` of context files, `RUN` in a container, `ENV`, `WORKDIR`), each step in
-//! the build log.
+//! the build log. The context is the inline `context_files` and the files of the
+//! image's `context_mount_id` (a mount made by `MountGetOrCreate`, each file at `/PATH`,
+//! as the official client sends `COPY` sources); what each build got is recorded
+//! ([`super::FakeModal::image_contexts`]).
 
 use super::state::{now_s, sha256_hex, Image, ImageBuild, Inner, Stream};
+use super::{ContextFile, ImageContext};
 use crate::container;
 use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
 use std::collections::BTreeMap;
@@ -27,6 +31,21 @@ pub(super) fn get_or_create(
     for b in &image.base_images {
         key.push_str(&format!("\nbase:{}", b.image_id));
     }
+    // A context mount (as the official client sends `COPY` sources) is named by its
+    // files: its id is content-addressed.
+    let mount_files = if image.context_mount_id.is_empty() {
+        vec![]
+    } else {
+        inner
+            .state
+            .lock()
+            .unwrap()
+            .mounts
+            .get(&image.context_mount_id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("mount {} not found", image.context_mount_id)))?
+    };
+    key.push_str(&format!("\nmount:{}", image.context_mount_id));
     let id = format!("im-{}", &sha256_hex(key.as_bytes())[..16]);
     let fail = inner.scenario.lock().unwrap().build_fail.clone();
     let mut st = inner.state.lock().unwrap();
@@ -41,6 +60,27 @@ pub(super) fn get_or_create(
                 changed: watch::Sender::new(0),
             });
             st.images.insert(id.clone(), img.clone());
+            let mut files: Vec<ContextFile> = image
+                .context_files
+                .iter()
+                .map(|f| ContextFile {
+                    name: f.filename.trim_start_matches("./").to_string(),
+                    sha256: sha256_hex(&f.data),
+                    size: f.data.len() as u64,
+                    inline: true,
+                })
+                .collect();
+            files.extend(mount_files.iter().map(|f| ContextFile {
+                name: f.filename.trim_start_matches('/').to_string(),
+                sha256: f.sha256_hex.clone(),
+                size: f.size,
+                inline: false,
+            }));
+            st.image_contexts.push(ImageContext {
+                image_id: id.clone(),
+                mount_id: image.context_mount_id.clone(),
+                files,
+            });
             (img, true)
         }
     };
@@ -55,6 +95,7 @@ pub(super) fn get_or_create(
             id.clone(),
             img.clone(),
             image,
+            mount_files,
             base,
             fail,
         ));
@@ -160,6 +201,7 @@ async fn build_image(
     id: String,
     img: Arc<Image>,
     image: proto::Image,
+    mount_files: Vec<proto::MountFile>,
     base: Option<Arc<Image>>,
     fail: Option<String>,
 ) {
@@ -206,11 +248,29 @@ async fn build_image(
             }
         }
     }
-    let context: BTreeMap<String, Vec<u8>> = image
+    let mut context: BTreeMap<String, Vec<u8>> = image
         .context_files
         .into_iter()
         .map(|f| (f.filename.trim_start_matches("./").to_string(), f.data))
         .collect();
+    // The context mount's files (`/PATH` in the context folder), from the uploaded blobs.
+    for f in &mount_files {
+        match std::fs::read(inner.root.join("blobs").join(&f.sha256_hex)) {
+            Ok(data) => {
+                context.insert(f.filename.trim_start_matches('/').to_string(), data);
+            }
+            Err(e) => {
+                failed(
+                    &img,
+                    vec![format!(
+                        "ERROR: context file {} is not in the mount: {e}\n",
+                        f.filename
+                    )],
+                );
+                return;
+            }
+        }
+    }
     let n = image.dockerfile_commands.len();
     for (i, c) in image.dockerfile_commands.iter().enumerate() {
         img.log(format!("Step {}/{} : {}\n", i + 1, n, c));

@@ -22,10 +22,19 @@
 //!   injection when the builder has an NVML library
 //!   ([`FakeModalBuilder::nvml_stub`]): the library at `libnvidia-ml.so.1`
 //!   and `NVIDIA_VISIBLE_DEVICES=0,..,N-1`;
-//! - large files go through `BlobCreate` and an HTTP `PUT` to a local URL,
-//!   checked against `Content-MD5`; every file whose bytes a `MountPutFile`
-//!   carried is counted ([`FakeModal::uploads`]), so a test can tell that a
-//!   mount of files the server already has uploaded nothing;
+//! - images may take their context from a mount (`context_mount_id`, files at
+//!   `/PATH`, as the official client sends `COPY` sources) as well as inline
+//!   (`context_files`); what each build got is recorded
+//!   ([`FakeModal::image_contexts`]);
+//! - large files go through `BlobCreate` and an HTTP store on a local port
+//!   that answers as S3 does (`modal/_utils/blob_utils.py` is the client
+//!   side): a single `PUT` (`Content-MD5` checked when sent), or, when
+//!   [`Scenario::multipart_part_bytes`] asks, a `PUT` per part and the
+//!   `CompleteMultipartUpload` `POST`; ETags are the MD5s S3 answers, the
+//!   whole is checked against the length and MD5 `BlobCreate` declared, and
+//!   each blob is recorded ([`FakeModal::blobs`]); every file whose bytes a
+//!   `MountPutFile` carried is counted ([`FakeModal::uploads`]), so a test
+//!   can tell that a mount of files the server already has uploaded nothing;
 //! - requests without `x-modal-token-id`/`x-modal-token-secret` (or with
 //!   other values than the server's) are `UNAUTHENTICATED`;
 //! - [`Scenario`] knobs: an image build that fails at a step, GPU types with
@@ -33,10 +42,12 @@
 //!   or terminated mid-run, transient `UNAVAILABLE` answers, log streams that
 //!   drop after every batch, throttled `SandboxCreate` (`RESOURCE_EXHAUSTED`
 //!   with a retry-after), slow ingestion of uploaded files (`exists: false`
-//!   for a few asks after the upload);
+//!   for a few asks after the upload), multipart blob uploads, blob `PUT`s
+//!   answered `503 Slow Down`, requests over a size limit refused
+//!   `RESOURCE_EXHAUSTED` (each also a flag of the `fake-modal` binary);
 //! - every call is recorded ([`FakeModal::calls`]) with its idempotency key,
-//!   retry and throttle-retry attempts and client type; every sandbox with
-//!   its `network_access`.
+//!   retry and throttle-retry attempts, client type and encoded size
+//!   ([`FakeModal::largest_request`]); every sandbox with its `network_access`.
 //!
 //! The files: `grpc.rs` (the service: every RPC, after the auth check), `images.rs` (image
 //! RPCs and builds), `sandboxes.rs` (sandbox RPCs and runs), `volumes.rs` (volumes, mounts,
@@ -53,6 +64,7 @@ mod volumes;
 
 use grpc::Svc;
 use orch_backend_modal::proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
+pub use state::sha256_hex;
 use state::{now_s, Inner, Sandbox, State};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -92,6 +104,50 @@ pub struct Scenario {
     /// `exists: false` for it (the upload itself, then the next N asks) and a
     /// mount naming it fails `FAILED_PRECONDITION` until then.
     pub slow_ingestion: u32,
+    /// Multipart blob uploads: `BlobCreate` answers a multipart upload with
+    /// parts of this many bytes (one URL per part, a completion URL), as Modal
+    /// does for large blobs; `None`: one upload URL.
+    pub multipart_part_bytes: Option<u64>,
+    /// The next N blob `PUT`s (whole or part) answer `503 Slow Down`, as S3
+    /// does under load; the client must send them again.
+    pub fail_blob_puts: u32,
+    /// Requests larger than this (encoded) are refused `RESOURCE_EXHAUSTED`, as a
+    /// gRPC server refuses a message over its limit; `None`: no limit.
+    pub max_request_bytes: Option<usize>,
+}
+
+/// A blob `BlobCreate` made, and how its upload went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRecord {
+    pub id: String,
+    /// `content_length` as the client declared it.
+    pub size: u64,
+    /// The parts asked for (0: a single upload).
+    pub parts: usize,
+    /// `PUT`s received for it (failed ones included).
+    pub puts: u32,
+    /// The bytes arrived whole (single `PUT`, or the completion of every part).
+    pub completed: bool,
+}
+
+/// One file of an image build's context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextFile {
+    /// As the build sees it (`app.py`, `data/big.bin`).
+    pub name: String,
+    pub sha256: String,
+    pub size: u64,
+    /// Inline in `ImageGetOrCreate` (`context_files`) rather than in the context mount.
+    pub inline: bool,
+}
+
+/// The context an image build got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageContext {
+    pub image_id: String,
+    /// `context_mount_id` of the image definition (empty: none).
+    pub mount_id: String,
+    pub files: Vec<ContextFile>,
 }
 
 /// One RPC the server answered.
@@ -107,6 +163,8 @@ pub struct Call {
     pub client_type: Option<String>,
     /// `x-modal-libmodal-version`.
     pub libmodal_version: Option<String>,
+    /// The request's encoded size (what travelled in the gRPC message).
+    pub request_bytes: usize,
     /// What the server saw or answered, for assertions: `SandboxCreate`:
     /// `network_access=N` (the definition's `network_access_type`, `1` is `OPEN`;
     /// `none` without one); `MountPutFile`: `exists=BOOL` as answered.
@@ -337,6 +395,24 @@ impl FakeModal {
 
     pub fn count(&self, method: &str) -> usize {
         self.calls().iter().filter(|c| c.method == method).count()
+    }
+
+    /// The largest request answered: (method, encoded bytes).
+    pub fn largest_request(&self) -> Option<(&'static str, usize)> {
+        self.calls()
+            .iter()
+            .map(|c| (c.method, c.request_bytes))
+            .max_by_key(|(_, n)| *n)
+    }
+
+    /// Every blob `BlobCreate` made, in order.
+    pub fn blobs(&self) -> Vec<BlobRecord> {
+        self.inner.state.lock().unwrap().blob_records.clone()
+    }
+
+    /// The context of every image the server started to build, in order.
+    pub fn image_contexts(&self) -> Vec<ImageContext> {
+        self.inner.state.lock().unwrap().image_contexts.clone()
     }
 
     /// Every file whose bytes reached the server (`MountPutFile` with data), in order.

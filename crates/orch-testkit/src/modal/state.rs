@@ -2,7 +2,7 @@
 //! (build log, result, root folder, `ENV`, `WORKDIR`), apps, secrets, volumes, mounts,
 //! blobs, the calls answered, and the auth check every RPC starts with.
 
-use super::{Call, SandboxRecord, Scenario, Upload};
+use super::{BlobRecord, Call, ImageContext, SandboxRecord, Scenario, Upload};
 use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -120,6 +120,12 @@ pub(super) struct State {
     pub(super) volume_dirs: HashMap<String, PathBuf>,
     pub(super) mounts: HashMap<String, Vec<proto::MountFile>>,
     pub(super) blobs: HashMap<String, PathBuf>,
+    /// Blobs asked for by `BlobCreate` (and how their upload went).
+    pub(super) blob_records: Vec<BlobRecord>,
+    /// What `BlobCreate` was told of each blob: its length and MD5 (base64).
+    pub(super) blob_claims: HashMap<String, (u64, String)>,
+    /// The context each image build got.
+    pub(super) image_contexts: Vec<ImageContext>,
     /// Every `MountPutFile` that carried a file's bytes.
     pub(super) uploads: Vec<Upload>,
     /// Slow ingestion: files received but not yet ingested → asks left before they are.
@@ -147,9 +153,14 @@ impl Inner {
     }
 
     /// Auth, the call record and the transient-failure knob.
-    pub(super) fn enter<T>(&self, method: &'static str, req: &Request<T>) -> Result<(), Status> {
+    pub(super) fn enter<T: orch_backend_modal::prost::Message>(
+        &self,
+        method: &'static str,
+        req: &Request<T>,
+    ) -> Result<(), Status> {
         let md = req.metadata();
         let get = |k: &str| md.get(k).and_then(|v| v.to_str().ok()).map(String::from);
+        let request_bytes = req.get_ref().encoded_len();
         self.state.lock().unwrap().calls.push(Call {
             method,
             token_id: get("x-modal-token-id"),
@@ -158,6 +169,7 @@ impl Inner {
             throttle_attempt: get("x-throttle-retry-attempt"),
             client_type: get("x-modal-client-type"),
             libmodal_version: get("x-modal-libmodal-version"),
+            request_bytes,
             detail: None,
         });
         let (id, secret) = (get("x-modal-token-id"), get("x-modal-token-secret"));
@@ -171,6 +183,12 @@ impl Inner {
             _ => {}
         }
         let mut sc = self.scenario.lock().unwrap();
+        if let Some(max) = sc.max_request_bytes.filter(|m| request_bytes > *m) {
+            // What a gRPC server answers a message over its limit.
+            return Err(Status::resource_exhausted(format!(
+                "fake: request of {request_bytes} bytes is larger than the {max} this server accepts"
+            )));
+        }
         if sc.transient_failures > 0 && method != "AuthTokenGet" {
             sc.transient_failures -= 1;
             return Err(Status::unavailable("fake: transient failure"));
@@ -212,7 +230,8 @@ pub(super) fn now_s() -> f64 {
         .unwrap_or(0.0)
 }
 
-pub(super) fn sha256_hex(data: &[u8]) -> String {
+/// The SHA-256 of `data` in hex, as mounts and `MountPutFile` name files.
+pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(data)
         .iter()

@@ -405,3 +405,131 @@ async fn slowly_ingested_files_are_waited_for() {
     );
     assert_eq!(fake.uploads().len(), 2, "each file's bytes sent once");
 }
+
+/// A Dockerfile context travels as the official client sends it: a context mount (files
+/// at `/PATH`) referenced by the image, its 5 MiB file as a blob, here a multipart one
+/// (2 MiB parts, two of the `PUT`s answered `503 Slow Down` and sent again); no request
+/// carries the bytes, and the build copies the file byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_goes_as_a_mount_and_its_large_file_as_a_multipart_blob() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| {
+        s.multipart_part_bytes = Some(2 * 1024 * 1024);
+        s.fail_blob_puts = 2;
+    });
+    let m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+    let ctx = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..5 * 1024 * 1024 + 3)
+        .map(|i: usize| (i * 7 % 253) as u8)
+        .collect();
+    std::fs::create_dir_all(ctx.path().join("data")).unwrap();
+    std::fs::write(ctx.path().join("data/big.bin"), &big).unwrap();
+    std::fs::write(ctx.path().join("small.txt"), "small\n").unwrap();
+    let spec = ImageSpec::dockerfile(
+        "ctx",
+        "FROM scratch\nCOPY data/big.bin /data/big.bin\nCOPY small.txt /small.txt\n",
+        vec![
+            ("data/big.bin".into(), ctx.path().join("data/big.bin")),
+            ("small.txt".into(), ctx.path().join("small.txt")),
+        ],
+    );
+    let (r, log) = build(&m, &app, &spec).await;
+    let id = r.unwrap_or_else(|e| panic!("{e}\n{log}"));
+
+    let ctxs = fake.image_contexts();
+    assert_eq!(ctxs.len(), 1, "{ctxs:?}");
+    assert!(ctxs[0].mount_id.starts_with("mo-"), "{ctxs:?}");
+    let mut files: Vec<(String, String, u64, bool)> = ctxs[0]
+        .files
+        .iter()
+        .map(|f| (f.name.clone(), f.sha256.clone(), f.size, f.inline))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            (
+                "data/big.bin".to_string(),
+                state::sha256_hex(&big),
+                big.len() as u64,
+                false
+            ),
+            ("small.txt".to_string(), state::sha256_hex(b"small\n"), 6, false),
+        ]
+    );
+    let blobs = fake.blobs();
+    assert_eq!(blobs.len(), 1, "{blobs:?}");
+    assert_eq!(
+        (blobs[0].size, blobs[0].parts),
+        (big.len() as u64, 3),
+        "{blobs:?}"
+    );
+    assert!(blobs[0].completed, "{blobs:?}");
+    assert_eq!(blobs[0].puts, 3 + 2, "each refused part sent again: {blobs:?}");
+    let uploads = fake.uploads();
+    assert!(
+        uploads
+            .iter()
+            .any(|u| u.via_blob && u.sha256 == state::sha256_hex(&big)),
+        "{uploads:?}"
+    );
+    let (method, largest) = fake.largest_request().unwrap();
+    assert!(largest < 1024 * 1024, "{method} carried {largest} bytes");
+    let copied = std::fs::read(fake.root().join("images").join(&id).join("rootfs/data/big.bin")).unwrap();
+    assert!(copied == big, "the build copied other bytes");
+
+    // A single upload (no multipart asked) lands the same way.
+    fake.scenario(|s| s.multipart_part_bytes = None);
+    let other: Vec<u8> = big.iter().map(|b| b ^ 0x5a).collect();
+    std::fs::write(ctx.path().join("data/big.bin"), &other).unwrap();
+    let (r, log) = build(&m, &app, &spec).await;
+    let id2 = r.unwrap_or_else(|e| panic!("{e}\n{log}"));
+    assert_ne!(id, id2);
+    let blobs = fake.blobs();
+    assert_eq!(blobs.len(), 2, "{blobs:?}");
+    assert_eq!(
+        (blobs[1].parts, blobs[1].puts, blobs[1].completed),
+        (0, 1, true),
+        "{blobs:?}"
+    );
+    let copied = std::fs::read(fake.root().join("images").join(&id2).join("rootfs/data/big.bin")).unwrap();
+    assert!(copied == other, "the build copied other bytes");
+
+    // A Dockerfile that copies nothing sends no context mount.
+    let spec = ImageSpec::dockerfile(
+        "none",
+        "FROM scratch\nENV A=1\n",
+        vec![("small.txt".into(), ctx.path().join("small.txt"))],
+    );
+    build(&m, &app, &spec).await.0.unwrap();
+    assert_eq!(fake.image_contexts().last().unwrap().mount_id, "");
+}
+
+/// The fake refuses a request over its limit, as a gRPC server does; every call records
+/// its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_limit_are_refused_and_sizes_recorded() {
+    let fake = FakeModal::start();
+    fake.scenario(|s| s.max_request_bytes = Some(1024 * 1024));
+    let m = client(&fake);
+    let app = ops::app(&m, "t").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Three MiB: under the blob threshold, so inline in `MountPutFile`.
+    let p = dir.path().join("mid");
+    std::fs::write(&p, vec![7u8; 3 * 1024 * 1024]).unwrap();
+    let src = [MountSource {
+        remote_path: "/mid",
+        local: &p,
+        mode: 0o644,
+    }];
+    match ops::mount(&m, &app, &src).await {
+        Err(ModalError::Rpc { call, code, .. }) => {
+            assert_eq!((call, code), ("MountPutFile", tonic::Code::ResourceExhausted))
+        }
+        other => panic!("{other:?}"),
+    }
+    let (method, largest) = fake.largest_request().unwrap();
+    assert_eq!(method, "MountPutFile");
+    assert!(largest > 3 * 1024 * 1024, "{largest}");
+}

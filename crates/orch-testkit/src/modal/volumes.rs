@@ -1,9 +1,11 @@
 //! Volumes, mounts and blobs: volumes are host folders (`ROOT/volumes/NAME`), mount files
 //! content-addressed blobs (`ROOT/blobs/SHA256`), large blobs uploaded over plain HTTP to a
-//! second port, which also serves volume files for `VolumeGetFile2`.
+//! second port as S3 takes them (a single `PUT`, or a multipart upload: a `PUT` per part,
+//! then the completion `POST`; ETags as S3 answers them, `503 Slow Down` on demand), which
+//! also serves volume files for `VolumeGetFile2`.
 
 use super::state::{sha256_hex, Inner};
-use super::Upload;
+use super::{BlobRecord, Upload};
 use orch_backend_modal::proto::{self, ObjectCreationType};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
@@ -169,16 +171,212 @@ pub(super) fn mount_put_file(
     Ok(Response::new(proto::MountPutFileResponse { exists: slow == 0 }))
 }
 
-/// `BlobCreate`: a URL to upload a large blob to.
-pub(super) fn blob_create(inner: &Arc<Inner>) -> Result<Response<proto::BlobCreateResponse>, Status> {
+/// `BlobCreate`: where to upload a large blob, in both forms Modal answers (the single
+/// `blob_id` with `upload_type_oneof`, and `blob_ids` with `upload_types_oneof`, which the
+/// official 1.x client reads: `modal/_utils/blob_utils.py`): one upload URL, or, under
+/// [`super::Scenario::multipart_part_bytes`], a multipart upload (`part_length`, one URL
+/// per part, a completion URL).
+pub(super) fn blob_create(
+    inner: &Arc<Inner>,
+    r: proto::BlobCreateRequest,
+) -> Result<Response<proto::BlobCreateResponse>, Status> {
+    use proto::blob_create_response::{UploadTypeOneof, UploadTypesOneof};
+    let size =
+        u64::try_from(r.content_length).map_err(|_| Status::invalid_argument("negative content_length"))?;
     let id = inner.id("bl");
+    let part = inner
+        .scenario
+        .lock()
+        .unwrap()
+        .multipart_part_bytes
+        .filter(|p| *p > 0);
+    let parts = part.map(|p| size.div_ceil(p).max(1) as usize).unwrap_or(0);
+    {
+        let mut st = inner.state.lock().unwrap();
+        st.blob_claims.insert(id.clone(), (size, r.content_md5.clone()));
+        st.blob_records.push(BlobRecord {
+            id: id.clone(),
+            size,
+            parts,
+            puts: 0,
+            completed: false,
+        });
+    }
+    let base = &inner.blob_url;
+    let (old, new) = match part {
+        None => {
+            let url = format!("{base}/{id}");
+            (
+                UploadTypeOneof::UploadUrl(url.clone()),
+                UploadTypesOneof::UploadUrls(proto::UploadUrlList { items: vec![url] }),
+            )
+        }
+        Some(p) => {
+            let m = proto::MultiPartUpload {
+                part_length: p as i64,
+                upload_urls: (1..=parts).map(|n| format!("{base}/{id}/part/{n}")).collect(),
+                completion_url: format!("{base}/{id}/complete"),
+            };
+            (
+                UploadTypeOneof::Multipart(m.clone()),
+                UploadTypesOneof::Multiparts(proto::MultiPartUploadList { items: vec![m] }),
+            )
+        }
+    };
     Ok(Response::new(proto::BlobCreateResponse {
         blob_id: id.clone(),
-        upload_type_oneof: Some(proto::blob_create_response::UploadTypeOneof::UploadUrl(format!(
-            "{}/{id}",
-            inner.blob_url
-        ))),
+        upload_type_oneof: Some(old),
+        blob_ids: vec![id],
+        upload_types_oneof: Some(new),
     }))
+}
+
+fn md5_hex(data: &[u8]) -> String {
+    use md5::Digest;
+    md5::Md5::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn md5_b64(data: &[u8]) -> String {
+    use base64::Engine;
+    use md5::Digest;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(data))
+}
+
+/// A blob's bytes arrived whole: checked against what `BlobCreate` declared (length,
+/// MD5), then kept for `MountPutFile`.
+fn blob_done(inner: &Inner, id: &str, body: &[u8]) -> Result<(), String> {
+    let claim = inner.state.lock().unwrap().blob_claims.get(id).cloned();
+    let Some((size, md5)) = claim else {
+        return Err(format!("no blob {id}"));
+    };
+    if body.len() as u64 != size {
+        return Err(format!("blob {id}: {} bytes, {size} declared", body.len()));
+    }
+    if !md5.is_empty() && md5 != md5_b64(body) {
+        return Err(format!("blob {id}: the MD5 differs from the declared one"));
+    }
+    let dir = inner.root.join("uploads");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let path = dir.join(id);
+    std::fs::write(&path, body).map_err(|e| e.to_string())?;
+    let mut st = inner.state.lock().unwrap();
+    st.blobs.insert(id.to_string(), path);
+    if let Some(r) = st.blob_records.iter_mut().find(|r| r.id == id) {
+        r.completed = true;
+    }
+    Ok(())
+}
+
+/// S3's `CompleteMultipartUpload`: the parts named (number, quoted ETag), in order.
+fn completion_parts(body: &str) -> Vec<(usize, String)> {
+    body.split("<Part>")
+        .skip(1)
+        .filter_map(|p| {
+            let num = p.split("<PartNumber>").nth(1)?.split("</PartNumber>").next()?;
+            let etag = p.split("<ETag>").nth(1)?.split("</ETag>").next()?;
+            Some((
+                num.trim().parse().ok()?,
+                etag.trim().trim_matches('"').to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The blob store's side of an upload (as S3 answers it): `PUT /blob/ID` (the whole,
+/// `Content-MD5` checked when sent), `PUT /blob/ID/part/N`, `POST /blob/ID/complete`.
+/// Each `PUT` answers the MD5 of what it got as its `ETag`; the completion answers the
+/// whole's (`MD5(part MD5s)-N`). Returns (status line, extra headers, body).
+fn blob_request(
+    inner: &Inner,
+    method: &str,
+    path: &str,
+    md5: Option<&str>,
+    body: &[u8],
+) -> (String, String, String) {
+    let bad = |why: String| ("400 Bad Request".to_string(), String::new(), why);
+    let Some(rest) = path.strip_prefix("/blob/") else {
+        return ("404 Not Found".into(), String::new(), String::new());
+    };
+    let mut segs = rest.split('/');
+    let id = segs.next().unwrap_or_default().to_string();
+    let tail: Vec<&str> = segs.collect();
+    let known = inner.state.lock().unwrap().blob_claims.contains_key(&id);
+    if !known {
+        return ("404 Not Found".into(), String::new(), format!("no blob {id}"));
+    }
+    if method == "PUT" {
+        {
+            let mut st = inner.state.lock().unwrap();
+            if let Some(r) = st.blob_records.iter_mut().find(|r| r.id == id) {
+                r.puts += 1;
+            }
+        }
+        let mut sc = inner.scenario.lock().unwrap();
+        if sc.fail_blob_puts > 0 {
+            sc.fail_blob_puts -= 1;
+            return (
+                "503 Slow Down".into(),
+                String::new(),
+                "<Error><Code>SlowDown</Code></Error>".into(),
+            );
+        }
+    }
+    let etag = format!("ETag: \"{}\"\r\n", md5_hex(body));
+    match (method, tail.as_slice()) {
+        ("PUT", []) => {
+            if md5.is_some_and(|m| m != md5_b64(body)) {
+                return bad("The Content-MD5 you specified did not match what we received.".into());
+            }
+            match blob_done(inner, &id, body) {
+                Ok(()) => ("200 OK".into(), etag, String::new()),
+                Err(e) => bad(e),
+            }
+        }
+        ("PUT", ["part", n]) => {
+            let Ok(n) = n.parse::<usize>() else {
+                return bad("bad part number".into());
+            };
+            let dir = inner.root.join("uploads");
+            let _ = std::fs::create_dir_all(&dir);
+            match std::fs::write(dir.join(format!("{id}.part{n}")), body) {
+                Ok(()) => ("200 OK".into(), etag, String::new()),
+                Err(e) => ("500 Internal Server Error".into(), String::new(), e.to_string()),
+            }
+        }
+        ("POST", ["complete"]) => {
+            let parts = completion_parts(&String::from_utf8_lossy(body));
+            if parts.is_empty() || parts.iter().enumerate().any(|(i, (n, _))| *n != i + 1) {
+                return bad("<Error><Code>InvalidPartOrder</Code></Error>".into());
+            }
+            let dir = inner.root.join("uploads");
+            let mut whole = Vec::new();
+            let mut md5s = Vec::new();
+            for (n, tag) in &parts {
+                let Ok(data) = std::fs::read(dir.join(format!("{id}.part{n}"))) else {
+                    return bad("<Error><Code>InvalidPart</Code></Error>".into());
+                };
+                if md5_hex(&data) != *tag {
+                    return bad("<Error><Code>InvalidPart</Code></Error>".into());
+                }
+                use md5::Digest;
+                md5s.extend(md5::Md5::digest(&data));
+                whole.extend(data);
+            }
+            if let Err(e) = blob_done(inner, &id, &whole) {
+                return bad(e);
+            }
+            let tag = format!("{}-{}", md5_hex(&md5s), parts.len());
+            (
+                "200 OK".into(),
+                String::new(),
+                format!("<CompleteMultipartUploadResult><ETag>&quot;{tag}&quot;</ETag></CompleteMultipartUploadResult>"),
+            )
+        }
+        _ => ("405 Method Not Allowed".into(), String::new(), String::new()),
+    }
 }
 
 fn write_exec(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -256,29 +454,13 @@ pub(super) fn serve_blobs(listener: std::net::TcpListener, inner: Arc<Inner>) {
                 }
                 return;
             }
-            let ok = parts.first() == Some(&"PUT")
-                && parts.get(1).is_some_and(|p| p.starts_with("/blob/"))
-                && md5.as_ref().is_none_or(|m| {
-                    use base64::Engine;
-                    use md5::Digest;
-                    *m == base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&body))
-                });
-            let status = if ok {
-                let id = parts[1].trim_start_matches("/blob/").to_string();
-                let path = inner.root.join("uploads").join(&id);
-                let _ = std::fs::create_dir_all(inner.root.join("uploads"));
-                if std::fs::write(&path, &body).is_ok() {
-                    inner.state.lock().unwrap().blobs.insert(id, path);
-                    "200 OK"
-                } else {
-                    "500 Internal Server Error"
-                }
-            } else {
-                "400 Bad Request"
-            };
+            let method = parts.first().copied().unwrap_or_default();
+            let path = parts.get(1).copied().unwrap_or_default();
+            let (status, headers, text) = blob_request(&inner, method, path, md5.as_deref(), &body);
             let _ = write!(
                 s,
-                "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
             );
         });
     }

@@ -7,8 +7,10 @@ use std::time::Instant;
 
 /// The agent image's Dockerfile: the static agent alone, run as
 /// `/orch-agent install DEST` by the kubernetes backend's init container.
-const AGENT_DOCKERFILE: &str =
-    "FROM scratch\nCOPY orch-agent /orch-agent\nENTRYPOINT [\"/orch-agent\"]\nCMD [\"version\"]\n";
+/// A numeric non-root `USER`, so that `runAsNonRoot` (Pod Security
+/// `restricted`) admits it without a fixed `runAsUser` (which OpenShift's
+/// restricted SCC would refuse; there the namespace's UID replaces it).
+const AGENT_DOCKERFILE: &str = "FROM scratch\nCOPY orch-agent /orch-agent\nUSER 65532:65532\nENTRYPOINT [\"/orch-agent\"]\nCMD [\"version\"]\n";
 
 /// `orch build --agent [--push REGISTRY]`.
 async fn build_agent(docker: &bollard::Docker, push: Option<&str>) -> anyhow::Result<i32> {
@@ -23,7 +25,10 @@ async fn build_agent(docker: &bollard::Docker, push: Option<&str>) -> anyhow::Re
         Ok(orch) => {
             std::fs::copy(&orch, context.join("orch-cli"))
                 .map_err(|e| anyhow::anyhow!("cannot copy the static orch `{}`: {e}", orch.display()))?;
-            dockerfile = dockerfile.replace("COPY orch-agent /orch-agent\n", "COPY orch-agent /orch-agent\nCOPY orch-cli /orch-cli\n");
+            dockerfile = dockerfile.replace(
+                "COPY orch-agent /orch-agent\n",
+                "COPY orch-agent /orch-agent\nCOPY orch-cli /orch-cli\n",
+            );
         }
         Err(_) => eprintln!(
             "note: no static `orch` found (`bash scripts/prepare-modal.sh` makes it): the image holds the agent only, so `orch setup --backend kubernetes` cannot use it"

@@ -26,22 +26,36 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     };
     let prices = cli.prices.clone();
     let prices = prices.as_deref();
-    match cli.command {
-        Command::Run(args) => run::run(&store, prices, args).await,
+    let result = command(&store, prices, cli.command).await;
+    // What reading skipped (a damaged record, an unreadable run): named,
+    // each costing only its own cell or run.
+    for w in store.take_warnings() {
+        eprintln!("warning: {w}");
+    }
+    result
+}
+
+async fn command(
+    store: &orch_store::Store,
+    prices: Option<&std::path::Path>,
+    command: Command,
+) -> anyhow::Result<i32> {
+    match command {
+        Command::Run(args) => run::run(store, prices, args).await,
         Command::Setup(args) => setup::setup(args).await,
-        Command::Plan(args) => plan::plan(&store, prices, args).await,
+        Command::Plan(args) => plan::plan(store, prices, args).await,
         Command::Build(args) => build::build(args).await,
-        Command::Down(args) => down::down(&store, args).await,
+        Command::Down(args) => down::down(store, args).await,
         Command::Diagnose(args) => diagnose::diagnose(args),
-        Command::Ls(args) => ls::ls(&store, args),
-        Command::Show(args) => show::show(&store, args),
-        Command::Logs(args) => logs::logs(&store, args),
-        Command::Report(args) => report::report(&store, args),
-        Command::Compare(args) => compare::compare(&store, args),
+        Command::Ls(args) => ls::ls(store, args),
+        Command::Show(args) => show::show(store, args),
+        Command::Logs(args) => logs::logs(store, args),
+        Command::Report(args) => report::report(store, args),
+        Command::Compare(args) => compare::compare(store, args),
         Command::Prices(args) => prices::prices(prices, args),
-        Command::Cost(args) => cost::cost(&store, args),
-        Command::Push(args) => push::push(&store, args),
-        Command::Pull(args) => push::pull(&store, args),
+        Command::Cost(args) => cost::cost(store, args),
+        Command::Push(args) => push::push(store, args),
+        Command::Pull(args) => push::pull(store, args),
         Command::Agent { .. } => unreachable!("handled in main before the runtime starts"),
     }
 }

@@ -119,14 +119,15 @@ pub async fn run(
             "`--jobs` must be at least 1\nhint: `--jobs 1` runs one cell at a time",
         ));
     }
-    let (mut run, secrets, backend, images, cost_opts, files) = match (&args.resume, &args.file) {
+    // `_lock`: this process is the run's one writer until it returns.
+    let (mut run, secrets, backend, images, cost_opts, files, _lock) = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
                 return Err(user(
                     "`--gpu` cannot change a run being resumed\nhint: start a new run with `-f FILE --gpu ...`",
                 ));
             }
-            let mut run = store.open_run(id)?;
+            let run = store.open_run(id)?;
             if run.meta.backend != args.backend.as_str() {
                 return Err(user(format!(
                     "run `{}` was made on backend `{}`, not `{}`\nhint: resume it with `--backend {}`",
@@ -136,12 +137,26 @@ pub async fn run(
                     run.meta.backend
                 )));
             }
+            // One writer per run: a second `orch` on it exits 2 here,
+            // before it cleans up or runs anything of the first one's.
+            let lock = run.lock_writer()?;
+            if let Some(dead) = &lock.took_over {
+                eprintln!(
+                    "note: taking over run {} from its writer that is gone ({dead})",
+                    run.id()
+                );
+            }
+            // Re-read under the lock: the run may have moved on meanwhile.
+            let mut run = store.open_exact(run.id())?;
             let secrets = check(host, &run.plan, &args).await?;
             let (backend, images) = host.backend(&run.plan).await?;
             let files = files_of(&run.plan);
             stage_files(&files, &run.plan, backend.as_ref())?;
             // The cap counts what the run already spent.
             let todo = run.unfinished_cells()?;
+            for w in store.take_warnings() {
+                eprintln!("warning: {w}");
+            }
             let prior = run.cost()?.map(|c| c.usd).unwrap_or(0.0);
             let cells = crate::commands::cost::estimate_cells(store, &run.plan, host, &prices)?;
             let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, prior)?;
@@ -149,7 +164,7 @@ pub async fn run(
             // (containers, Jobs, sandboxes, queued jobs) goes first.
             backend.cleanup(run.id()).await?;
             run.note_resume()?;
-            (run, secrets, backend, images, cost_opts, files)
+            (run, secrets, backend, images, cost_opts, files, lock)
         }
         (None, Some(file)) => {
             let gpus = match &args.gpu {
@@ -164,6 +179,8 @@ pub async fn run(
             let files = files_of(&plan);
             prepare_files(&files, &mut plan)?;
             if args.dry_run {
+                // Refused as the run would refuse it, not printed as one node.
+                check_nodes(host, &plan)?;
                 print!("{}", host.dry_run(&plan, &files)?);
                 return Ok(0);
             }
@@ -181,7 +198,8 @@ pub async fn run(
             let argv: Vec<String> = std::env::args().collect();
             let env = orch_store::host_environment(file, argv);
             let run = store.create_run(&plan, &text, args.backend.as_str(), env)?;
-            (run, secrets, backend, images, cost_opts, files)
+            let lock = run.lock_writer()?;
+            (run, secrets, backend, images, cost_opts, files, lock)
         }
         (None, None) => {
             return Err(user(
@@ -235,7 +253,21 @@ pub async fn run(
     if let Err(e) = backend.cleanup(run.id()).await {
         eprintln!("warning: cleanup of run {} failed: {e}", run.id());
     }
-    let outcome = outcome?;
+    let run_id = run.id().to_string();
+    let outcome = outcome.map_err(|e| {
+        let why = match e.to_string() {
+            t if t.contains("Too many open files") || t.contains("os error 24") => {
+                "\nhint: too many open files: raise the limit (`ulimit -n`) or run fewer cells at once (`--jobs`)"
+            }
+            t if t.contains("No space left") || t.contains("os error 28") => {
+                "\nhint: the disk is full: free some space"
+            }
+            _ => "",
+        };
+        anyhow::Error::new(e).context(format!(
+            "run {run_id} stopped: cells without a record are run by `orch run --resume {run_id}`{why}"
+        ))
+    })?;
 
     let record = run.record()?;
     if args.json {

@@ -14,6 +14,12 @@
 //! a CA bundle (less Python), where the setup Job's dynamically linked
 //! `orch` runs; the quickstart image is a static busybox, as
 //! `containers/quickstart` builds it.
+//!
+//! Every cluster enforces the shipped Role (`deploy/kubernetes/orch-role.yaml`,
+//! as RBAC does: a verb the Role lacks is `403 Forbidden`), so each test is
+//! also a test that the Role grants what orch calls. The API server going away
+//! (`FakeKube::drop_connections`) and disruptions (`FakeKube::disrupt`) have
+//! tests of their own at the end.
 
 use orch_testkit::kube::{FakeAutoscaler, FakeKube, FakeNode};
 use serde_json::Value;
@@ -56,6 +62,11 @@ fn quickstart_image() -> String {
     format!("registry.local/{}", orch_images::resolve_tag(&spec).unwrap())
 }
 
+/// The Role orch ships for a namespace (`bench`).
+fn shipped_role() -> PathBuf {
+    repo().join("deploy/kubernetes/orch-role.yaml")
+}
+
 struct Cluster {
     fake: FakeKube,
     tmp: tempfile::TempDir,
@@ -69,6 +80,7 @@ fn cluster(
     let tmp = tempfile::tempdir().unwrap();
     let glibc = orch_testkit::container::glibc_root().unwrap();
     let mut b = FakeKube::builder()
+        .role(shipped_role())
         .image(AGENT_IMAGE, agent_image_root(tmp.path()))
         .image("debian:bookworm-slim", &glibc)
         .image(
@@ -1215,4 +1227,271 @@ fn the_travelling_suites_run_on_kubernetes_as_on_local() {
         assert!(c.fake.objects("configmaps").is_empty(), "{name}: ConfigMaps left");
         c.assert_nothing_left();
     }
+}
+
+/// A one-cell suite whose command prints `n` numbered lines, one every 0.2 s,
+/// then a metric.
+fn ticking_suite(c: &Cluster, n: u32) -> PathBuf {
+    c.suite(
+        "ticks",
+        &format!(
+            "name: ticks\nbenchmarks:\n  - name: ticks\n    workload:\n      shell: 'for i in $(seq 1 {n}); do echo \"tick $i\"; sleep 0.2; done; echo \"ORCH_METRIC ticks={n}\"'\n"
+        ),
+    )
+}
+
+fn ticks(n: u32) -> String {
+    (1..=n).map(|i| format!("tick {i}\n")).collect()
+}
+
+#[test]
+fn a_ten_second_api_server_drop_mid_run_fails_nothing() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = ticking_suite(&c, 100);
+    let child = c.spawn(&suite);
+    let pod = c.wait_running();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Watches, polls and the log stream all cut; new connections reset.
+    c.fake.drop_connections(Duration::from_secs(10));
+    assert!(c.fake.is_down());
+    // The pod runs on through it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.fake.running_pods().contains(&pod), "the pod was stopped");
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    let dir = cell_dir(&c.store(), &v, "ticks.cpu");
+    let stdout = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
+    assert!(stdout.starts_with(&ticks(100)), "{stdout}");
+    assert!(
+        cell["info"].get("kubernetes_files_incomplete").is_none(),
+        "{cell:#}"
+    );
+    assert_eq!(cell["metrics"]["ticks"], 100.0, "{cell:#}");
+    let klog = std::fs::read_to_string(dir.join("kubernetes.log")).unwrap_or_default();
+    assert!(!klog.contains("api_unreachable"), "{klog}");
+    // The log was read again after the drop.
+    let log_calls = c.fake.requests().iter().filter(|r| r.contains("/log?")).count();
+    assert!(log_calls >= 2, "{log_calls} log requests");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_drop_when_the_job_is_deleted_is_waited_out_and_no_job_is_left() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    c.fake.drop_connections_on(
+        "DELETE /apis/batch/v1/namespaces/bench/jobs/",
+        Duration::from_secs(5),
+    );
+    let suite = ticking_suite(&c, 5);
+    let (out, v) = c.run(&suite, &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(cells(&v)[0]["status"], "succeeded", "{v:#}");
+    // The deletion that got no answer was made again, and went through.
+    let job = cells(&v)[0]["info"]["kubernetes_job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deletes = c
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with(&format!("DELETE /apis/batch/v1/namespaces/bench/jobs/{job}")))
+        .count();
+    assert!(deletes >= 2, "{deletes} deletions of {job}");
+    assert!(c.fake.objects("jobs").is_empty(), "{:?}", c.fake.objects("jobs"));
+    c.assert_nothing_left();
+}
+
+#[test]
+fn an_api_server_away_past_the_budget_fails_the_cell_api_unreachable_and_leaves_nothing() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "away",
+        "name: away\nbenchmarks:\n  - name: sleepy\n    workload: {shell: 'echo started; sleep 120'}\n",
+    );
+    let child = c
+        .run_cmd(&suite, &["--json"])
+        .env("ORCH_KUBERNETES_API_BUDGET", "3")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.wait_running();
+    std::thread::sleep(Duration::from_millis(1000));
+    c.fake.drop_connections(Duration::from_secs(5));
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "failed", "{cell:#}");
+    assert_eq!(cell["failure"]["kind"], "api_unreachable", "{cell:#}");
+    let message = cell["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("API server could not be reached") && message.contains("ORCH_KUBERNETES_API_BUDGET"),
+        "{message}"
+    );
+    // The Job's deletion went on past the cell's end until the API server came back.
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_disrupted_pod_is_named_disrupted_and_resume_runs_it_again() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    // The first attempt is drained a moment in; the resumed one runs to its end.
+    let suite = c.suite(
+        "drain",
+        "name: drain\nbenchmarks:\n  - name: victim\n    workload: {shell: 'echo attempt; sleep 6; echo ORCH_METRIC done=1'}\n",
+    );
+    let child = c.spawn(&suite);
+    let pod = c.wait_running();
+    std::thread::sleep(Duration::from_millis(1500));
+    c.fake
+        .disrupt("bench", &pod, "EvictionByEvictionAPI", "Eviction API: evicting");
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["failure"]["kind"], "disrupted", "{cell:#}");
+    assert_eq!(cell["status"], "cancelled", "{cell:#}");
+    let message = cell["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("EvictionByEvictionAPI") && message.contains("Eviction API: evicting"),
+        "{message}"
+    );
+    c.assert_nothing_left();
+    // `--resume` runs the disrupted cell again, to its end.
+    let out = c
+        .orch()
+        .args(["run", "--resume", v["id"].as_str().unwrap(), "--json", "--store"])
+        .arg(c.store())
+        .args(["--backend", "kubernetes"])
+        .output()
+        .unwrap();
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let requests = c.fake.requests();
+    let creates = requests
+        .iter()
+        .filter(|r| r.starts_with("POST /apis/batch/v1/namespaces/bench/jobs"))
+        .count();
+    assert_eq!(creates, 2, "the cell ran again: {again:#}");
+    let cell = &cells(&again)[0];
+    assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    assert_eq!(cell["metrics"]["done"], 1.0, "{cell:#}");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_role_without_pods_log_get_fails_with_the_missing_permission_named() {
+    if !ready() {
+        return;
+    }
+    let shipped = std::fs::read_to_string(shipped_role()).unwrap();
+    let without_log = shipped.replace(
+        "  - apiGroups: [\"\"]\n    resources: [\"pods/log\"]\n    verbs: [\"get\"]\n",
+        "",
+    );
+    assert_ne!(without_log, shipped, "the shipped Role grants `get pods/log`");
+    let dir = tempfile::tempdir().unwrap();
+    let role = dir.path().join("role.yaml");
+    std::fs::write(&role, without_log).unwrap();
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.role(&role));
+    let suite = c.suite(
+        "nolog",
+        "name: nolog\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hello'}\n",
+    );
+    let (_, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "failed", "{cell:#}");
+    let message = cell["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot get resource \"pods/log\" in API group \"\" in the namespace \"bench\""),
+        "{message}"
+    );
+    c.assert_nothing_left();
+}
+
+/// An AKS-like cluster: GPU nodes without GPU Feature Discovery, labelled
+/// `kubernetes.azure.com/accelerator: nvidia` and an instance type orch does
+/// not know. `gpu_affinity: auto` (the default) leaves the GPU-type affinity
+/// out (with a note) and the cell runs; `required` insists, and the pod is
+/// unschedulable in the scheduler's words; the EKS Auto Mode label of a
+/// second cluster is matched as it is.
+#[test]
+fn gpu_nodes_without_a_gpu_type_label_are_used_under_auto_and_refused_under_required() {
+    if !ready() {
+        return;
+    }
+    let mut aks = FakeNode::h100("aks-gpu-1", 2);
+    aks.labels.retain(|k, _| !k.starts_with("nvidia.com/"));
+    aks.labels
+        .insert("kubernetes.azure.com/accelerator".into(), "nvidia".into());
+    aks.labels.insert(
+        "node.kubernetes.io/instance-type".into(),
+        "Standard_NC4as_T4_v3".into(),
+    );
+    let c = cluster(vec![aks], |b| b);
+    let suite = c.suite(
+        "aks",
+        "name: aks\ngpus: [\"H100:1\"]\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo on-a-gpu-node'}\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{v:#}");
+    assert_eq!(cells(&v)[0]["status"], "succeeded", "{v:#}");
+    assert!(
+        stderr.contains("note: none of the cluster's 1 GPU node(s) shows its GPU type"),
+        "{stderr}"
+    );
+    c.assert_nothing_left();
+
+    let required = c.suite(
+        "aks-required",
+        "name: aksreq\ngpus: [\"H100:1\"]\nkubernetes: {gpu_affinity: required, unschedulable_grace: 3s}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let (out, v) = c.run(&required, &[]);
+    assert!(!out.status.success(), "{v:#}");
+    assert_eq!(cells(&v)[0]["failure"]["kind"], "unschedulable", "{v:#}");
+    c.assert_nothing_left();
+
+    // EKS Auto Mode's own label picks the node.
+    let mut eks = FakeNode::h100("eks-gpu-1", 1);
+    eks.labels.retain(|k, _| !k.starts_with("nvidia.com/"));
+    eks.labels
+        .insert("eks.amazonaws.com/instance-gpu-name".into(), "h100".into());
+    let c = cluster(vec![eks], |b| b);
+    let suite = c.suite(
+        "eks",
+        "name: eks\ngpus: [\"H100:1\"]\nkubernetes: {gpu_affinity: required}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.assert_nothing_left();
 }

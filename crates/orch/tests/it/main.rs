@@ -43,6 +43,7 @@ fn containers_ready(what: &str) -> bool {
 mod cli;
 mod cost;
 mod docker;
+mod faults;
 mod files;
 mod gpu_images;
 mod hardware;
@@ -51,6 +52,7 @@ mod modal;
 mod registry;
 mod report;
 mod s3;
+mod s3faults;
 mod safety;
 mod seeds;
 mod setup;

@@ -12,6 +12,9 @@
 //! the same with a CA bundle (less Python), where the setup sandbox's
 //! dynamically linked `orch` runs; `{build: quickstart}` is built from
 //! `containers/quickstart/Dockerfile` (FROM scratch, the static busybox).
+//! A Dockerfile's context travels as Modal's official client sends it: a
+//! context mount, its files of 4 MiB or more as blobs (multipart when the
+//! fake asks for it), never inline in `ImageGetOrCreate`.
 
 use orch_testkit::modal::FakeModal;
 use serde_json::Value;
@@ -150,14 +153,19 @@ fn quickstart_runs_in_sandboxes_with_logs_home() {
     let stdout = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
     assert!(stdout.contains("hello from command.cpu"), "{stdout}");
     assert!(dir.join("events.jsonl").is_file());
-    // One sandbox per cell, tagged; every one ended; the agent went up once.
+    // One sandbox per cell, tagged; every one ended; the agent went up once,
+    // the image's context (its `COPY busybox`) as a mount of its own.
     let sbs = fake.sandboxes();
     assert_eq!(sbs.len(), rec["cells"].as_array().unwrap().len());
     assert!(sbs
         .iter()
         .all(|s| s.tags.get("orch.run") == rec["id"].as_str().map(String::from).as_ref()));
     assert!(fake.running().is_empty());
-    assert_eq!(fake.count("MountGetOrCreate"), 1);
+    assert_eq!(fake.count("MountGetOrCreate"), 2);
+    assert!(fake
+        .image_contexts()
+        .iter()
+        .all(|c| !c.mount_id.is_empty() && c.files.iter().all(|f| !f.inline)));
     assert!(fake
         .calls()
         .iter()
@@ -873,4 +881,70 @@ fn sandboxes_get_open_network_and_calls_the_go_client_type() {
             "{c:?}"
         );
     }
+}
+
+/// A container whose context holds a 5 MiB file: the context goes as a mount referenced
+/// by the image, the big file as a multipart blob (2 MiB parts, as the fake asks, one
+/// part refused once and sent again), no gRPC request reaches 1 MiB, and the cell
+/// reads the file in its image with the bytes it has here.
+#[test]
+fn a_large_dockerfile_context_travels_as_a_mount_and_a_multipart_blob() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    fake.scenario(|s| {
+        s.multipart_part_bytes = Some(2 * 1024 * 1024);
+        s.fail_blob_puts = 1;
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let ctx = tmp.path().join("containers/big");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let big: Vec<u8> = (0..5 * 1024 * 1024 + 11)
+        .map(|i: usize| (i * 13 % 241) as u8)
+        .collect();
+    std::fs::write(ctx.join("big.bin"), &big).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM debian:bookworm-slim\nCOPY big.bin /data/big.bin\n",
+    )
+    .unwrap();
+    let m = write(
+        tmp.path(),
+        "name: bigctx\nimage: {build: big}\nbenchmarks:\n  - name: x\n    workload: {shell: 'sha256sum /data/big.bin; wc -c < /data/big.bin'}\n",
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    let x = cell(&rec, "x.cpu");
+    assert_eq!(
+        x["status"],
+        "succeeded",
+        "{x}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sha = orch_testkit::modal::sha256_hex(&big);
+    let stdout = std::fs::read_to_string(cell_dir(tmp.path(), &rec, "x.cpu").join("stdout.log")).unwrap();
+    assert!(stdout.contains(&sha), "the image has other bytes: {stdout}");
+    assert!(stdout.contains(&big.len().to_string()), "{stdout}");
+
+    let ctxs = fake.image_contexts();
+    assert_eq!(ctxs.len(), 1, "{ctxs:?}");
+    assert!(!ctxs[0].mount_id.is_empty(), "{ctxs:?}");
+    assert!(
+        ctxs[0]
+            .files
+            .iter()
+            .any(|f| f.name == "big.bin" && f.sha256 == sha && !f.inline),
+        "{ctxs:?}"
+    );
+    assert!(ctxs[0].files.iter().all(|f| !f.inline), "{ctxs:?}");
+    let blob = fake
+        .blobs()
+        .into_iter()
+        .find(|b| b.size == big.len() as u64)
+        .expect("the big file went as a blob");
+    assert_eq!(blob.parts, 3, "{blob:?}");
+    assert!(blob.completed, "{blob:?}");
+    assert!(fake.uploads().iter().any(|u| u.via_blob && u.sha256 == sha));
+    let (method, largest) = fake.largest_request().unwrap();
+    assert!(largest < 1024 * 1024, "{method} carried {largest} bytes");
 }

@@ -258,15 +258,26 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// The live process whose command line is `sleep <arg>`.
+fn sleeper(arg: &str) -> Option<i32> {
+    let want = format!("sleep\0{arg}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (cmd == want.as_bytes() && alive(pid)).then_some(pid)
+    })
+}
+
 #[test]
 fn a_setsid_child_dies_with_orch_killed_by_sigkill() {
     let tmp = tempfile::tempdir().unwrap();
+    let arg = format!("300.{}", std::process::id());
     let pidfile = tmp.path().join("pid");
     let m = tmp.path().join("suite.yaml");
     std::fs::write(
         &m,
         format!(
-            "name: orphan\nbenchmarks:\n  - name: o\n    workload:\n      shell: 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}; sleep 300'\n",
+            "name: orphan\nbenchmarks:\n  - name: o\n    workload:\n      shell: 'setsid sleep {arg} </dev/null >/dev/null 2>&1 & echo $! > {}; sleep 300'\n",
             pidfile.display()
         ),
     )
@@ -279,11 +290,11 @@ fn a_setsid_child_dies_with_orch_killed_by_sigkill() {
         .spawn()
         .unwrap();
     let until = Instant::now() + Duration::from_secs(20);
+    // The child is found by its command line: in the agent's PID namespace
+    // the `$!` the workload writes is not the pid seen here.
     let pid: i32 = loop {
-        if let Some(p) = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
+        let found = std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.trim().is_empty());
+        if let Some(p) = found.then(|| sleeper(&arg)).flatten() {
             break p;
         }
         assert!(Instant::now() < until, "the workload never started");
