@@ -1401,7 +1401,9 @@ impl Platform for JobCell<'_> {
             );
         }
         // A log the API server refused: whatever the agent's summary says,
-        // its logs and metrics are not home; the permission is the cause.
+        // its logs and metrics are not home; the permission is the cause
+        // (the summary is not taken for a result).
+        let recovered = if refused.is_some() { None } else { recovered };
         if let Some(why) = refused {
             status = Status::Failed;
             failure = Failure::new(
