@@ -48,8 +48,8 @@ impl Rule {
 /// The rules a file of Roles, ClusterRoles and their bindings grants one subject.
 #[derive(Debug, Clone)]
 pub(crate) struct Rbac {
-    /// Rules of bound Roles: namespaced requests only.
-    namespaced: Vec<Rule>,
+    /// Rules of bound Roles, with the namespace of their binding.
+    namespaced: Vec<(String, Rule)>,
     /// Rules of ClusterRoles bound by a ClusterRoleBinding: every request.
     cluster: Vec<Rule>,
     /// The subject, as the API server names it (`system:serviceaccount:NS:NAME`).
@@ -97,7 +97,13 @@ impl Rbac {
             if kind(b) == "ClusterRoleBinding" {
                 rbac.cluster.extend(rules(role));
             } else {
-                rbac.namespaced.extend(rules(role));
+                // A RoleBinding grants in its own namespace only.
+                let ns = b["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_string();
+                rbac.namespaced
+                    .extend(rules(role).into_iter().map(|r| (ns.clone(), r)));
             }
             if rbac.user.is_empty() {
                 if let Some(s) = b["subjects"].as_array().and_then(|s| s.first()) {
@@ -126,17 +132,13 @@ impl Rbac {
 
     /// Allowed, or the API server's `403 Forbidden`.
     pub fn authorize(&self, a: &Attributes<'_>) -> Result<(), ApiError> {
-        let allowed = self
-            .cluster
-            .iter()
-            .chain(
-                a.namespace
-                    .is_some()
-                    .then_some(&self.namespaced)
-                    .into_iter()
-                    .flatten(),
-            )
-            .any(|r| r.allows(a.verb, a.group, &a.resource));
+        let allowed =
+            self.cluster
+                .iter()
+                .any(|r| r.allows(a.verb, a.group, &a.resource))
+                || self.namespaced.iter().any(|(ns, r)| {
+                    a.namespace == Some(ns.as_str()) && r.allows(a.verb, a.group, &a.resource)
+                });
         if allowed {
             return Ok(());
         }

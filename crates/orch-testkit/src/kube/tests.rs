@@ -1178,15 +1178,16 @@ async fn the_shipped_role_is_enforced_with_the_api_servers_forbidden() {
             .0,
         404
     );
-    // No watch, and nothing in another namespace.
+    // No watch of Jobs (pods are watched: a running cell's pod), and
+    // nothing in another namespace.
     let (code, v) = c
-        .req("GET", "/api/v1/namespaces/bench/pods?watch=true", None)
+        .req("GET", "/apis/batch/v1/namespaces/bench/jobs?watch=true", None)
         .await;
     assert_eq!(code, 403, "{v}");
     assert!(v["message"]
         .as_str()
         .unwrap()
-        .contains("cannot watch resource \"pods\""));
+        .contains("cannot watch resource \"jobs\""));
     assert_eq!(c.req("GET", "/api/v1/namespaces/other/pods", None).await.0, 403);
     assert_eq!(
         c.req("GET", "/apis/batch/v1/namespaces/bench/jobs", None).await.0,
