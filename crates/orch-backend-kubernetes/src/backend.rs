@@ -800,6 +800,7 @@ async fn follow_log(
                     Ok(Ok(w)) => Some(w.boxed()),
                     _ => None,
                 };
+                let mut reopen = false;
                 loop {
                     tokio::select! {
                         line = lines.next() => match line {
@@ -825,11 +826,24 @@ async fn follow_log(
                                 out.last = Some(p);
                             }
                             Some(Ok(_)) => {}
-                            _ => watch = None,
+                            // The server's timeout ended it: open it again
+                            // at the next look. An error (a Role without
+                            // `watch pods`): the looks go on alone.
+                            None => {
+                                watch = None;
+                                reopen = true;
+                            }
+                            Some(Err(_)) => watch = None,
                         },
                         _ = look.tick() => {
                             if let Ok(Ok(Some(p))) = tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
                                 out.last = Some(p);
+                            }
+                            if reopen {
+                                reopen = false;
+                                if let Ok(Ok(w)) = tokio::time::timeout(API_TIMEOUT, pods.watch(&wp, "0")).await {
+                                    watch = Some(w.boxed());
+                                }
                             }
                         }
                     }
