@@ -461,7 +461,7 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
     }
     crate::secrets::masker().mask_in_place(&mut result);
     let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
-    let written = write_atomic(&out_dir.join("result.json"), &json);
+    let written = write_atomic(&out_dir.join(orch_protocol::AGENT_RESULT_FILE), &json);
     if let Some(path) = &summary_file {
         let _ = std::fs::write(path, orch_protocol::ship::result_summary(&result, 4000));
     }

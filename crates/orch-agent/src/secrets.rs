@@ -56,6 +56,7 @@ pub fn build(task: &TaskSpec) -> (Masker, Vec<String>) {
 fn skipped(name: &str) -> bool {
     name.ends_with("stdout.log")
         || name.ends_with("stderr.log")
+        || name == orch_protocol::AGENT_RESULT_FILE
         || matches!(name, "task.json" | "events.jsonl" | "agent.log" | "result.json")
 }
 

@@ -26,7 +26,10 @@ const POLL: Duration = Duration::from_millis(200);
 /// Files the host writes itself (the result is recorded by the host's store,
 /// and its presence means "finished") or that are transient.
 fn skipped(rel: &str) -> bool {
-    rel == "result.json" || rel == "task.json" || rel.ends_with(".tmp")
+    rel == orch_protocol::AGENT_RESULT_FILE
+        || rel == "result.json"
+        || rel == "task.json"
+        || rel.ends_with(".tmp")
 }
 
 struct Shipped {
@@ -338,7 +341,7 @@ mod tests {
         std::fs::create_dir(dir.path().join("bundle")).unwrap();
         std::fs::write(dir.path().join("bundle/x.txt"), b"x").unwrap();
         std::fs::write(dir.path().join("empty.log"), b"").unwrap();
-        std::fs::write(dir.path().join("result.json"), b"{}").unwrap();
+        std::fs::write(dir.path().join(orch_protocol::AGENT_RESULT_FILE), b"{}").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
         let result = Event::Result {
             result: CellResult::new("c", Status::Succeeded),
@@ -358,7 +361,7 @@ mod tests {
         assert_eq!(files["loadgen.json"], b"{\"b\":2222}");
         assert_eq!(files["bundle/x.txt"], b"x");
         assert_eq!(files["empty.log"], b"");
-        assert!(!files.contains_key("result.json"));
+        assert!(!files.contains_key(orch_protocol::AGENT_RESULT_FILE));
         assert!(!files.contains_key("link"));
         let FrameBody::End(end) = &frames[frames.len() - 2].body else {
             panic!("no end frame before the result");

@@ -58,7 +58,7 @@ fn run_agent(t: &TaskSpec) -> (Vec<Event>, CellResult, std::path::PathBuf, tempf
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line {l}: {e}")))
         .collect();
     let result: CellResult =
-        serde_json::from_slice(&std::fs::read(out_dir.join("result.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(out_dir.join("agent-result.json")).unwrap()).unwrap();
     (events, result, out_dir, dir)
 }
 

@@ -4,7 +4,7 @@
 //!   static binary bind-mounted read-only at `/orch/agent` and used as the
 //!   entrypoint, so images with an old glibc, or none, run it;
 //! - the cell folder is bind-mounted at `/orch/cell`: the agent writes the
-//!   workload's `stdout.log`/`stderr.log` and `result.json` there while the
+//!   workload's `stdout.log`/`stderr.log` and `agent-result.json` there while the
 //!   container runs, so logs outlive the container;
 //! - the container's stdout is the agent's event stream, its stderr goes to
 //!   `agent.log`;

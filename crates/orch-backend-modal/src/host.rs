@@ -74,8 +74,11 @@ pub fn images(plan: &Plan) -> Result<(Images, HashMap<String, ImageSpec>), Backe
                             b.build
                         ))
                     })?;
-                    let files = orch_images::context_files(&context)
-                        .map_err(image_err)?
+                    // As the official client does: only what the Dockerfile's
+                    // `COPY`/`ADD` can read travels (less `.dockerignore`).
+                    let sources = orch_images::copy_sources(&text);
+                    let all = orch_images::context_files(&context).map_err(image_err)?;
+                    let files = orch_images::filter_files(all, &sources, &[])
                         .into_iter()
                         .map(|p| {
                             let abs = if p.is_absolute() {

@@ -755,7 +755,7 @@ impl Platform for SlurmJob<'_> {
             // The host stops following the job (a stop before it was seen
             // running, or past the grace): wait, bounded, until it has left
             // the queue, so that nothing it writes into the job folder (its
-            // `result.json` in the store's cell folder) comes after the
+            // `agent-result.json` in the store's cell folder) comes after the
             // record.
             let until = Instant::now() + END_WAIT;
             while !self.done && Instant::now() < until {
@@ -945,7 +945,7 @@ async fn node_results(job_dir: &Path, result: &mut CellResult) {
         if !dir.is_dir() {
             break;
         }
-        let r: Option<CellResult> = tokio::fs::read(dir.join("result.json"))
+        let r: Option<CellResult> = tokio::fs::read(dir.join(orch_protocol::AGENT_RESULT_FILE))
             .await
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());

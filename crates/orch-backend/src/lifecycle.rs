@@ -15,7 +15,7 @@
 //!    ([`Stop`]); past the grace period it is killed, and past that the host
 //!    stops waiting;
 //! 4. the end: the agent's result, else one the platform recovers (a
-//!    `result.json`, a termination message), else one made up from what
+//!    `agent-result.json`, a termination message), else one made up from what
 //!    the platform says ([`PlatformEnd`]), by one set of rules ([`judge`]):
 //!    a stop by the host is `cancelled`/`timeout`, a platform's OOM kill,
 //!    eviction, lost node, time limit or preemption names the end whatever
@@ -300,9 +300,10 @@ impl Cell {
         CellResult::failed(&self.id, status, kind, message)
     }
 
-    /// The agent's `result.json` in `dir`, when it wrote one.
+    /// The agent's result in `dir` ([`orch_protocol::AGENT_RESULT_FILE`]),
+    /// when it wrote one.
     pub fn result_file(dir: &Path) -> Option<CellResult> {
-        std::fs::read(dir.join("result.json"))
+        std::fs::read(dir.join(orch_protocol::AGENT_RESULT_FILE))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
     }
@@ -328,7 +329,7 @@ impl Early {
 /// What a platform says of a cell's end, once its stream ended.
 #[derive(Debug, Clone, Default)]
 pub struct PlatformEnd {
-    /// A result the platform recovered (the agent's `result.json` in a
+    /// A result the platform recovered (the agent's `agent-result.json` in a
     /// shared folder, its summary in a termination message).
     pub result: Option<CellResult>,
     pub exit_code: Option<i32>,

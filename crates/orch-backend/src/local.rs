@@ -1,11 +1,11 @@
 //! The `local` backend: the agent as a child process per cell.
 //!
-//! The agent writes the workload's logs and its `result.json` straight into
-//! the cell folder and prints events on its stdout, which this backend copies
-//! to `events.jsonl` and relays. The agent's own stderr goes to `agent.log`.
-//! The host's record later replaces that `result.json` (atomically); when
-//! `orch` dies in between, the store reads the agent's file as no record
-//! (the cell is run again by `--resume`, the file kept in `interrupted/`).
+//! The agent writes the workload's logs and its `agent-result.json` straight
+//! into the cell folder and prints events on its stdout, which this backend
+//! copies to `events.jsonl` and relays. The agent's own stderr goes to
+//! `agent.log`. The host's record is `result.json` beside it, a name the
+//! agent never writes: when `orch` dies in between, the cell has no record
+//! and `--resume` runs it again (the attempt kept in `interrupted/`).
 //! The agent dies with `orch` (`PR_SET_PDEATHSIG`), so a killed `orch` leaves
 //! no cell running.
 

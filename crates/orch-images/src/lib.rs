@@ -9,7 +9,12 @@
 //!
 //! image specs from `containers/<name>/`, `.dockerignore`, the content
 //! hash that names `orch/<name>:<hash>`, builds (streamed output, failing step reported)
-//! and pushes with Docker-config credentials. It does not: run containers.
+//! and pushes with Docker-config credentials; `copy.rs`: the context files a
+//! Dockerfile's `COPY`/`ADD` can read (for builders sent the context file by
+//! file). It does not: run containers.
+
+pub mod copy;
+pub use copy::{copy_sources, filter_files, CopySources};
 
 use bollard::query_parameters::{BuildImageOptionsBuilder, PushImageOptionsBuilder};
 use bollard::Docker;

@@ -44,6 +44,12 @@ pub const METRIC_LINE_PREFIX: &str = "ORCH_METRIC";
 /// Prefix of a stdout line that marks a phase change: `ORCH_PHASE warmup|measure|teardown`.
 pub const PHASE_LINE_PREFIX: &str = "ORCH_PHASE";
 
+/// The file the agent writes its [`CellResult`] to, in the cell's output
+/// folder. It is never `result.json`, the name of the host's record in a
+/// folder store: a host killed between the agent's end and its own write
+/// leaves the agent's file beside the record's place, never in it.
+pub const AGENT_RESULT_FILE: &str = "agent-result.json";
+
 /// One cell's work, as handed to the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

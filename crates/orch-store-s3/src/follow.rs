@@ -23,7 +23,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
 /// Files of a cell folder that are not uploaded: the agent's own copy of
 /// the result (the record is written by the store) and temporary files.
 fn skipped(rel: &str) -> bool {
-    rel == "result.json" || rel.contains(".tmp.")
+    rel == "result.json" || rel == orch_protocol::AGENT_RESULT_FILE || rel.contains(".tmp.")
 }
 
 /// Regular files under `dir` (relative names with `/`), links not followed.

@@ -323,8 +323,9 @@ fn random_kills_of_resume_lose_and_repeat_nothing() {
 
 #[test]
 fn the_agents_result_left_at_the_records_place_costs_only_its_cell() {
-    // What `kill -9` of `orch` right after a workload ends leaves: the agent's own
-    // `result.json` where the host's record goes.
+    // What `kill -9` of `orch` right after a workload ended left before the agent
+    // wrote `agent-result.json`: its own `result.json` where the host's record goes
+    // (a run made by an older version); and the agent's file of this version.
     let tmp = tempfile::tempdir().unwrap();
     let m = suite(tmp.path(), 3, "echo ORCH_METRIC i={{i}}");
     let store = tmp.path().join("s");

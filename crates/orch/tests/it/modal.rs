@@ -904,6 +904,9 @@ fn a_large_dockerfile_context_travels_as_a_mount_and_a_multipart_blob() {
         .map(|i: usize| (i * 13 % 241) as u8)
         .collect();
     std::fs::write(ctx.join("big.bin"), &big).unwrap();
+    // What the Dockerfile does not COPY stays here, as with the official client.
+    std::fs::create_dir_all(ctx.join("notes")).unwrap();
+    std::fs::write(ctx.join("notes/unused.bin"), vec![7u8; 300_000]).unwrap();
     std::fs::write(
         ctx.join("Dockerfile"),
         "FROM debian:bookworm-slim\nCOPY big.bin /data/big.bin\n",
@@ -937,6 +940,10 @@ fn a_large_dockerfile_context_travels_as_a_mount_and_a_multipart_blob() {
         "{ctxs:?}"
     );
     assert!(ctxs[0].files.iter().all(|f| !f.inline), "{ctxs:?}");
+    assert!(
+        ctxs[0].files.iter().all(|f| !f.name.contains("unused")),
+        "a file no COPY names travelled: {ctxs:?}"
+    );
     let blob = fake
         .blobs()
         .into_iter()

@@ -198,7 +198,8 @@ fn a_shared_dir_outside_the_store_is_mirrored_while_the_job_runs() {
     );
     // The agent and the job folder were on the shared folder.
     let job_dir = shared.join("jobs").join(run_id).join("talk.cpu");
-    assert!(job_dir.join("result.json").is_file());
+    assert!(job_dir.join("agent-result.json").is_file());
+    assert!(!job_dir.join("result.json").exists());
     assert!(std::fs::read_dir(shared.join("bin")).unwrap().count() == 1);
 }
 
