@@ -8,6 +8,28 @@
 //! The summary uses `vllm bench serve --save-result` field names
 //! (`mean_ttft_ms`, `p99_itl_ms`, `output_throughput`, ...) and is written to
 //! `loadgen.json` in the cell folder.
+//!
+//! Coordinated omission: every request has an intended send time (its
+//! arrival in the schedule; all at `0` without a rate) and is sent no
+//! earlier. TTFT and end-to-end latency are reported from the send (as
+//! `vllm bench serve` does: `mean_ttft_ms`) and from the intended send time
+//! (`mean_sched_ttft_ms`, `p99_sched_e2el_ms`, ...), which include the time a
+//! request waited because the client, or a concurrency cap, held it back.
+//! The schedule lag (send − intended) is a metric (`*_schedule_lag_ms`); a run
+//! with a rate whose median lag passes 10 ms or p99 lag 100 ms is flagged
+//! `client_behind` with a note saying why.
+//!
+//! Goodput: with `slo: {ttft_ms, tpot_ms, e2el_ms}` a request is good when it
+//! succeeded and each given bound holds (latencies from the send, as `vllm
+//! bench serve --goodput`); `request_goodput` (good requests per second),
+//! `output_goodput` (their output tokens per second) and `slo_attainment`
+//! (good / all requests) are metrics.
+//!
+//! Token counts: the server's `usage` (`prompt_tokens`, `completion_tokens`)
+//! when it sends one, else the streamed chunks for output and the prompt's
+//! words for input; `loadgen.json`'s `token_counts` says how many requests
+//! were counted each way. Every measured request is a line of
+//! `requests.jsonl` (times from the start of the measured phase, in seconds).
 
 use crate::ctx::Ctx;
 use crate::stats;
@@ -32,6 +54,34 @@ struct Sample {
     e2e_s: f64,
     output_tokens: u64,
     input_tokens: u64,
+    /// Whether the counts came from the server's `usage`.
+    input_from_usage: bool,
+    output_from_usage: bool,
+    /// Seconds from the phase's start: when it was due, when it was sent.
+    scheduled_s: f64,
+    sent_s: f64,
+}
+
+impl Sample {
+    fn lag_s(&self) -> f64 {
+        (self.sent_s - self.scheduled_s).max(0.0)
+    }
+    fn tpot_s(&self) -> Option<f64> {
+        (self.output_tokens > 1).then(|| (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) as f64)
+    }
+    /// Whether the request met every bound of `slo` (failed ones never do).
+    fn meets(&self, slo: &orch_protocol::Slo) -> bool {
+        let ok_ms = |bound: Option<f64>, v: Option<f64>| match (bound, v) {
+            (None, _) => true,
+            (Some(b), Some(v)) => v * 1000.0 <= b,
+            // No TPOT for a one-token answer: nothing to hold against.
+            (Some(_), None) => true,
+        };
+        self.ok
+            && ok_ms(slo.ttft_ms, Some(self.ttft_s))
+            && ok_ms(slo.tpot_ms, self.tpot_s())
+            && ok_ms(slo.e2el_ms, Some(self.e2e_s))
+    }
 }
 
 const WORDS: &[&str] = &[
@@ -150,6 +200,7 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
     let reader = BufReader::new(resp.into_body().into_reader());
     let mut last: Option<Instant> = None;
     let mut usage_tokens = None;
+    let mut usage_prompt = None;
     for line in reader.lines() {
         let Ok(line) = line else {
             s.error = Some("the response broke off".into());
@@ -176,6 +227,13 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
         {
             usage_tokens = Some(n);
         }
+        if let Some(n) = v
+            .get("usage")
+            .and_then(|u| u.get("prompt_tokens"))
+            .and_then(|n| n.as_u64())
+        {
+            usage_prompt = Some(n);
+        }
         if let Some(text) = chunk_text(&v) {
             if text.is_empty() {
                 continue;
@@ -192,6 +250,11 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
     s.e2e_s = start.elapsed().as_secs_f64();
     if let Some(n) = usage_tokens {
         s.output_tokens = n;
+        s.output_from_usage = true;
+    }
+    if let Some(n) = usage_prompt {
+        s.input_tokens = n;
+        s.input_from_usage = true;
     }
     if last.is_none() {
         s.error = Some("no tokens in the response".into());
@@ -204,6 +267,25 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
     s
 }
 
+/// Intended send times (seconds from the start): gamma intervals (shape =
+/// burstiness, mean = 1 / rate) summed; all at 0 without a rate.
+fn schedule(cfg: &LoadGen, n: usize, rate: Option<f64>) -> Vec<f64> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
+    let gamma = rate.and_then(|r| {
+        rand_distr::Gamma::new(cfg.burstiness.max(1e-3), 1.0 / (r * cfg.burstiness.max(1e-3))).ok()
+    });
+    let mut t = 0.0;
+    (0..n)
+        .map(|_| {
+            let at = t;
+            if let Some(g) = &gamma {
+                t += g.sample(&mut rng);
+            }
+            at
+        })
+        .collect()
+}
+
 /// Send `prompts` with the configured arrivals and concurrency.
 fn drive(
     cfg: &LoadGen,
@@ -212,7 +294,7 @@ fn drive(
     rate: Option<f64>,
     ctx: &mut Ctx,
     phase: Phase,
-) -> Vec<Sample> {
+) -> (Vec<Sample>, f64) {
     let n = prompts.len();
     let workers = cfg
         .max_concurrency
@@ -225,7 +307,8 @@ fn drive(
         .http_status_as_error(true)
         .build()
         .into();
-    let (job_tx, job_rx) = mpsc::channel::<(usize, String)>();
+    let start = Instant::now();
+    let (job_tx, job_rx) = mpsc::channel::<(usize, String, f64)>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (res_tx, res_rx) = mpsc::channel::<(usize, Sample)>();
     let mut handles = Vec::new();
@@ -240,28 +323,30 @@ fn drive(
                 Ok(rx) => rx.recv(),
                 Err(_) => return,
             };
-            let Ok((i, prompt)) = job else { return };
-            let _ = res_tx.send((i, one_request(&agent, &url, &cfg, &prompt)));
+            let Ok((i, prompt, due)) = job else { return };
+            let sent = start.elapsed().as_secs_f64();
+            let mut sample = one_request(&agent, &url, &cfg, &prompt);
+            sample.scheduled_s = due;
+            sample.sent_s = sent;
+            let _ = res_tx.send((i, sample));
         }));
     }
     drop(res_tx);
-    // Arrivals: gamma intervals (shape = burstiness, mean = 1 / rate).
-    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
-    let gamma = rate.and_then(|r| {
-        rand_distr::Gamma::new(cfg.burstiness.max(1e-3), 1.0 / (r * cfg.burstiness.max(1e-3))).ok()
-    });
+    let due = schedule(cfg, n, rate);
     let dispatcher = {
         let stop = ctx.stop_flag();
         thread::spawn(move || {
-            for (i, p) in prompts.into_iter().enumerate() {
+            for ((i, p), at) in prompts.into_iter().enumerate().zip(due) {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {
                     break;
                 }
-                if job_tx.send((i, p)).is_err() {
-                    break;
+                // Absolute times: a late wake-up is not carried into the next.
+                let wait = at - start.elapsed().as_secs_f64();
+                if wait > 0.0 {
+                    thread::sleep(crate::command::secs(wait));
                 }
-                if let Some(g) = &gamma {
-                    thread::sleep(crate::command::secs(g.sample(&mut rng)));
+                if job_tx.send((i, p, at)).is_err() {
+                    break;
                 }
             }
         })
@@ -277,7 +362,55 @@ fn drive(
     for h in handles {
         let _ = h.join();
     }
-    samples
+    (samples, start.elapsed().as_secs_f64())
+}
+
+/// Whether the client sent late (see the module), and why in words.
+fn client_behind(cfg: &LoadGen, rate: Option<f64>, lags_ms: &[f64]) -> Option<String> {
+    rate?;
+    let mut sorted = lags_ms.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let p50 = stats::percentile(&sorted, 50.0);
+    let p99 = stats::percentile(&sorted, 99.0);
+    if !(p50 > 10.0 || p99 > 100.0) {
+        return None;
+    }
+    let why = match cfg.max_concurrency {
+        Some(c) => format!("requests waited for one of the {c} concurrency slots (`max_concurrency`)"),
+        None => "the client could not keep the schedule".to_string(),
+    };
+    Some(format!(
+        "requests were sent late (median schedule lag {p50:.1} ms, p99 {p99:.1} ms): {why}; latencies from the send understate the server's queueing, read `*_sched_*` (from the intended send time)"
+    ))
+}
+
+fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value {
+    let mut v = json!({
+        "i": i,
+        "ok": s.ok,
+        "scheduled_s": s.scheduled_s,
+        "sent_s": s.sent_s,
+        "input_tokens": s.input_tokens,
+        "input_tokens_from": if s.input_from_usage { "usage" } else { "words" },
+        "output_tokens": s.output_tokens,
+        "output_tokens_from": if s.output_from_usage { "usage" } else { "chunks" },
+    });
+    if s.ok {
+        v["ttft_ms"] = json!(s.ttft_s * 1000.0);
+        v["e2el_ms"] = json!(s.e2e_s * 1000.0);
+        v["sched_ttft_ms"] = json!((s.ttft_s + s.lag_s()) * 1000.0);
+        v["sched_e2el_ms"] = json!((s.e2e_s + s.lag_s()) * 1000.0);
+        if let Some(t) = s.tpot_s() {
+            v["tpot_ms"] = json!(t * 1000.0);
+        }
+    }
+    if let Some(e) = &s.error {
+        v["error"] = json!(e);
+    }
+    if let Some(slo) = slo {
+        v["slo_met"] = json!(s.meets(slo));
+    }
+    v
 }
 
 pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
@@ -293,8 +426,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         drive(cfg, &url, warm.to_vec(), None, ctx, Phase::Warmup);
     }
     ctx.enter(Phase::Measure);
-    let started = Instant::now();
-    let samples = drive(
+    let (samples, duration) = drive(
         cfg,
         &url,
         measured.to_vec(),
@@ -302,7 +434,6 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         ctx,
         Phase::Measure,
     );
-    let duration = started.elapsed().as_secs_f64();
 
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let mut m: BTreeMap<String, f64> = BTreeMap::new();
@@ -320,16 +451,19 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         (total_in + total_out) as f64 / duration.max(1e-9),
     );
     let ms = |v: Vec<f64>| v.into_iter().map(|x| x * 1000.0).collect::<Vec<_>>();
-    let tpot: Vec<f64> = ok
-        .iter()
-        .filter(|s| s.output_tokens > 1)
-        .map(|s| (s.e2e_s - s.ttft_s) / (s.output_tokens - 1) as f64)
-        .collect();
+    let tpot: Vec<f64> = ok.iter().filter_map(|s| s.tpot_s()).collect();
+    let sent: Vec<&Sample> = samples.iter().filter(|s| s.ok || s.error.is_some()).collect();
+    let lags = ms(sent.iter().map(|s| s.lag_s()).collect());
     let series = [
         ("ttft", ms(ok.iter().map(|s| s.ttft_s).collect())),
         ("tpot", ms(tpot)),
         ("itl", ms(ok.iter().flat_map(|s| s.itl_s.clone()).collect())),
         ("e2el", ms(ok.iter().map(|s| s.e2e_s).collect())),
+        (
+            "sched_ttft",
+            ms(ok.iter().map(|s| s.ttft_s + s.lag_s()).collect()),
+        ),
+        ("sched_e2el", ms(ok.iter().map(|s| s.e2e_s + s.lag_s()).collect())),
     ];
     for (name, values) in &series {
         if let Some(sum) = stats::summarize(values) {
@@ -342,6 +476,36 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
             m.insert(format!("p99_{name}_ms"), sum.p99);
         }
     }
+    if let Some(sum) = stats::summarize(&lags) {
+        m.insert("mean_schedule_lag_ms".into(), sum.mean);
+        m.insert("median_schedule_lag_ms".into(), sum.median);
+        m.insert("p99_schedule_lag_ms".into(), sum.p99);
+        m.insert(
+            "max_schedule_lag_ms".into(),
+            lags.iter().copied().fold(0.0, f64::max),
+        );
+    }
+    if let Some(slo) = &cfg.slo {
+        let good: Vec<&Sample> = samples.iter().filter(|s| s.meets(slo)).collect();
+        let good_out: u64 = good.iter().map(|s| s.output_tokens).sum();
+        m.insert("request_goodput".into(), good.len() as f64 / duration.max(1e-9));
+        m.insert("output_goodput".into(), good_out as f64 / duration.max(1e-9));
+        m.insert(
+            "slo_attainment".into(),
+            good.len() as f64 / samples.len().max(1) as f64,
+        );
+    }
+    let lines: Vec<u8> = samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| {
+            let mut l = request_line(i, s, cfg.slo.as_ref()).to_string().into_bytes();
+            l.push(b'\n');
+            l
+        })
+        .collect();
+    let _ = std::fs::write(out_dir.join("requests.jsonl"), lines);
+    let behind = client_behind(cfg, cfg.request_rate, &lags);
     let errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).take(5).collect();
     let mut saved: serde_json::Map<String, Value> = m.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     saved.insert("backend".into(), json!("openai"));
@@ -357,6 +521,20 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     saved.insert("burstiness".into(), json!(cfg.burstiness));
     saved.insert("max_concurrency".into(), json!(cfg.max_concurrency));
     saved.insert("errors".into(), json!(errors));
+    if let Some(slo) = &cfg.slo {
+        saved.insert("slo".into(), json!(slo));
+    }
+    let count = |f: fn(&Sample) -> bool| ok.iter().filter(|s| f(s)).count();
+    saved.insert(
+        "token_counts".into(),
+        json!({
+            "input": {"usage": count(|s| s.input_from_usage), "words": count(|s| !s.input_from_usage)},
+            "output": {"usage": count(|s| s.output_from_usage), "chunks": count(|s| !s.output_from_usage)},
+        }),
+    );
+    if let Some(why) = &behind {
+        saved.insert("client_behind".into(), json!(why));
+    }
     let _ = std::fs::write(
         out_dir.join("loadgen.json"),
         serde_json::to_vec_pretty(&Value::Object(saved)).unwrap_or_default(),
@@ -364,6 +542,11 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
 
     let mut r = CellResult::new(cell, Status::Succeeded);
     r.metrics = m;
+    if let Some(why) = behind {
+        ctx.message(format!("warning: {why}"));
+        r.flags.push(orch_protocol::FLAG_CLIENT_BEHIND.into());
+        r.info.insert("client_behind".into(), json!(why));
+    }
     if ok.is_empty() {
         r.status = Status::Failed;
         r.failure = Some(orch_protocol::Failure::new(

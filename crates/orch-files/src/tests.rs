@@ -107,6 +107,7 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
                 warmup_requests: 0,
                 stream: true,
                 seed: 0,
+                slo: None,
             })),
         },
     })

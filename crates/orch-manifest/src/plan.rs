@@ -692,6 +692,36 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 };
                 p.to_string_lossy().into_owned()
             });
+            let slo = match &l.slo {
+                None => None,
+                Some(d) => {
+                    for (name, v) in [
+                        ("ttft_ms", d.ttft_ms),
+                        ("tpot_ms", d.tpot_ms),
+                        ("e2el_ms", d.e2el_ms),
+                    ] {
+                        if let Some(v) = v {
+                            if !(v.is_finite() && v > 0.0) {
+                                return Err((
+                                    format!("`loadgen.slo.{name}` must be a positive number of milliseconds, not {v}"),
+                                    "e.g. `slo: {ttft_ms: 500, tpot_ms: 50}`",
+                                ));
+                            }
+                        }
+                    }
+                    if d.ttft_ms.is_none() && d.tpot_ms.is_none() && d.e2el_ms.is_none() {
+                        return Err((
+                            "`loadgen.slo` names no bound".to_string(),
+                            "give at least one of `ttft_ms`, `tpot_ms`, `e2el_ms`",
+                        ));
+                    }
+                    Some(orch_protocol::Slo {
+                        ttft_ms: d.ttft_ms,
+                        tpot_ms: d.tpot_ms,
+                        e2el_ms: d.e2el_ms,
+                    })
+                }
+            };
             Some(Client::Loadgen(LoadGen {
                 endpoint: l.endpoint.unwrap_or_else(|| "/v1/completions".into()),
                 model: l.model,
@@ -705,6 +735,7 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 warmup_requests: l.warmup_requests.unwrap_or(0),
                 stream: l.stream.unwrap_or(true),
                 seed: l.seed.unwrap_or(0),
+                slo,
             }))
         }
         Some(c) => Some(Client::Command(CommandWorkload {

@@ -357,6 +357,21 @@ pub struct LoadGenDef {
     pub stream: Option<bool>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// `slo: {ttft_ms, tpot_ms, e2el_ms}`: bounds a request must meet to
+    /// count towards goodput.
+    #[serde(default)]
+    pub slo: Option<SloDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloDef {
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+    #[serde(default)]
+    pub e2el_ms: Option<f64>,
 }
 
 /// `slurm:` — how cells run as batch jobs on a Slurm cluster.

@@ -243,6 +243,23 @@ pub struct LoadGen {
     pub stream: bool,
     #[serde(default)]
     pub seed: u64,
+    /// Service-level objectives: a request meets them when each given
+    /// bound holds; `request_goodput` counts those (as `vllm bench serve
+    /// --goodput` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<Slo>,
+}
+
+/// Per-request latency bounds, in milliseconds (TTFT, TPOT and end-to-end
+/// latency measured from the request's send, as `vllm bench serve` does).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2el_ms: Option<f64>,
 }
 
 fn one() -> f64 {
@@ -594,7 +611,7 @@ pub struct CellResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<Hardware>,
     /// Conditions that make the numbers suspect without failing the cell:
-    /// `hardware_mismatch`, `degraded_gpu`.
+    /// `hardware_mismatch`, `degraded_gpu`, `client_behind`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flags: Vec<String>,
 }
@@ -603,6 +620,10 @@ pub struct CellResult {
 pub const FLAG_HARDWARE_MISMATCH: &str = "hardware_mismatch";
 /// Flag: a calibration figure is below the threshold of the GPU model's expected one.
 pub const FLAG_DEGRADED_GPU: &str = "degraded_gpu";
+/// The load generator sent its requests late (schedule lag past its
+/// bounds): latencies from the send understate the server's queueing; read
+/// the ones from the intended send time (`*_sched_*`).
+pub const FLAG_CLIENT_BEHIND: &str = "client_behind";
 
 /// What the agent found on the machine it ran on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -145,6 +145,7 @@ mod tests {
                     warmup_requests: 0,
                     stream: true,
                     seed: 0,
+                    slo: None,
                 })),
             },
         })

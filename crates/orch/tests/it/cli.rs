@@ -517,6 +517,124 @@ benchmarks:
     assert!(saved["mean_ttft_ms"].as_f64().is_some());
 }
 
+/// Goodput under an SLO, latency from the intended send time, the schedule lag and
+/// the `client_behind` flag, `requests.jsonl`, and input tokens as the server counts them.
+#[test]
+fn loadgen_reports_goodput_schedule_lag_and_per_request_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = orch_testkit::suites::free_port();
+    let port2 = orch_testkit::suites::free_port();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_openai.py");
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: lg2
+env: {{FAKE_TTFT_MS: "40", FAKE_ITL_MS: "2"}}
+benchmarks:
+  - name: strict
+    workload:
+      server:
+        command: [python3, "{f}", "{port}"]
+        ready: {{http: /health, port: {port}}}
+      client:
+        loadgen:
+          num_prompts: 10
+          request_rate: 1000
+          max_concurrency: 1
+          input_len: 16
+          output_len: 5
+          slo: {{ttft_ms: 10}}
+  - name: loose
+    workload:
+      server:
+        command: [python3, "{f}", "{port2}"]
+        ready: {{http: /health, port: {port2}}}
+      client:
+        loadgen:
+          num_prompts: 10
+          request_rate: 1000
+          max_concurrency: 1
+          input_len: 16
+          output_len: 5
+          slo: {{ttft_ms: 5000, tpot_ms: 1000, e2el_ms: 5000}}
+"#,
+            f = fixture.display()
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    for c in rec["cells"].as_array().unwrap() {
+        let m = &c["metrics"];
+        assert_eq!(m["completed"], 10.0, "{c}");
+        // The server's own count (2 a word + 1), not 16 words.
+        assert_eq!(m["total_input_tokens"], 10.0 * 33.0, "{c}");
+        // One slot, 40 ms a request, 1000 requests a second asked: each waits for the
+        // one before it, so the latency from the intended send time grows.
+        let ttft = m["mean_ttft_ms"].as_f64().unwrap();
+        let sched = m["mean_sched_ttft_ms"].as_f64().unwrap();
+        assert!(sched > ttft + 100.0, "sched {sched} ttft {ttft}");
+        assert!(m["p99_schedule_lag_ms"].as_f64().unwrap() > 200.0, "{c}");
+        assert!(
+            c["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == "client_behind"),
+            "{c}"
+        );
+        let bound = if c["id"].as_str().unwrap().starts_with("strict") {
+            10.0
+        } else {
+            5000.0
+        };
+        let goodput = m["request_goodput"].as_f64().unwrap();
+        let attained = m["slo_attainment"].as_f64().unwrap();
+        if bound < 40.0 {
+            assert_eq!(goodput, 0.0, "{c}");
+            assert_eq!(attained, 0.0, "{c}");
+        } else {
+            assert_eq!(attained, 1.0, "{c}");
+            let rps = m["request_throughput"].as_f64().unwrap();
+            assert!((goodput - rps).abs() < 1e-9, "{goodput} vs {rps}");
+            assert!(m["output_goodput"].as_f64().unwrap() > 0.0);
+        }
+        let dir = store
+            .join(rec["id"].as_str().unwrap())
+            .join("cells")
+            .join(c["id"].as_str().unwrap());
+        let lines = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap();
+        let lines: Vec<Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 10);
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(l["i"], i);
+            assert_eq!(l["input_tokens_from"], "usage");
+            assert!(l["sent_s"].as_f64().unwrap() >= l["scheduled_s"].as_f64().unwrap());
+            assert_eq!(l["slo_met"], bound > 40.0, "{l}");
+        }
+        let saved: Value = serde_json::from_slice(&std::fs::read(dir.join("loadgen.json")).unwrap()).unwrap();
+        assert_eq!(saved["token_counts"]["input"]["usage"], 10, "{saved}");
+        assert!(saved["client_behind"]
+            .as_str()
+            .unwrap()
+            .contains("max_concurrency"));
+    }
+}
+
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args(["-c", "user.email=t@t", "-c", "user.name=t"])
