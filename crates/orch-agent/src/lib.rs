@@ -66,6 +66,7 @@ pub mod server;
 pub mod ship;
 pub mod stats;
 pub mod sysmem;
+pub mod tokens;
 pub mod transformer;
 
 pub use ctx::Ctx;

@@ -33,6 +33,7 @@
 
 use crate::ctx::Ctx;
 use crate::stats;
+use crate::tokens::Tokens;
 use orch_protocol::{CellResult, LoadGen, Phase, Status, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
@@ -54,9 +55,10 @@ struct Sample {
     e2e_s: f64,
     output_tokens: u64,
     input_tokens: u64,
-    /// Whether the counts came from the server's `usage`.
-    input_from_usage: bool,
-    output_from_usage: bool,
+    /// Where the counts came from: `tokenizer`, `usage` (the server's),
+    /// `words` (input) or `chunks` (output).
+    input_from: &'static str,
+    output_from: &'static str,
     /// Seconds from the phase's start: when it was due, when it was sent.
     scheduled_s: f64,
     sent_s: f64,
@@ -107,7 +109,7 @@ const WORDS: &[&str] = &[
     "batch",
 ];
 
-fn prompts(cfg: &LoadGen, n: usize) -> Result<Vec<String>, String> {
+fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<String>, String> {
     if let Some(path) = &cfg.prompt_file {
         let text =
             std::fs::read_to_string(path).map_err(|e| format!("cannot read `prompt_file` `{path}`: {e}"))?;
@@ -133,10 +135,43 @@ fn prompts(cfg: &LoadGen, n: usize) -> Result<Vec<String>, String> {
         return Ok((0..n).map(|i| list[i % list.len()].clone()).collect());
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    // Lengths uniform in [len * (1 - r), len * (1 + r)], as `vllm bench serve
+    // --random-range-ratio` draws them.
+    let r = cfg.range_ratio.clamp(0.0, 1.0);
+    let lo = ((cfg.input_len as f64) * (1.0 - r)).round().max(1.0) as usize;
+    let hi = ((cfg.input_len as f64) * (1.0 + r)).round().max(lo as f64) as usize;
+    if let Some(t) = tok {
+        let prefix: Vec<u32> = match cfg.prefix_len {
+            0 => vec![],
+            k => {
+                let text = t.random_prompt(&mut rng, k as usize, &[]).ok_or_else(|| {
+                    format!("the tokenizer `{}` cannot make a prefix of {k} tokens", t.source)
+                })?;
+                t.ids(&text)
+            }
+        };
+        return (0..n)
+            .map(|_| {
+                let len = rng.random_range(lo..=hi);
+                t.random_prompt(&mut rng, len, &prefix).ok_or_else(|| {
+                    format!(
+                        "the tokenizer `{}` cannot make a prompt of {len} tokens",
+                        t.source
+                    )
+                })
+            })
+            .collect();
+    }
+    let prefix: Vec<&str> = (0..cfg.prefix_len)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect();
     Ok((0..n)
         .map(|_| {
-            (0..cfg.input_len)
-                .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+            let len = rng.random_range(lo..=hi);
+            prefix
+                .iter()
+                .copied()
+                .chain((0..len).map(|_| WORDS[rng.random_range(0..WORDS.len())]))
                 .collect::<Vec<_>>()
                 .join(" ")
         })
@@ -180,7 +215,7 @@ fn chunk_text(v: &Value) -> Option<String> {
         .map(String::from)
 }
 
-fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> Sample {
+fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str, tok: Option<&Tokens>) -> Sample {
     let mut s = Sample {
         input_tokens: prompt.split_whitespace().count() as u64,
         ..Default::default()
@@ -201,6 +236,7 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
     let mut last: Option<Instant> = None;
     let mut usage_tokens = None;
     let mut usage_prompt = None;
+    let mut generated = String::new();
     for line in reader.lines() {
         let Ok(line) = line else {
             s.error = Some("the response broke off".into());
@@ -245,17 +281,23 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str) -> S
             }
             last = Some(now);
             s.output_tokens += 1;
+            generated.push_str(&text);
         }
     }
     s.e2e_s = start.elapsed().as_secs_f64();
-    if let Some(n) = usage_tokens {
-        s.output_tokens = n;
-        s.output_from_usage = true;
-    }
-    if let Some(n) = usage_prompt {
-        s.input_tokens = n;
-        s.input_from_usage = true;
-    }
+    // Input: the tokenizer, as `vllm bench serve` counts a prompt; else the
+    // server's count; else words. Output: the server's count; else the
+    // tokenizer on the text; else one a streamed chunk.
+    (s.input_tokens, s.input_from) = match (tok.and_then(|t| t.count_prompt(prompt)), usage_prompt) {
+        (Some(n), _) => (n, "tokenizer"),
+        (None, Some(n)) => (n, "usage"),
+        (None, None) => (s.input_tokens, "words"),
+    };
+    (s.output_tokens, s.output_from) = match (usage_tokens, tok.and_then(|t| t.count_output(&generated))) {
+        (Some(n), _) => (n, "usage"),
+        (None, Some(n)) => (n, "tokenizer"),
+        (None, None) => (s.output_tokens, "chunks"),
+    };
     if last.is_none() {
         s.error = Some("no tokens in the response".into());
         return s;
@@ -292,6 +334,7 @@ fn drive(
     url: &str,
     prompts: Vec<String>,
     rate: Option<f64>,
+    tok: &Option<Arc<Tokens>>,
     ctx: &mut Ctx,
     phase: Phase,
 ) -> (Vec<Sample>, f64) {
@@ -318,6 +361,7 @@ fn drive(
         let agent = agent.clone();
         let url = url.to_string();
         let cfg = cfg.clone();
+        let tok = tok.clone();
         handles.push(thread::spawn(move || loop {
             let job = match job_rx.lock() {
                 Ok(rx) => rx.recv(),
@@ -325,7 +369,7 @@ fn drive(
             };
             let Ok((i, prompt, due)) = job else { return };
             let sent = start.elapsed().as_secs_f64();
-            let mut sample = one_request(&agent, &url, &cfg, &prompt);
+            let mut sample = one_request(&agent, &url, &cfg, &prompt, tok.as_deref());
             sample.scheduled_s = due;
             sample.sent_s = sent;
             let _ = res_tx.send((i, sample));
@@ -391,9 +435,9 @@ fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value
         "scheduled_s": s.scheduled_s,
         "sent_s": s.sent_s,
         "input_tokens": s.input_tokens,
-        "input_tokens_from": if s.input_from_usage { "usage" } else { "words" },
+        "input_tokens_from": s.input_from,
         "output_tokens": s.output_tokens,
-        "output_tokens_from": if s.output_from_usage { "usage" } else { "chunks" },
+        "output_tokens_from": s.output_from,
     });
     if s.ok {
         v["ttft_ms"] = json!(s.ttft_s * 1000.0);
@@ -416,14 +460,26 @@ fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value
 pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
     let cell = task.cell_id.as_str();
     let url = format!("{}{}", base_url.trim_end_matches('/'), cfg.endpoint);
-    let all = match prompts(cfg, cfg.num_prompts as usize + cfg.warmup_requests as usize) {
+    let tok = match crate::tokens::load(
+        cfg.tokenizer.as_deref(),
+        cfg.model.as_deref(),
+        task.weights_dir.as_deref(),
+    ) {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+    };
+    let all = match prompts(
+        cfg,
+        cfg.num_prompts as usize + cfg.warmup_requests as usize,
+        tok.as_deref(),
+    ) {
         Ok(p) => p,
         Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
     };
     let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
     if !warm.is_empty() {
         ctx.enter(Phase::Warmup);
-        drive(cfg, &url, warm.to_vec(), None, ctx, Phase::Warmup);
+        drive(cfg, &url, warm.to_vec(), None, &tok, ctx, Phase::Warmup);
     }
     ctx.enter(Phase::Measure);
     let (samples, duration) = drive(
@@ -431,6 +487,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         &url,
         measured.to_vec(),
         cfg.request_rate,
+        &tok,
         ctx,
         Phase::Measure,
     );
@@ -524,14 +581,16 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     if let Some(slo) = &cfg.slo {
         saved.insert("slo".into(), json!(slo));
     }
-    let count = |f: fn(&Sample) -> bool| ok.iter().filter(|s| f(s)).count();
-    saved.insert(
-        "token_counts".into(),
-        json!({
-            "input": {"usage": count(|s| s.input_from_usage), "words": count(|s| !s.input_from_usage)},
-            "output": {"usage": count(|s| s.output_from_usage), "chunks": count(|s| !s.output_from_usage)},
-        }),
-    );
+    let mut inputs: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut outputs: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &ok {
+        *inputs.entry(s.input_from).or_default() += 1;
+        *outputs.entry(s.output_from).or_default() += 1;
+    }
+    saved.insert("token_counts".into(), json!({"input": inputs, "output": outputs}));
+    if let Some(t) = &tok {
+        saved.insert("tokenizer".into(), json!(t.source));
+    }
     if let Some(why) = &behind {
         saved.insert("client_behind".into(), json!(why));
     }

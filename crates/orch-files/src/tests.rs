@@ -108,6 +108,9 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
                 stream: true,
                 seed: 0,
                 slo: None,
+                tokenizer: None,
+                range_ratio: 0.0,
+                prefix_len: 0,
             })),
         },
     })

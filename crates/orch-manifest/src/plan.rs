@@ -722,6 +722,20 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                     })
                 }
             };
+            let tokenizer = l.tokenizer.as_ref().map(|t| {
+                if t.ends_with(".json") && !Path::new(t).is_absolute() {
+                    base_dir.join(t).to_string_lossy().into_owned()
+                } else {
+                    t.clone()
+                }
+            });
+            let range_ratio = l.range_ratio.unwrap_or(0.0);
+            if !(0.0..1.0).contains(&range_ratio) {
+                return Err((
+                    format!("`loadgen.range_ratio` must be in [0, 1), not {range_ratio}"),
+                    "prompt lengths are drawn in `input_len * [1 - r, 1 + r]`, e.g. `range_ratio: 0.25`",
+                ));
+            }
             Some(Client::Loadgen(LoadGen {
                 endpoint: l.endpoint.unwrap_or_else(|| "/v1/completions".into()),
                 model: l.model,
@@ -736,6 +750,9 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 stream: l.stream.unwrap_or(true),
                 seed: l.seed.unwrap_or(0),
                 slo,
+                tokenizer,
+                range_ratio,
+                prefix_len: l.prefix_len.unwrap_or(0),
             }))
         }
         Some(c) => Some(Client::Command(CommandWorkload {
@@ -1139,6 +1156,7 @@ fn substitute_server(s: &ServerWorkload, vars: &BTreeMap<String, String>) -> Res
                 .as_deref()
                 .map(|p| substitute(p, vars))
                 .transpose()?;
+            l.tokenizer = l.tokenizer.as_deref().map(|p| substitute(p, vars)).transpose()?;
             Some(Client::Loadgen(l))
         }
         None => None,

@@ -361,6 +361,13 @@ pub struct LoadGenDef {
     /// count towards goodput.
     #[serde(default)]
     pub slo: Option<SloDef>,
+    /// The model's `tokenizer.json` (relative to the manifest) or a Hub repo id.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+    #[serde(default)]
+    pub range_ratio: Option<f64>,
+    #[serde(default)]
+    pub prefix_len: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -248,6 +248,16 @@ pub struct LoadGen {
     /// --goodput` does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo: Option<Slo>,
+    /// The model's `tokenizer.json` (a path ending in `.json`) or a Hub repo
+    /// id found in the weights cache; unset: `model`'s, where the cache has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Random prompt lengths uniform in `input_len * [1 - r, 1 + r]`.
+    #[serde(default)]
+    pub range_ratio: f64,
+    /// Tokens (words without a tokenizer) of a random prefix every prompt shares.
+    #[serde(default)]
+    pub prefix_len: u32,
 }
 
 /// Per-request latency bounds, in milliseconds (TTFT, TPOT and end-to-end

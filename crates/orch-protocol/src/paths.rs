@@ -16,6 +16,8 @@ pub enum PathRole {
     Patch,
     /// The load generator's prompts.
     PromptFile,
+    /// The load generator's `tokenizer.json`.
+    Tokenizer,
 }
 
 impl PathRole {
@@ -25,6 +27,7 @@ impl PathRole {
             PathRole::Repo => "repo",
             PathRole::Patch => "patch",
             PathRole::PromptFile => "prompt_file",
+            PathRole::Tokenizer => "tokenizer",
         }
     }
 }
@@ -76,7 +79,13 @@ fn server_paths(s: &mut crate::ServerWorkload, each: &mut impl FnMut(PathRole, &
     each(PathRole::Workdir, &mut s.workdir);
     match &mut s.client {
         Some(Client::Command(c)) => each(PathRole::Workdir, &mut c.workdir),
-        Some(Client::Loadgen(l)) => each(PathRole::PromptFile, &mut l.prompt_file),
+        Some(Client::Loadgen(l)) => {
+            each(PathRole::PromptFile, &mut l.prompt_file);
+            // A repo id is looked up in the weights cache; a file travels.
+            if l.tokenizer.as_deref().is_some_and(|t| t.ends_with(".json")) {
+                each(PathRole::Tokenizer, &mut l.tokenizer);
+            }
+        }
         None => {}
     }
 }
@@ -146,6 +155,9 @@ mod tests {
                     stream: true,
                     seed: 0,
                     slo: None,
+                    tokenizer: None,
+                    range_ratio: 0.0,
+                    prefix_len: 0,
                 })),
             },
         })

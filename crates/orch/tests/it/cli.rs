@@ -635,6 +635,86 @@ benchmarks:
     }
 }
 
+/// Prompts of an exact number of tokens and counts by the model's tokenizer (a
+/// `tokenizer.json` beside the suite): input as `vllm bench serve` counts it (BOS
+/// included), output from the server's `usage`, or from the tokenizer when there is none.
+#[test]
+fn loadgen_counts_tokens_with_the_models_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = orch_testkit::suites::free_port();
+    let port2 = orch_testkit::suites::free_port();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    std::fs::create_dir_all(tmp.path().join("tok")).unwrap();
+    std::fs::copy(
+        fixtures.join("tiny-tokenizer.json"),
+        tmp.path().join("tok/tokenizer.json"),
+    )
+    .unwrap();
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: toks
+env: {{FAKE_TTFT_MS: "5", FAKE_ITL_MS: "1"}}
+benchmarks:
+  - name: usage
+    workload:
+      server:
+        command: [python3, "{f}", "{port}"]
+        ready: {{http: /health, port: {port}}}
+      client:
+        loadgen: {{num_prompts: 6, input_len: 40, output_len: 5, tokenizer: tok/tokenizer.json, max_concurrency: 2}}
+  - name: nousage
+    env: {{FAKE_NO_USAGE: "1"}}
+    workload:
+      server:
+        command: [python3, "{f}", "{port2}"]
+        ready: {{http: /health, port: {port2}}}
+      client:
+        loadgen: {{num_prompts: 6, input_len: 40, output_len: 5, tokenizer: tok/tokenizer.json, max_concurrency: 2, endpoint: /v1/chat/completions}}
+"#,
+            f = fixtures.join("fake_openai.py").display()
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    for c in rec["cells"].as_array().unwrap() {
+        let m = &c["metrics"];
+        assert_eq!(m["completed"], 6.0, "{c}");
+        // 40 tokens and the BOS, not 40 words.
+        assert_eq!(m["total_input_tokens"], 6.0 * 41.0, "{c}");
+        let dir = store
+            .join(rec["id"].as_str().unwrap())
+            .join("cells")
+            .join(c["id"].as_str().unwrap());
+        let saved: Value = serde_json::from_slice(&std::fs::read(dir.join("loadgen.json")).unwrap()).unwrap();
+        assert_eq!(saved["token_counts"]["input"]["tokenizer"], 6, "{saved}");
+        assert!(saved["tokenizer"].as_str().unwrap().ends_with("tokenizer.json"));
+        if c["id"].as_str().unwrap().starts_with("nousage") {
+            // " tok" five times: four byte-level tokens each (`Ġ`, `t`, `o`, `k`).
+            assert_eq!(m["total_output_tokens"], 6.0 * 20.0, "{c}");
+            assert_eq!(saved["token_counts"]["output"]["tokenizer"], 6, "{saved}");
+        } else {
+            assert_eq!(m["total_output_tokens"], 6.0 * 5.0, "{c}");
+            assert_eq!(saved["token_counts"]["output"]["usage"], 6, "{saved}");
+        }
+    }
+}
+
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args(["-c", "user.email=t@t", "-c", "user.name=t"])
