@@ -457,41 +457,33 @@ fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value
     v
 }
 
-pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
-    let cell = task.cell_id.as_str();
-    let url = format!("{}{}", base_url.trim_end_matches('/'), cfg.endpoint);
-    let tok = match crate::tokens::load(
-        cfg.tokenizer.as_deref(),
-        cfg.model.as_deref(),
-        task.weights_dir.as_deref(),
-    ) {
-        Ok(t) => t.map(Arc::new),
-        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
-    };
-    let all = match prompts(
-        cfg,
-        cfg.num_prompts as usize + cfg.warmup_requests as usize,
-        tok.as_deref(),
-    ) {
-        Ok(p) => p,
-        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
-    };
-    let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
-    if !warm.is_empty() {
-        ctx.enter(Phase::Warmup);
-        drive(cfg, &url, warm.to_vec(), None, &tok, ctx, Phase::Warmup);
-    }
-    ctx.enter(Phase::Measure);
-    let (samples, duration) = drive(
-        cfg,
-        &url,
-        measured.to_vec(),
-        cfg.request_rate,
-        &tok,
-        ctx,
-        Phase::Measure,
-    );
+/// One stage's load: arrivals (`None`: all at once) and the concurrency cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Load {
+    rate: Option<f64>,
+    concurrency: Option<u32>,
+}
 
+/// A number as a metric-name part: `4`, `2p5`, `inf`.
+fn name_num(v: Option<f64>) -> String {
+    match v {
+        None => "inf".into(),
+        Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{}", x as i64),
+        Some(x) => format!("{x}").replace('.', "p"),
+    }
+}
+
+/// What one stage measured.
+struct StageOut {
+    name: String,
+    load: Load,
+    metrics: BTreeMap<String, f64>,
+    behind: Option<String>,
+    samples: Vec<Sample>,
+}
+
+/// The summary of a stage's samples (the module's metric names).
+fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<String, f64>, Vec<f64>) {
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let mut m: BTreeMap<String, f64> = BTreeMap::new();
     let total_in: u64 = ok.iter().map(|s| s.input_tokens).sum();
@@ -552,19 +544,270 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
             good.len() as f64 / samples.len().max(1) as f64,
         );
     }
-    let lines: Vec<u8> = samples
-        .iter()
-        .enumerate()
-        .flat_map(|(i, s)| {
-            let mut l = request_line(i, s, cfg.slo.as_ref()).to_string().into_bytes();
-            l.push(b'\n');
-            l
-        })
-        .collect();
+    (m, lags)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_stage(
+    cfg: &LoadGen,
+    url: &str,
+    prompts: &[String],
+    name: String,
+    load: Load,
+    tok: &Option<Arc<Tokens>>,
+    ctx: &mut Ctx,
+) -> StageOut {
+    let mut c = cfg.clone();
+    c.request_rate = load.rate;
+    c.max_concurrency = load.concurrency;
+    ctx.message(format!(
+        "load stage `{name}`: request_rate {}, max_concurrency {}",
+        name_num(load.rate),
+        load.concurrency
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "unlimited".into())
+    ));
+    let (samples, duration) = drive(&c, url, prompts.to_vec(), load.rate, tok, ctx, Phase::Measure);
+    let (metrics, lags) = summarize(&c, &samples, duration);
+    let behind = client_behind(&c, load.rate, &lags);
+    StageOut {
+        name,
+        load,
+        metrics,
+        behind,
+        samples,
+    }
+}
+
+/// Whether a stage met the SLO at its p99 (TTFT, TPOT, E2EL) with no failed request.
+fn stage_meets(slo: &orch_protocol::Slo, m: &BTreeMap<String, f64>) -> bool {
+    let within = |bound: Option<f64>, key: &str| bound.is_none_or(|b| m.get(key).is_none_or(|v| *v <= b));
+    m.get("failed").copied().unwrap_or(0.0) == 0.0
+        && m.get("completed").copied().unwrap_or(0.0) > 0.0
+        && within(slo.ttft_ms, "p99_ttft_ms")
+        && within(slo.tpot_ms, "p99_tpot_ms")
+        && within(slo.e2el_ms, "p99_e2el_ms")
+}
+
+pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    let cell = task.cell_id.as_str();
+    let url = format!("{}{}", base_url.trim_end_matches('/'), cfg.endpoint);
+    let tok = match crate::tokens::load(
+        cfg.tokenizer.as_deref(),
+        cfg.model.as_deref(),
+        task.weights_dir.as_deref(),
+    ) {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+    };
+    let all = match prompts(
+        cfg,
+        cfg.num_prompts as usize + cfg.warmup_requests as usize,
+        tok.as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+    };
+    let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
+    if !warm.is_empty() {
+        ctx.enter(Phase::Warmup);
+        drive(cfg, &url, warm.to_vec(), None, &tok, ctx, Phase::Warmup);
+    }
+    ctx.enter(Phase::Measure);
+    let base = Load {
+        rate: cfg.request_rate,
+        concurrency: cfg.max_concurrency,
+    };
+    let stop = ctx.stop_flag();
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
+    let mut stages: Vec<StageOut> = Vec::new();
+    let mut saturation: Option<(Option<f64>, String)> = None;
+    if let Some(sw) = &cfg.sweep {
+        let loads: Vec<(String, Load)> = if !sw.request_rate.is_empty() {
+            sw.request_rate
+                .iter()
+                .map(|r| (format!("rate_{}", name_num(*r)), Load { rate: *r, ..base }))
+                .collect()
+        } else {
+            sw.max_concurrency
+                .iter()
+                .map(|c| {
+                    (
+                        format!("concurrency_{c}"),
+                        Load {
+                            concurrency: Some(*c),
+                            ..base
+                        },
+                    )
+                })
+                .collect()
+        };
+        for (name, load) in loads {
+            if stopped() {
+                break;
+            }
+            stages.push(run_stage(cfg, &url, measured, name, load, &tok, ctx));
+        }
+    } else if let (Some(sat), Some(slo)) = (&cfg.saturation, &cfg.slo) {
+        // Double the rate until the SLO breaks (or `max_rate`), then bisect
+        // between the last rate that met it and the first that did not.
+        let mut good: Option<f64> = None;
+        let mut bad: Option<f64> = None;
+        let mut rate = sat.start_rate;
+        let mut reason = String::new();
+        loop {
+            if stopped() {
+                reason = "stopped".into();
+                break;
+            }
+            let name = format!("rate_{}", name_num(Some(rate)));
+            let out = run_stage(
+                cfg,
+                &url,
+                measured,
+                name,
+                Load {
+                    rate: Some(rate),
+                    ..base
+                },
+                &tok,
+                ctx,
+            );
+            let meets = stage_meets(slo, &out.metrics);
+            stages.push(out);
+            if meets {
+                good = Some(rate);
+                if rate >= sat.max_rate {
+                    reason = format!("the SLO held up to `max_rate` {}", sat.max_rate);
+                    break;
+                }
+                rate = (rate * 2.0).min(sat.max_rate);
+            } else {
+                bad = Some(rate);
+                break;
+            }
+        }
+        if let (Some(b), true) = (bad, reason.is_empty()) {
+            let mut lo = good;
+            let mut hi = b;
+            for _ in 0..sat.steps {
+                if stopped() {
+                    reason = "stopped".into();
+                    break;
+                }
+                let mid = match lo {
+                    Some(l) => (l + hi) / 2.0,
+                    None => hi / 2.0,
+                };
+                let mid = (mid * 1000.0).round() / 1000.0;
+                if mid <= 0.0 || lo.is_some_and(|l| mid <= l) || mid >= hi {
+                    break;
+                }
+                let name = format!("rate_{}", name_num(Some(mid)));
+                let out = run_stage(
+                    cfg,
+                    &url,
+                    measured,
+                    name,
+                    Load {
+                        rate: Some(mid),
+                        ..base
+                    },
+                    &tok,
+                    ctx,
+                );
+                if stage_meets(slo, &out.metrics) {
+                    lo = Some(mid);
+                } else {
+                    hi = mid;
+                }
+                stages.push(out);
+            }
+            good = lo;
+            if reason.is_empty() {
+                reason = match good {
+                    Some(g) => format!(
+                        "the SLO broke at {} requests/s; {} steps of bisection between {} and {}",
+                        name_num(Some(hi)),
+                        sat.steps,
+                        name_num(Some(g)),
+                        name_num(Some(hi))
+                    ),
+                    None => format!(
+                        "the SLO broke at every rate tried, down to {} requests/s",
+                        name_num(Some(hi))
+                    ),
+                };
+            }
+        }
+        saturation = Some((good, reason));
+    } else {
+        stages.push(run_stage(cfg, &url, measured, String::new(), base, &tok, ctx));
+    }
+
+    // Per-request lines of every stage.
+    let several = stages.len() > 1 || cfg.sweep.is_some() || cfg.saturation.is_some();
+    let mut lines: Vec<u8> = Vec::new();
+    for st in &stages {
+        for (i, s) in st.samples.iter().enumerate() {
+            let mut v = request_line(i, s, cfg.slo.as_ref());
+            if several {
+                v["stage"] = json!(st.name);
+            }
+            lines.extend(v.to_string().into_bytes());
+            lines.push(b'\n');
+        }
+    }
     let _ = std::fs::write(out_dir.join("requests.jsonl"), lines);
-    let behind = client_behind(cfg, cfg.request_rate, &lags);
-    let errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).take(5).collect();
-    let mut saved: serde_json::Map<String, Value> = m.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+
+    // The cell's metrics: the last stage's (the heaviest load of a sweep, the
+    // last step of a search) unprefixed, and every stage's under its name.
+    let mut m: BTreeMap<String, f64> = stages.last().map(|s| s.metrics.clone()).unwrap_or_default();
+    if several {
+        for st in &stages {
+            for (k, v) in &st.metrics {
+                m.insert(format!("{}.{k}", st.name), *v);
+            }
+        }
+        let best = stages
+            .iter()
+            .filter_map(|s| s.metrics.get("request_throughput"))
+            .copied()
+            .fold(0.0, f64::max);
+        m.insert("max_request_throughput".into(), best);
+    }
+    if let Some((Some(g), _)) = &saturation {
+        m.insert("saturation_rate".into(), *g);
+        if let Some(st) = stages.iter().find(|s| s.load.rate == Some(*g)) {
+            for k in ["request_throughput", "output_throughput", "request_goodput"] {
+                if let Some(v) = st.metrics.get(k) {
+                    m.insert(format!("saturation_{k}"), *v);
+                }
+            }
+        }
+    }
+    let all_samples: Vec<&Sample> = stages.iter().flat_map(|s| s.samples.iter()).collect();
+    let ok: Vec<&&Sample> = all_samples.iter().filter(|s| s.ok).collect();
+    let behind = stages
+        .iter()
+        .filter_map(|s| {
+            s.behind.as_ref().map(|b| {
+                if several {
+                    format!("stage `{}`: {b}", s.name)
+                } else {
+                    b.clone()
+                }
+            })
+        })
+        .collect::<Vec<_>>();
+    let behind = (!behind.is_empty()).then(|| behind.join("; "));
+    let errors: Vec<String> = all_samples
+        .iter()
+        .filter_map(|s| s.error.clone())
+        .take(5)
+        .collect();
+    let top = stages.last().map(|s| s.metrics.clone()).unwrap_or_default();
+    let mut saved: serde_json::Map<String, Value> = top.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     saved.insert("backend".into(), json!("openai"));
     saved.insert("endpoint".into(), json!(cfg.endpoint));
     saved.insert("num_prompts".into(), json!(cfg.num_prompts));
@@ -580,6 +823,27 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     saved.insert("errors".into(), json!(errors));
     if let Some(slo) = &cfg.slo {
         saved.insert("slo".into(), json!(slo));
+    }
+    if several {
+        let list: Vec<Value> = stages
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "request_rate": s.load.rate.map(|r| json!(r)).unwrap_or(json!("inf")),
+                    "max_concurrency": s.load.concurrency,
+                    "metrics": s.metrics,
+                    "slo_met": cfg.slo.as_ref().map(|slo| stage_meets(slo, &s.metrics)),
+                })
+            })
+            .collect();
+        saved.insert("stages".into(), json!(list));
+    }
+    if let Some((good, reason)) = &saturation {
+        saved.insert(
+            "saturation".into(),
+            json!({"rate": good, "stop": reason, "search": cfg.saturation}),
+        );
     }
     let mut inputs: BTreeMap<&str, usize> = BTreeMap::new();
     let mut outputs: BTreeMap<&str, usize> = BTreeMap::new();
@@ -601,6 +865,10 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
 
     let mut r = CellResult::new(cell, Status::Succeeded);
     r.metrics = m;
+    if let Some((_, reason)) = &saturation {
+        r.info.insert("saturation_stop".into(), json!(reason));
+        ctx.message(format!("saturation search: {reason}"));
+    }
     if let Some(why) = behind {
         ctx.message(format!("warning: {why}"));
         r.flags.push(orch_protocol::FLAG_CLIENT_BEHIND.into());

@@ -736,6 +736,94 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                     "prompt lengths are drawn in `input_len * [1 - r, 1 + r]`, e.g. `range_ratio: 0.25`",
                 ));
             }
+            const MAX_STAGES: usize = 64;
+            let sweep = match &l.sweep {
+                None => None,
+                Some(d) => {
+                    const SWEEP_HINT: &str =
+                        "one list: `sweep: {request_rate: [1, 2, 4, inf]}` or `sweep: {max_concurrency: [1, 8, 64]}`";
+                    let rates = d.request_rate.clone().unwrap_or_default();
+                    let concs = d.max_concurrency.clone().unwrap_or_default();
+                    if rates.is_empty() == concs.is_empty() {
+                        return Err((
+                            "`loadgen.sweep` needs exactly one non-empty list".to_string(),
+                            SWEEP_HINT,
+                        ));
+                    }
+                    if rates.len().max(concs.len()) > MAX_STAGES {
+                        return Err((
+                            format!("`loadgen.sweep` has more than {MAX_STAGES} stages"),
+                            SWEEP_HINT,
+                        ));
+                    }
+                    let mut request_rate = Vec::new();
+                    for r in &rates {
+                        request_rate.push(match r {
+                            Value::String(s) if s.eq_ignore_ascii_case("inf") => None,
+                            Value::Number(n) if n.as_f64().is_some_and(|r| r > 0.0 && r.is_finite()) => n.as_f64(),
+                            other => {
+                                return Err((
+                                    format!("`loadgen.sweep.request_rate` values must be positive numbers or `inf`, not {other}"),
+                                    SWEEP_HINT,
+                                ))
+                            }
+                        });
+                    }
+                    if concs.contains(&0) {
+                        return Err((
+                            "`loadgen.sweep.max_concurrency` values must be at least 1".to_string(),
+                            SWEEP_HINT,
+                        ));
+                    }
+                    Some(orch_protocol::Sweep {
+                        request_rate,
+                        max_concurrency: concs,
+                    })
+                }
+            };
+            let saturation = match &l.saturation {
+                None => None,
+                Some(d) => {
+                    const SAT_HINT: &str = "e.g. `saturation: {start_rate: 1, max_rate: 256, steps: 4}` with `slo: {ttft_ms: 500}`";
+                    if slo.is_none() {
+                        return Err((
+                            "`loadgen.saturation` needs `loadgen.slo` (the bounds to search against)"
+                                .to_string(),
+                            SAT_HINT,
+                        ));
+                    }
+                    if sweep.is_some() {
+                        return Err((
+                            "`loadgen.saturation` and `loadgen.sweep` do not go together".to_string(),
+                            SAT_HINT,
+                        ));
+                    }
+                    let start_rate = d.start_rate.unwrap_or(1.0);
+                    let max_rate = d.max_rate.unwrap_or(1024.0);
+                    let steps = d.steps.unwrap_or(4);
+                    if !(start_rate.is_finite()
+                        && start_rate > 0.0
+                        && max_rate.is_finite()
+                        && max_rate >= start_rate)
+                    {
+                        return Err((
+                            format!("`loadgen.saturation` needs 0 < `start_rate` <= `max_rate`, not {start_rate} and {max_rate}"),
+                            SAT_HINT,
+                        ));
+                    }
+                    if steps > 16 {
+                        return Err((
+                            format!("`loadgen.saturation.steps` is at most 16, not {steps}"),
+                            SAT_HINT,
+                        ));
+                    }
+                    Some(orch_protocol::Saturation {
+                        start_rate,
+                        max_rate,
+                        steps,
+                    })
+                }
+            };
             Some(Client::Loadgen(LoadGen {
                 endpoint: l.endpoint.unwrap_or_else(|| "/v1/completions".into()),
                 model: l.model,
@@ -753,6 +841,8 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 tokenizer,
                 range_ratio,
                 prefix_len: l.prefix_len.unwrap_or(0),
+                sweep,
+                saturation,
             }))
         }
         Some(c) => Some(Client::Command(CommandWorkload {

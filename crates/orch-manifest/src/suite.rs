@@ -368,6 +368,32 @@ pub struct LoadGenDef {
     pub range_ratio: Option<f64>,
     #[serde(default)]
     pub prefix_len: Option<u32>,
+    /// `sweep: {request_rate: [1, 2, inf]}` or `sweep: {max_concurrency: [1, 8]}`.
+    #[serde(default)]
+    pub sweep: Option<SweepDef>,
+    /// `saturation: {start_rate, max_rate, steps}` (needs `slo`).
+    #[serde(default)]
+    pub saturation: Option<SaturationDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepDef {
+    #[serde(default)]
+    pub request_rate: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    pub max_concurrency: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaturationDef {
+    #[serde(default)]
+    pub start_rate: Option<f64>,
+    #[serde(default)]
+    pub max_rate: Option<f64>,
+    #[serde(default)]
+    pub steps: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

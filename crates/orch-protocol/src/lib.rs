@@ -206,6 +206,7 @@ pub struct ServerWorkload {
 /// What runs against a ready server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[allow(clippy::large_enum_variant)] // one per task, read once: boxing buys nothing
 pub enum Client {
     Command(CommandWorkload),
     /// The built-in load generator for OpenAI-compatible servers.
@@ -258,6 +259,32 @@ pub struct LoadGen {
     /// Tokens (words without a tokenizer) of a random prefix every prompt shares.
     #[serde(default)]
     pub prefix_len: u32,
+    /// Stages of one cell, each sending the `num_prompts` requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<Sweep>,
+    /// The highest rate whose p99 latencies meet `slo`, searched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation: Option<Saturation>,
+}
+
+/// A list of loads for one cell: request rates (`None`: all at once) or
+/// concurrency caps; exactly one list is given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_rate: Vec<Option<f64>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub max_concurrency: Vec<u32>,
+}
+
+/// A bounded search for the highest request rate whose p99 TTFT, TPOT and
+/// E2EL meet the SLO with no failed request: doubling from `start_rate`
+/// until it breaks (or `max_rate`), then `steps` bisections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saturation {
+    pub start_rate: f64,
+    pub max_rate: f64,
+    pub steps: u32,
 }
 
 /// Per-request latency bounds, in milliseconds (TTFT, TPOT and end-to-end

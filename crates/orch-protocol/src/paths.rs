@@ -158,6 +158,8 @@ mod tests {
                     tokenizer: None,
                     range_ratio: 0.0,
                     prefix_len: 0,
+                    sweep: None,
+                    saturation: None,
                 })),
             },
         })

@@ -715,6 +715,111 @@ benchmarks:
     }
 }
 
+/// A sweep of rates in one cell gives a throughput curve; a saturation search against
+/// a server that serves one request at a time (about 50 a second) stops where its p99
+/// TTFT breaks the SLO.
+#[test]
+fn loadgen_sweeps_rates_and_searches_the_highest_rate_meeting_the_slo() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = orch_testkit::suites::free_port();
+    let port2 = orch_testkit::suites::free_port();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_openai.py");
+    let m = write_manifest(
+        tmp.path(),
+        &format!(
+            r#"
+name: sweeps
+env: {{FAKE_TTFT_MS: "20", FAKE_ITL_MS: "0", FAKE_CAPACITY: "1"}}
+benchmarks:
+  - name: sweep
+    workload:
+      server:
+        command: [python3, "{f}", "{port}"]
+        ready: {{http: /health, port: {port}}}
+      client:
+        loadgen:
+          num_prompts: 12
+          input_len: 4
+          output_len: 1
+          burstiness: 100
+          sweep: {{request_rate: [5, 20, 80]}}
+  - name: search
+    workload:
+      server:
+        command: [python3, "{f}", "{port2}"]
+        ready: {{http: /health, port: {port2}}}
+      client:
+        loadgen:
+          num_prompts: 24
+          input_len: 4
+          output_len: 1
+          burstiness: 100
+          slo: {{ttft_ms: 150}}
+          saturation: {{start_rate: 8, max_rate: 1024, steps: 2}}
+"#,
+            f = fixture.display()
+        ),
+    );
+    let store = tmp.path().join("s");
+    let out = run_ok(&[
+        "run",
+        "-f",
+        m.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = json(&out);
+    let sweep = cell(&rec, "sweep.cpu");
+    let m = &sweep["metrics"];
+    let tput: Vec<f64> = ["rate_5", "rate_20", "rate_80"]
+        .iter()
+        .map(|s| m[format!("{s}.request_throughput")].as_f64().unwrap())
+        .collect();
+    assert!(tput[0] < tput[1] && tput[1] < tput[2], "not monotone: {tput:?}");
+    // Past the server's capacity the queue shows in TTFT.
+    let ttft: Vec<f64> = ["rate_5", "rate_80"]
+        .iter()
+        .map(|s| m[format!("{s}.p99_ttft_ms")].as_f64().unwrap())
+        .collect();
+    assert!(ttft[1] > 2.0 * ttft[0], "{ttft:?}");
+    assert_eq!(m["max_request_throughput"].as_f64().unwrap(), tput[2]);
+    let dir = store.join(rec["id"].as_str().unwrap()).join("cells/sweep.cpu");
+    let saved: Value = serde_json::from_slice(&std::fs::read(dir.join("loadgen.json")).unwrap()).unwrap();
+    assert_eq!(saved["stages"].as_array().unwrap().len(), 3, "{saved}");
+    let lines = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 36);
+    assert!(lines.lines().all(|l| l.contains("\"stage\":\"rate_")));
+
+    let search = cell(&rec, "search.cpu");
+    let m = &search["metrics"];
+    let rate = m["saturation_rate"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{search}"));
+    // About 50 requests a second fit; 24 at 128/s wait up to ~0.3 s.
+    assert!((16.0..128.0).contains(&rate), "saturation at {rate}: {search}");
+    let stop = search["info"]["saturation_stop"].as_str().unwrap();
+    assert!(stop.contains("broke"), "{stop}");
+    let name = format!(
+        "rate_{}",
+        if rate.fract() == 0.0 {
+            format!("{}", rate as i64)
+        } else {
+            format!("{rate}").replace('.', "p")
+        }
+    );
+    assert!(
+        m[format!("{name}.p99_ttft_ms")].as_f64().unwrap() <= 150.0,
+        "{search}"
+    );
+}
+
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args(["-c", "user.email=t@t", "-c", "user.name=t"])
