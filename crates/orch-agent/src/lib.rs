@@ -53,6 +53,7 @@ pub mod cgroup;
 pub mod command;
 pub mod compare;
 pub mod ctx;
+pub mod dataset;
 pub mod device;
 pub mod files;
 pub mod fused;

@@ -32,6 +32,7 @@
 //! `requests.jsonl` (times from the start of the measured phase, in seconds).
 
 use crate::ctx::Ctx;
+use crate::dataset::Req;
 use crate::stats;
 use crate::tokens::Tokens;
 use orch_protocol::{CellResult, LoadGen, Phase, Status, TaskSpec};
@@ -109,32 +110,17 @@ const WORDS: &[&str] = &[
     "batch",
 ];
 
-fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<String>, String> {
-    if let Some(path) = &cfg.prompt_file {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("cannot read `prompt_file` `{path}`: {e}"))?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| format!("`prompt_file` `{path}` is not JSON: {e}"))?;
-        let list: Vec<String> = v
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| {
-                        p.as_str()
-                            .map(String::from)
-                            .or_else(|| p.get("prompt").and_then(|x| x.as_str()).map(String::from))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if list.is_empty() {
-            return Err(format!(
-                "`prompt_file` `{path}` has no prompts; hint: a JSON list of strings or of objects with `prompt`"
-            ));
-        }
-        return Ok((0..n).map(|i| list[i % list.len()].clone()).collect());
-    }
+fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, String> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    if let Some(path) = &cfg.prompt_file {
+        let mut make = |k: usize| match tok {
+            Some(t) => t
+                .random_prompt(&mut rng, k, &[])
+                .ok_or_else(|| format!("the tokenizer `{}` cannot make a prompt of {k} tokens", t.source)),
+            None => Ok(crate::dataset::words(&mut rng, k, WORDS)),
+        };
+        return crate::dataset::load(path, n, tok, &mut make);
+    }
     // Lengths uniform in [len * (1 - r), len * (1 + r)], as `vllm bench serve
     // --random-range-ratio` draws them.
     let r = cfg.range_ratio.clamp(0.0, 1.0);
@@ -153,12 +139,14 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<String>,
         return (0..n)
             .map(|_| {
                 let len = rng.random_range(lo..=hi);
-                t.random_prompt(&mut rng, len, &prefix).ok_or_else(|| {
-                    format!(
-                        "the tokenizer `{}` cannot make a prompt of {len} tokens",
-                        t.source
-                    )
-                })
+                t.random_prompt(&mut rng, len, &prefix)
+                    .map(Req::text)
+                    .ok_or_else(|| {
+                        format!(
+                            "the tokenizer `{}` cannot make a prompt of {len} tokens",
+                            t.source
+                        )
+                    })
             })
             .collect();
     }
@@ -175,16 +163,20 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<String>,
                 .collect::<Vec<_>>()
                 .join(" ")
         })
+        .map(Req::text)
         .collect())
 }
 
-fn body(cfg: &LoadGen, prompt: &str) -> Value {
+fn body(cfg: &LoadGen, req: &Req) -> Value {
     let mut b = if cfg.endpoint.contains("chat") {
-        json!({"messages": [{"role": "user", "content": prompt}]})
+        match &req.messages {
+            Some(m) => json!({ "messages": m }),
+            None => json!({"messages": [{"role": "user", "content": req.text}]}),
+        }
     } else {
-        json!({"prompt": prompt})
+        json!({"prompt": req.text})
     };
-    b["max_tokens"] = json!(cfg.output_len);
+    b["max_tokens"] = json!(req.max_tokens.unwrap_or(cfg.output_len));
     b["stream"] = json!(cfg.stream);
     b["ignore_eos"] = json!(true);
     b["temperature"] = json!(0.0);
@@ -215,7 +207,8 @@ fn chunk_text(v: &Value) -> Option<String> {
         .map(String::from)
 }
 
-fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str, tok: Option<&Tokens>) -> Sample {
+fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, req: &Req, tok: Option<&Tokens>) -> Sample {
+    let prompt = req.text.as_str();
     let mut s = Sample {
         input_tokens: prompt.split_whitespace().count() as u64,
         ..Default::default()
@@ -224,7 +217,7 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str, tok:
     let resp = agent
         .post(url)
         .header("Content-Type", "application/json")
-        .send(body(cfg, prompt).to_string());
+        .send(body(cfg, req).to_string());
     let resp = match resp {
         Ok(r) => r,
         Err(e) => {
@@ -311,7 +304,12 @@ fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, prompt: &str, tok:
 
 /// Intended send times (seconds from the start): gamma intervals (shape =
 /// burstiness, mean = 1 / rate) summed; all at 0 without a rate.
-fn schedule(cfg: &LoadGen, n: usize, rate: Option<f64>) -> Vec<f64> {
+fn schedule(cfg: &LoadGen, reqs: &[Req], rate: Option<f64>) -> Vec<f64> {
+    // A trace's own times.
+    if !reqs.is_empty() && reqs.iter().all(|r| r.at_s.is_some()) {
+        return reqs.iter().map(|r| r.at_s.unwrap_or(0.0)).collect();
+    }
+    let n = reqs.len();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
     let gamma = rate.and_then(|r| {
         rand_distr::Gamma::new(cfg.burstiness.max(1e-3), 1.0 / (r * cfg.burstiness.max(1e-3))).ok()
@@ -332,7 +330,7 @@ fn schedule(cfg: &LoadGen, n: usize, rate: Option<f64>) -> Vec<f64> {
 fn drive(
     cfg: &LoadGen,
     url: &str,
-    prompts: Vec<String>,
+    prompts: Vec<Req>,
     rate: Option<f64>,
     tok: &Option<Arc<Tokens>>,
     ctx: &mut Ctx,
@@ -351,7 +349,7 @@ fn drive(
         .build()
         .into();
     let start = Instant::now();
-    let (job_tx, job_rx) = mpsc::channel::<(usize, String, f64)>();
+    let (job_tx, job_rx) = mpsc::channel::<(usize, Req, f64)>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (res_tx, res_rx) = mpsc::channel::<(usize, Sample)>();
     let mut handles = Vec::new();
@@ -376,7 +374,7 @@ fn drive(
         }));
     }
     drop(res_tx);
-    let due = schedule(cfg, n, rate);
+    let due = schedule(cfg, &prompts, rate);
     let dispatcher = {
         let stop = ctx.stop_flag();
         thread::spawn(move || {
@@ -551,7 +549,7 @@ fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<Stri
 fn run_stage(
     cfg: &LoadGen,
     url: &str,
-    prompts: &[String],
+    prompts: &[Req],
     name: String,
     load: Load,
     tok: &Option<Arc<Tokens>>,
