@@ -181,6 +181,142 @@ fn telemetry(o: &mut String, r: &Report) {
     o.push_str("</section>\n");
 }
 
+/// Each load curve: a chart of p99 and median TTFT against the throughput
+/// reached (one point a stage, labelled with its load), then its table.
+fn load_curves(o: &mut String, r: &Report) {
+    if r.load_curves.is_empty() {
+        return;
+    }
+    o.push_str("<section id=\"load-curves\">\n<h2>Load curves</h2>\n");
+    o.push_str("<p class=\"note\">one point a load stage of the cell, by increasing load; x: requests per second reached, y: time to first token (p99 solid, median dashed).</p>\n");
+    for c in &r.load_curves {
+        let sat = c
+            .saturation_rate
+            .map(|s| format!(", highest rate meeting the SLO: {}", num(s)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "<h3>{} <span class=\"note\">(by {}{})</span></h3>",
+            code(&c.cell),
+            h(&c.by),
+            h(&sat)
+        );
+        o.push_str(&curve_svg(c));
+        let mut t = Table::new(
+            &[
+                if c.by == "rate" {
+                    "request rate"
+                } else {
+                    "concurrency"
+                },
+                "requests/s",
+                "output tok/s",
+                "median TTFT ms",
+                "p99 TTFT ms",
+                "p99 TPOT ms",
+                "p99 E2EL ms",
+                "goodput req/s",
+            ],
+            &[true, true, true, true, true, true, true, true],
+        );
+        for p in &c.points {
+            t.row(
+                "",
+                &[
+                    h(&p.load),
+                    opt(p.request_throughput, num),
+                    opt(p.output_throughput, num),
+                    opt(p.median_ttft_ms, num),
+                    opt(p.p99_ttft_ms, num),
+                    opt(p.p99_tpot_ms, num),
+                    opt(p.p99_e2el_ms, num),
+                    opt(p.request_goodput, num),
+                ],
+            );
+        }
+        o.push_str(&t.end());
+    }
+    o.push_str("</section>\n");
+}
+
+/// A curve point: requests/s, p99 TTFT, median TTFT, the load's label.
+type CurveXY<'a> = (f64, f64, Option<f64>, &'a str);
+
+/// An inline SVG of a load curve (no script needed).
+fn curve_svg(c: &crate::model::LoadCurve) -> String {
+    let pts: Vec<CurveXY> = c
+        .points
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p.request_throughput?,
+                p.p99_ttft_ms?,
+                p.median_ttft_ms,
+                p.load.as_str(),
+            ))
+        })
+        .collect();
+    if pts.is_empty() {
+        return String::new();
+    }
+    let (w, ht, pad) = (560.0, 260.0, 48.0);
+    let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let x = |v: f64| pad + v / xmax * (w - 2.0 * pad);
+    let y = |v: f64| ht - pad + -(v / ymax) * (ht - 2.0 * pad);
+    let mut svg = format!(
+        "<svg class=\"curve\" viewBox=\"0 0 {w} {ht}\" width=\"{w}\" height=\"{ht}\" role=\"img\" aria-label=\"TTFT against throughput\">\n"
+    );
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#888\"/><line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"#888\"/>",
+        b = ht - pad,
+        r = w - pad
+    );
+    let _ = writeln!(
+        svg,
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">requests/s (max {})</text><text x=\"12\" y=\"{}\" font-size=\"11\" transform=\"rotate(-90 12 {})\" text-anchor=\"middle\">TTFT ms (max {})</text>",
+        w / 2.0,
+        ht - 12.0,
+        h(&num(xmax / 1.1)),
+        ht / 2.0,
+        ht / 2.0,
+        h(&num(ymax / 1.1))
+    );
+    let line = |sel: &dyn Fn(&CurveXY) -> Option<f64>| {
+        pts.iter()
+            .filter_map(|p| sel(p).map(|v| format!("{:.1},{:.1}", x(p.0), y(v))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let _ = writeln!(
+        svg,
+        "<polyline points=\"{}\" fill=\"none\" stroke=\"#c0392b\" stroke-width=\"2\"/>",
+        line(&|p| Some(p.1))
+    );
+    let _ = writeln!(
+        svg,
+        "<polyline points=\"{}\" fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" stroke-dasharray=\"5 4\"/>",
+        line(&|p| p.2)
+    );
+    for p in &pts {
+        let _ = writeln!(
+            svg,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#c0392b\"><title>load {}: {} requests/s, p99 TTFT {} ms</title></circle><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            x(p.0),
+            y(p.1),
+            h(p.3),
+            h(&num(p.0)),
+            h(&num(p.1)),
+            x(p.0) + 5.0,
+            y(p.1) - 5.0,
+            h(p.3)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 /// Calibration figures against the GPU model's expected figures.
 fn calibration(o: &mut String, r: &Report) {
     if r.calibration.is_empty() {
@@ -234,6 +370,7 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     cells(&mut o, r);
     telemetry(&mut o, r);
     calibration(&mut o, r);
+    load_curves(&mut o, r);
     comparisons(&mut o, r);
     failures(&mut o, r);
     hardware(&mut o, r);

@@ -123,6 +123,56 @@ fn calibration(out: &mut String, r: &Report) {
     out.push_str("ratio = measured / the GPU model's expected figure; a figure below the threshold flags the cell `degraded_gpu`.\n\n");
 }
 
+/// Each load curve as a table, by increasing load.
+fn load_curves(out: &mut String, r: &Report) {
+    if r.load_curves.is_empty() {
+        return;
+    }
+    out.push_str("## Load curves\n\n");
+    for c in &r.load_curves {
+        let mut facts = vec![format!("by {}", c.by)];
+        if let Some(s) = c.saturation_rate {
+            facts.push(format!("highest rate meeting the SLO: {}", num(s)));
+        }
+        let _ = writeln!(out, "### `{}` ({})\n", c.cell, esc(&facts.join(", ")));
+        let rows: Vec<Vec<String>> = c
+            .points
+            .iter()
+            .map(|p| {
+                vec![
+                    esc(&p.load),
+                    opt(p.request_throughput, num),
+                    opt(p.output_throughput, num),
+                    opt(p.median_ttft_ms, num),
+                    opt(p.p99_ttft_ms, num),
+                    opt(p.p99_tpot_ms, num),
+                    opt(p.p99_e2el_ms, num),
+                    opt(p.request_goodput, num),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                if c.by == "rate" {
+                    "request rate"
+                } else {
+                    "concurrency"
+                },
+                "requests/s",
+                "output tok/s",
+                "median TTFT ms",
+                "p99 TTFT ms",
+                "p99 TPOT ms",
+                "p99 E2EL ms",
+                "goodput req/s",
+            ],
+            &[true, true, true, true, true, true, true, true],
+            &rows,
+        );
+    }
+}
+
 /// The report as markdown: one section after another.
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -132,6 +182,7 @@ pub fn render(r: &Report) -> String {
     cells(&mut out, r);
     telemetry(&mut out, r);
     calibration(&mut out, r);
+    load_curves(&mut out, r);
     comparisons(&mut out, r);
     failures(&mut out, r);
     hardware(&mut out, r);

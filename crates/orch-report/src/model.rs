@@ -44,6 +44,40 @@ pub struct Report {
     /// GPU model's expected figures; absent when no cell measured any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calibration: Vec<CalibrationCell>,
+    /// The throughput-latency curve of each cell whose load generator ran
+    /// stages (a sweep or a saturation search), in plan order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_curves: Vec<LoadCurve>,
+}
+
+/// A cell's load stages (`rate_<r>.*` or `concurrency_<c>.*` metrics), by
+/// increasing load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadCurve {
+    pub cell: String,
+    pub gpu: String,
+    /// `rate` or `concurrency`.
+    pub by: String,
+    pub points: Vec<CurvePoint>,
+    /// The highest rate meeting the SLO, where a saturation search ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation_rate: Option<f64>,
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// The stage's metric prefix (`rate_4`).
+    pub stage: String,
+    /// Its load (`4`, `inf`, `2.5`).
+    pub load: String,
+    pub request_throughput: Option<f64>,
+    pub output_throughput: Option<f64>,
+    pub median_ttft_ms: Option<f64>,
+    pub p99_ttft_ms: Option<f64>,
+    pub p99_tpot_ms: Option<f64>,
+    pub p99_e2el_ms: Option<f64>,
+    pub request_goodput: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -523,6 +557,7 @@ impl Report {
                 .collect(),
             telemetry: rec.cells.iter().filter_map(telemetry_row).collect(),
             calibration: rec.cells.iter().filter_map(calibration_cell).collect(),
+            load_curves: rec.cells.iter().filter_map(load_curve).collect(),
             cells,
         })
     }
@@ -554,6 +589,63 @@ impl Report {
 
 fn finite_metric(c: &CellView, name: &str) -> Option<f64> {
     c.metrics.get(name).copied().filter(|v| v.is_finite())
+}
+
+/// The load stages of a cell (see [`LoadCurve`]); `None` without stages.
+pub fn load_curve(c: &CellView) -> Option<LoadCurve> {
+    let mut stages: Vec<(String, String, String, f64)> = Vec::new();
+    for k in c.metrics.keys() {
+        let Some((stage, _)) = k.split_once('.') else {
+            continue;
+        };
+        let Some((by, load)) = stage.split_once('_') else {
+            continue;
+        };
+        if by != "rate" && by != "concurrency" {
+            continue;
+        }
+        let value = if load == "inf" {
+            f64::INFINITY
+        } else {
+            match load.replace('p', ".").parse::<f64>() {
+                Ok(v) => v,
+                Err(_) => continue,
+            }
+        };
+        if !stages.iter().any(|(s, ..)| s == stage) {
+            let shown = if load == "inf" {
+                "inf".to_string()
+            } else {
+                load.replace('p', ".")
+            };
+            stages.push((stage.to_string(), by.to_string(), shown, value));
+        }
+    }
+    let by = stages.first()?.1.clone();
+    stages.retain(|s| s.1 == by);
+    stages.sort_by(|a, b| a.3.total_cmp(&b.3));
+    let m = |stage: &str, name: &str| finite_metric(c, &format!("{stage}.{name}"));
+    Some(LoadCurve {
+        cell: c.id.clone(),
+        gpu: c.gpu.clone(),
+        by,
+        points: stages
+            .iter()
+            .map(|(stage, _, load, _)| CurvePoint {
+                stage: stage.clone(),
+                load: load.clone(),
+                request_throughput: m(stage, "request_throughput"),
+                output_throughput: m(stage, "output_throughput"),
+                median_ttft_ms: m(stage, "median_ttft_ms"),
+                p99_ttft_ms: m(stage, "p99_ttft_ms"),
+                p99_tpot_ms: m(stage, "p99_tpot_ms"),
+                p99_e2el_ms: m(stage, "p99_e2el_ms"),
+                request_goodput: m(stage, "request_goodput"),
+            })
+            .collect(),
+        saturation_rate: finite_metric(c, "saturation_rate"),
+        flags: c.flags.clone(),
+    })
 }
 
 fn telemetry_row(c: &CellView) -> Option<TelemetryRow> {

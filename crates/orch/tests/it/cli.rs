@@ -818,6 +818,35 @@ benchmarks:
         m[format!("{name}.p99_ttft_ms")].as_f64().unwrap() <= 150.0,
         "{search}"
     );
+    // The curve in the reports: a table in markdown, a chart in HTML, columns in CSV.
+    let id = rec["id"].as_str().unwrap();
+    let md = run_ok(&["report", id, "--store", store.to_str().unwrap()]);
+    let md = String::from_utf8_lossy(&md.stdout).to_string();
+    assert!(
+        md.contains("## Load curves") && md.contains("### `sweep.cpu` (by rate)"),
+        "{md}"
+    );
+    assert!(md.contains("highest rate meeting the SLO"), "{md}");
+    let out = tmp.path().join("rep");
+    let r = run_ok(&[
+        "report",
+        id,
+        "--store",
+        store.to_str().unwrap(),
+        "--format",
+        "html,csv",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status.code(), Some(0), "{}", String::from_utf8_lossy(&r.stderr));
+    let html = std::fs::read_to_string(out.join(format!("{id}.html"))).unwrap();
+    assert_eq!(
+        html.matches("<svg class=\"curve\"").count(),
+        2,
+        "one chart a cell with stages"
+    );
+    let csv = std::fs::read_to_string(out.join(format!("{id}.csv"))).unwrap();
+    assert!(csv.lines().next().unwrap().contains("rate_80.p99_ttft_ms"));
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
