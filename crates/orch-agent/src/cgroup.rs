@@ -16,8 +16,10 @@
 //! processes" rule never applies. Where the cgroup cannot be made (cgroup v1
 //! only, read-only, not delegated) there is none, and the marks and the guard
 //! of [`crate::reaper`] do the work alone. The cgroup alone does not survive
-//! a SIGKILL of the agent and its guard: the PID namespace of
-//! [`crate::reaper`] does that.
+//! a SIGKILL of the agent and its guard: the PID namespace of the cell
+//! launcher ([`crate::cellinit`]) does that. Through the launcher, the
+//! launcher joins the cgroup and the namespace's init and the program
+//! inherit it.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};

@@ -16,8 +16,10 @@
 //! - the program runs in its own process group, killed as a whole at the end,
 //!   on timeout and on stop (SIGTERM, then SIGKILL after the grace period);
 //! - it dies with the agent (`PR_SET_PDEATHSIG`), so nothing is orphaned;
-//!   it starts inside the cell (the guard's PID and mount namespaces, the
-//!   cell's cgroup, where the agent has them: [`crate::reaper`]).
+//!   it starts inside the cell (a PID namespace of its own through the cell
+//!   launcher, [`crate::cellinit`], and the cell's cgroup, where the agent
+//!   has them: [`crate::reaper`]); its exit code or signal is the program's
+//!   either way.
 
 use crate::capture::Capture;
 use crate::ctx::Ctx;
@@ -26,6 +28,7 @@ use orch_protocol::{
     METRIC_LINE_PREFIX, PHASE_LINE_PREFIX,
 };
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
@@ -74,7 +77,7 @@ pub fn run_with_logs(
         Err(r) => return *r,
     };
     command.env(METRICS_FILE_ENV, &metrics_path);
-    let token = crate::reaper::token_of(&command);
+    let token = Some(command.token().to_string());
 
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join(format!("{prefix}stdout.log")), task.logs),
@@ -91,7 +94,7 @@ pub fn run_with_logs(
         }
     };
 
-    let mut child = match command.spawn() {
+    let mut spawned = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let mut r = CellResult::failed(
@@ -105,6 +108,7 @@ pub fn run_with_logs(
             return r;
         }
     };
+    let child = &mut spawned.child;
     let pgid = child.id() as i32;
     // Until its first `ORCH_PHASE` line the command is starting up (the live
     // view says `start`, not `measure`); a command that reports no phases
@@ -168,7 +172,7 @@ pub fn run_with_logs(
                     ),
                     _ => "stop requested: stopping the command".to_string(),
                 });
-                break terminate(&mut child, pgid, task.measure.kill_grace_s);
+                break terminate(child, pgid, task.measure.kill_grace_s);
             }
         }
         thread::sleep(Duration::from_millis(10));
@@ -182,17 +186,19 @@ pub fn run_with_logs(
     ctx.enter(Phase::Teardown);
     // Whatever the command left in its process group goes too, and so does
     // whatever left the group (`setsid`, daemons): found by its mark.
+    // In a PID namespace, its init has already killed them and says how many.
     kill_group(pgid, libc::SIGKILL);
     let mut leftovers = kill_marked(token.as_deref());
-    if !leftovers.is_empty() {
+    let left = leftovers.len() + spawned.left_outside_group();
+    if left > 0 {
         ctx.message(format!(
-            "killed {} process(es) the command left running outside its process group",
-            leftovers.len()
+            "killed {left} process(es) the command left running outside its process group"
         ));
     }
     // On a GPU cell the cell ends when the GPU memory they held is free.
     if !task.gpu.is_cpu() {
         leftovers.push(pgid);
+        leftovers.push(spawned.main_pid);
         crate::reaper::wait_gpu_released(&leftovers, Duration::from_secs(60));
     }
 
@@ -341,25 +347,87 @@ fn handle_note(note: Note, ctx: &mut Ctx, metrics: &mut Metrics, saw_phase: &mut
 /// The variable naming where the cell's files landed (`orch-files`).
 const FILES_ENV: &str = "ORCH_FILES";
 
+/// A workload process ready to start ([`supervised`]): its argv, folder,
+/// environment (in the order given: a later value wins) and mark.
+pub(crate) struct Supervised {
+    argv: Vec<String>,
+    workdir: Option<String>,
+    env: Vec<(OsString, OsString)>,
+    token: String,
+    /// Through the cell launcher (a PID namespace, [`crate::cellinit`]),
+    /// unless the task's `env` turned it off.
+    via_launcher: bool,
+}
+
+impl Supervised {
+    /// One more variable (it wins over those given before).
+    pub(crate) fn env(&mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> &mut Self {
+        self.env.push((k.as_ref().to_owned(), v.as_ref().to_owned()));
+        self
+    }
+
+    /// The mark of this process and its descendants ([`crate::reaper`]).
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Start it: piped stdout and stderr, null stdin, a process group of its
+    /// own (the launcher's, where there is one: the agent's group signals
+    /// reach the program through it), the cell's cgroup, `PR_SET_PDEATHSIG`
+    /// bound to the agent.
+    pub(crate) fn spawn(&self) -> std::io::Result<crate::cellinit::Spawned> {
+        let agent = std::process::id() as i32;
+        let configure = |cmd: &mut Command| {
+            cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(dir) = &self.workdir {
+                cmd.current_dir(dir);
+            }
+            // SAFETY: only async-signal-safe calls (open/write/close,
+            // setpgid, prctl, getppid) between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    crate::reaper::join_cell_in_child();
+                    if libc::setpgid(0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    #[cfg(target_os = "linux")]
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    // The agent died before the line above: nothing would
+                    // ever end this process.
+                    if libc::getppid() != agent {
+                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                    }
+                    Ok(())
+                });
+            }
+        };
+        crate::cellinit::spawn(&self.argv, self.via_launcher, &configure)
+    }
+}
+
 /// A workload process as every workload runs one: piped output, its own
-/// process group, killed if the agent dies, the cell's environment
-/// (weights offline from the weights volume, `ORCH_*`, params, the suite's
-/// env, which may override the rest). `Err` is the cell's failure.
+/// process group, killed if the agent dies, in the cell (its PID namespace
+/// and cgroup, where the agent has them: [`crate::reaper`]), the cell's
+/// environment (weights offline from the weights volume, `ORCH_*`, params,
+/// the suite's env, which may override the rest). `Err` is the cell's failure.
 pub(crate) fn supervised(
     argv: &[String],
     workdir: Option<&str>,
     task: &TaskSpec,
     extra_env: &[(String, String)],
-) -> Result<Command, Box<CellResult>> {
+) -> Result<Supervised, Box<CellResult>> {
     let cell = task.cell_id.as_str();
-    let Some(program) = argv.first() else {
+    if argv.is_empty() {
         return Err(Box::new(CellResult::failed(
             cell,
             Status::Failed,
             "invalid_config",
             "the command is empty",
         )));
-    };
+    }
     // `{{files}}` in a suite is `${ORCH_FILES}`: where the cell's files
     // landed, in a command's arguments as in a shell's.
     let files = task.env.get(FILES_ENV);
@@ -367,37 +435,37 @@ pub(crate) fn supervised(
         Some(f) => a.replace("${ORCH_FILES}", f),
         None => a.clone(),
     };
-    let mut command = Command::new(expand(program));
-    command
-        .args(argv[1..].iter().map(expand))
-        .env("HF_HUB_OFFLINE", "1")
-        .envs(task.weights_dir.iter().map(|d| ("HF_HUB_CACHE", d.as_str())))
-        .env("ORCH_CELL_ID", &task.cell_id)
+    let token = crate::reaper::spawn_token();
+    let mut sup = Supervised {
+        argv: argv.iter().map(expand).collect(),
+        workdir: None,
+        env: Vec::new(),
+        token: token.clone(),
+        via_launcher: !crate::cellinit::opted_out_by(
+            task.env.get(crate::cellinit::PIDNS_ENV).map(String::as_str),
+        ),
+    };
+    sup.env("HF_HUB_OFFLINE", "1");
+    if let Some(d) = &task.weights_dir {
+        sup.env("HF_HUB_CACHE", d);
+    }
+    sup.env("ORCH_CELL_ID", &task.cell_id)
         .env("ORCH_RUN_ID", &task.run_id)
         .env("ORCH_GPU", task.gpu.as_str())
-        .env(crate::reaper::TOKEN_ENV, crate::reaper::spawn_token())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env(crate::reaper::TOKEN_ENV, &token);
     for (k, v) in &task.params {
         let value = match v {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        command.env(format!("ORCH_PARAM_{}", env_name(k)), value);
+        sup.env(format!("ORCH_PARAM_{}", env_name(k)), value);
     }
-    command
-        .envs(extra_env.iter().map(|(k, v)| (k, v)))
-        .envs(task.env.iter().map(|(k, v)| (k, expand(v))));
-    // Where the process works, absolute: joining the cell's mount namespace
-    // (see `crate::reaper`) moves to its root, so the hook goes back there.
-    let cwd = std::env::current_dir()
-        .ok()
-        .map(|here| match workdir {
-            Some(dir) => here.join(dir),
-            None => here,
-        })
-        .and_then(|p| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok());
+    for (k, v) in extra_env {
+        sup.env(k, v);
+    }
+    for (k, v) in &task.env {
+        sup.env(k, expand(v));
+    }
     if let Some(dir) = workdir {
         if !Path::new(dir).is_dir() {
             return Err(Box::new(CellResult::failed(
@@ -409,22 +477,9 @@ pub(crate) fn supervised(
                 ),
             )));
         }
-        command.current_dir(dir);
+        sup.workdir = Some(dir.to_string());
     }
-    // SAFETY: only async-signal-safe calls (setns, chdir, open/write/close,
-    // setpgid, prctl) between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            crate::reaper::enter_cell_in_child(cwd.as_deref())?;
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            #[cfg(target_os = "linux")]
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    Ok(command)
+    Ok(sup)
 }
 
 /// The longest duration the agent waits for anything (about 31 years): a

@@ -41,14 +41,17 @@
 //! telemetry sampler thread told of phase changes through a `Ctx` hook); `stats.rs`:
 //! mean/median/p95/p99/std/CV; `secrets.rs`: the agent's masker (task's `secret_env`,
 //! known credentials, the Hub token file) and the sweep of the cell folder's other files;
-//! `reaper.rs`: subreaper, workload marks, `/proc` walks, the guard process (init of the
-//! workloads' PID namespace where allowed, so a SIGKILL of every orch process still ends
-//! them), process names, waiting for GPU memory; `cgroup.rs`: the cell's cgroup v2
+//! `cellinit.rs`: the cell launcher (`cell-init`, the agent's own binary re-executed):
+//! each workload process in a PID namespace of its own whose init dies with the launcher,
+//! which dies with the agent, so a SIGKILL of every orch process still ends them; the probe
+//! deciding where it can be used; `reaper.rs`: subreaper, workload marks, `/proc` walks, the
+//! guard process, process names, waiting for GPU memory; `cgroup.rs`: the cell's cgroup v2
 //! (created where writable, joined by every workload process, killed with `cgroup.kill`); `sysmem.rs`: RSS, total and available memory. It does not: depend on
 //! tokio, clap or any cloud SDK; link CUDA unless built with `--features cuda`.
 
 pub mod calibrate;
 pub mod capture;
+pub mod cellinit;
 pub mod cgroup;
 pub mod command;
 pub mod compare;

@@ -4,8 +4,9 @@
 //! While waiting for readiness the server process is checked every 50 ms: a
 //! server that exits is a failed cell at once (with its exit code or signal
 //! and its logs), never a wait until the startup timeout. Teardown kills the
-//! server's whole process group and waits until its port is free, so the next
-//! cell (or variant) starts on a clean machine.
+//! server's whole process group (and, through the cell launcher, its PID
+//! namespace: [`crate::cellinit`]) and waits until its port is free, so the
+//! next cell (or variant) starts on a clean machine.
 
 use crate::capture::Capture;
 use crate::command::{self, kill_group, last_line, terminate};
@@ -62,11 +63,11 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         }
     }
 
-    let mut cmd = match command::supervised(&srv.argv, srv.workdir.as_deref(), task, &[]) {
+    let cmd = match command::supervised(&srv.argv, srv.workdir.as_deref(), task, &[]) {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let token = crate::reaper::token_of(&cmd);
+    let token = Some(cmd.token().to_string());
     let (out_cap, err_cap) = match (
         Capture::create(&out_dir.join("stdout.log"), task.logs),
         Capture::create(&out_dir.join("stderr.log"), task.logs),
@@ -85,7 +86,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
     // `server_start`; the client's phases follow, then `teardown`.
     ctx.enter(Phase::ServerStart);
     let started = Instant::now();
-    let mut child = match cmd.spawn() {
+    let mut spawned = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             return CellResult::failed(
@@ -96,6 +97,7 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
             )
         }
     };
+    let child = &mut spawned.child;
     let pgid = child.id() as i32;
     let ready_flag = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = [
@@ -125,7 +127,10 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
         })
     })
     .collect();
-    ctx.message(format!("server started (pid {pgid}); waiting for readiness"));
+    ctx.message(format!(
+        "server started (pid {}); waiting for readiness",
+        spawned.main_pid
+    ));
 
     // Startup: ready, exited, timed out, or stopped.
     let deadline = started + command::secs(srv.startup_timeout_s);
@@ -215,17 +220,25 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
 
     // Teardown: the whole group, then wait for the port.
     ctx.enter(Phase::Teardown);
+    // The group and the whole tree: in a PID namespace the server's own
+    // group is not the launcher's.
     let mut group_pids = pids_in_group(pgid);
+    for pid in crate::reaper::tree(pgid) {
+        if !group_pids.contains(&(pid as u32)) {
+            group_pids.push(pid as u32);
+        }
+    }
     if child.try_wait().ok().flatten().is_none() {
-        terminate(&mut child, pgid, task.measure.kill_grace_s);
+        terminate(child, pgid, task.measure.kill_grace_s);
     }
     kill_group(pgid, libc::SIGKILL);
-    // Engine processes and workers that left the group (`setsid`) go too.
+    // Engine processes and workers that left the group (`setsid`) go too
+    // (in a PID namespace, its init has already killed them and says how many).
     let leftovers = command::kill_marked(token.as_deref());
-    if !leftovers.is_empty() {
+    let left = leftovers.len() + spawned.left_outside_group();
+    if left > 0 {
         ctx.message(format!(
-            "killed {} server process(es) left running outside its process group",
-            leftovers.len()
+            "killed {left} server process(es) left running outside its process group"
         ));
     }
     group_pids.extend(leftovers.iter().map(|p| *p as u32));

@@ -1,10 +1,13 @@
 //! The agent's safety guarantees, on the real binary: secrets never reach
 //! what it writes or sends, and no process of a workload outlives its cell
-//! (normal exit, timeout, stop, the agent itself SIGKILLed, and the agent and
-//! its guard SIGKILLed at once).
+//! (normal exit, timeout, stop, the agent itself SIGKILLed, the agent and
+//! its guard SIGKILLed at once, every orch process SIGKILLed at once as
+//! `pkill -9 orch` does); through the cell launcher the workload keeps its
+//! exit code, signal and the signals the agent sends it, and sees its own
+//! PID namespace and `/proc`.
 //!
 //! Workload processes are found by a command line of their own (`sleep
-//! 300.<unique>`), not by a pid the workload prints: in the agent's PID
+//! 300.<unique>`), not by a pid the workload prints: in the cell's PID
 //! namespace a workload's `$!` is not the pid this test sees.
 
 use orch_protocol::{CommandWorkload, Measure, Status, TaskSpec, Workload};
@@ -137,7 +140,8 @@ fn a_canary_secret_never_leaves_the_agent() {
         assert_clean(&f.display().to_string(), &std::fs::read(&f).unwrap());
     }
     let result: orch_protocol::CellResult =
-        serde_json::from_slice(&std::fs::read(out_dir.join("result.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(out_dir.join(orch_protocol::AGENT_RESULT_FILE)).unwrap())
+            .unwrap();
     assert_eq!(result.status, Status::Failed);
     let msg = result.failure.unwrap().message;
     assert!(msg.contains("ValueError: invalid token ***"), "{msg}");
@@ -157,9 +161,14 @@ fn a_canary_secret_never_leaves_the_agent() {
 
 /// A `sleep` argument no other process has: `300.<test pid><n>`.
 fn unique_sleep() -> String {
+    unique_sleep_of(300)
+}
+
+/// A `sleep` argument no other process has: `<secs>.<test pid><n>`.
+fn unique_sleep_of(secs: u32) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("300.{}{n:03}", std::process::id())
+    format!("{secs}.{}{n:03}", std::process::id())
 }
 
 /// Live processes whose command line is `sleep <arg>`, as this test's
@@ -268,8 +277,10 @@ fn an_orphan_outside_the_group_dies_on_timeout() {
     let pid = wait_pid(&pidfile, &arg);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
-    let r: orch_protocol::CellResult =
-        serde_json::from_slice(&std::fs::read(tmp.path().join("out/result.json")).unwrap()).unwrap();
+    let r: orch_protocol::CellResult = serde_json::from_slice(
+        &std::fs::read(tmp.path().join("out").join(orch_protocol::AGENT_RESULT_FILE)).unwrap(),
+    )
+    .unwrap();
     assert_eq!(r.status, Status::Timeout);
     assert_gone_soon(pid, "timeout");
 }
@@ -288,8 +299,10 @@ fn an_orphan_outside_the_group_dies_on_stop() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
-    let r: orch_protocol::CellResult =
-        serde_json::from_slice(&std::fs::read(tmp.path().join("out/result.json")).unwrap()).unwrap();
+    let r: orch_protocol::CellResult = serde_json::from_slice(
+        &std::fs::read(tmp.path().join("out").join(orch_protocol::AGENT_RESULT_FILE)).unwrap(),
+    )
+    .unwrap();
     assert_eq!(r.status, Status::Cancelled);
     assert_gone_soon(pid, "stop");
 }
@@ -347,12 +360,152 @@ fn comm(pid: i32) -> String {
         .to_string()
 }
 
-/// `pkill -9 orch` kills the host, the agent and its guard at once: the
-/// workload, however many processes it forked and however they hid (their
-/// own sessions, the agent's mark dropped from their environment), dies too.
+/// The PID namespace of a process, as a link text (`pid:[4026531836]`).
+fn pid_ns(pid: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// `pid` and its descendants, from `/proc`.
+fn tree(pid: i32) -> Vec<i32> {
+    let procs: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(") ")?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(procs.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+/// Wait (at most 5 s) until no `sleep <arg>` is left; kill what is left
+/// and fail otherwise.
+fn assert_all_gone_soon(arg: &str, when: &str) {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = sleepers(arg);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > until {
+            for pid in &left {
+                // SAFETY: cleaning up after a failed test.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            panic!("{} workload processes outlived {when}: {left:?}", left.len());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Skip (or fail under CI) when the workload is not in a PID namespace of
+/// its own; cleans up first. `true` when the test may go on.
+fn in_own_namespace(test: &str, agent: &mut Child, arg: &str) -> bool {
+    let agent_pid = agent.id() as i32;
+    let workload = sleepers(arg);
+    if workload.iter().all(|p| pid_ns(*p) != pid_ns(agent_pid)) {
+        return true;
+    }
+    for pid in workload {
+        // SAFETY: cleaning up this test's own workload before skipping.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    skip_or_fail(
+        test,
+        "the agent could not give the workload a PID namespace of its own (needs root, CAP_SYS_ADMIN or user namespaces)",
+    );
+    false
+}
+
+/// `pkill -9 orch`: every process named `orch...` (the agent `orch-agent`,
+/// its guard `orch-guard`, the launcher and the namespace's init
+/// `orch-cell`) SIGKILLed at once. Only this agent's tree is scanned (other
+/// orch processes of this machine are not this test's), and they are all
+/// stopped before any is killed, so none acts before all are dead. A
+/// `setsid` double-forked daemon and a plain child of the workload die too.
 #[test]
-#[ignore = "needs the PID namespace launcher (issue 30 item 4): the agent cannot unshare one itself"]
+fn no_workload_process_survives_pkill_9_orch() {
+    let test = "no_workload_process_survives_pkill_9_orch";
+    let tmp = tempfile::tempdir().unwrap();
+    let started = tmp.path().join("started");
+    let arg = unique_sleep_of(1000);
+    let script = format!(
+        "setsid sh -c 'sleep {arg} </dev/null >/dev/null 2>&1 & exit 0' </dev/null >/dev/null 2>&1 & \
+         sleep {arg} & \
+         echo yes > {}; sleep 300",
+        started.display(),
+    );
+    let mut agent = spawn_agent(&task(&script, 120.0), tmp.path());
+    let agent_pid = agent.id() as i32;
+    let until = Instant::now() + Duration::from_secs(20);
+    while !(started.exists() && sleepers(&arg).len() == 2) {
+        assert!(
+            Instant::now() < until,
+            "the workload did not start its daemon and its child: {:?}",
+            sleepers(&arg)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !in_own_namespace(test, &mut agent, &arg) {
+        return;
+    }
+    // What `pkill orch` matches: `comm` containing `orch`.
+    let orch: Vec<(i32, String)> = tree(agent_pid)
+        .into_iter()
+        .map(|p| (p, comm(p)))
+        .filter(|(_, c)| c.contains("orch"))
+        .collect();
+    let names: Vec<&str> = orch.iter().map(|(_, c)| c.as_str()).collect();
+    for want in ["orch-agent", "orch-guard", "orch-cell"] {
+        assert!(names.contains(&want), "no `{want}` among {names:?}");
+    }
+    // The launcher and the namespace's init: `orch-cell` both.
+    assert_eq!(
+        names.iter().filter(|n| **n == "orch-cell").count(),
+        2,
+        "{names:?}"
+    );
+    // The workload itself is not named `orch...`: pkill leaves it to the kernel.
+    for pid in sleepers(&arg) {
+        assert!(!comm(pid).contains("orch"));
+    }
+    // SAFETY: signalling the processes of the agent this test started.
+    unsafe {
+        for (pid, _) in &orch {
+            libc::kill(*pid, libc::SIGSTOP);
+        }
+        for (pid, _) in &orch {
+            libc::kill(*pid, libc::SIGKILL);
+        }
+    }
+    agent.wait().unwrap();
+    assert_all_gone_soon(&arg, "`pkill -9 orch`");
+}
+
+/// The agent and its guard SIGKILLed at once (the launcher lives on until
+/// its `PR_SET_PDEATHSIG`): the workload, however many processes it forked
+/// and however they hid (their own sessions, the agent's mark dropped from
+/// their environment), dies too.
+#[test]
 fn no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once() {
+    let test = "no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once";
     let tmp = tempfile::tempdir().unwrap();
     let started = tmp.path().join("started");
     let arg = unique_sleep();
@@ -378,45 +531,149 @@ fn no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once() {
     assert_eq!(comm(agent_pid), "orch-agent", "the agent is named `orch-agent`");
     let guards = children_named(agent_pid, "orch-guard");
     assert_eq!(guards.len(), 1, "one guard, named `orch-guard`");
-    let ns = |pid: i32, which: &str| std::fs::read_link(format!("/proc/{pid}/ns/{which}")).ok();
-    let own_namespace = ns(agent_pid, "pid_for_children") != ns(agent_pid, "pid");
-    if !own_namespace {
-        for pid in sleepers(&arg) {
-            // SAFETY: cleaning up this test's own workload before skipping.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = agent.kill();
-        let _ = agent.wait();
-        skip_or_fail(
-            "no_workload_process_survives_the_agent_and_its_guard_sigkilled_at_once",
-            "the agent could not give the workload a PID namespace of its own (needs root or CAP_SYS_ADMIN)",
-        );
+    if !in_own_namespace(test, &mut agent, &arg) {
         return;
     }
     // SAFETY: SIGKILL of the agent and the guard this test started, back to back.
     unsafe {
+        libc::kill(guards[0], libc::SIGSTOP);
         libc::kill(agent_pid, libc::SIGKILL);
         libc::kill(guards[0], libc::SIGKILL);
     }
     agent.wait().unwrap();
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = sleepers(&arg);
-        if left.is_empty() {
-            break;
-        }
-        if Instant::now() > until {
-            for pid in &left {
-                // SAFETY: cleaning up after a failed test.
-                unsafe { libc::kill(*pid, libc::SIGKILL) };
-            }
-            panic!(
-                "{} workload processes outlived the agent and its guard",
-                left.len()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    assert_all_gone_soon(&arg, "the agent and its guard");
+}
+
+fn result_of(dir: &Path) -> orch_protocol::CellResult {
+    serde_json::from_slice(&std::fs::read(dir.join("out").join(orch_protocol::AGENT_RESULT_FILE)).unwrap())
+        .unwrap()
+}
+
+/// Through the launcher the program is PID 2 of its own namespace (after
+/// the init), `/proc` is that namespace's (its pid and `/proc/<pid>`
+/// agree), and its exit code and signal are what the agent records.
+#[test]
+fn the_workload_has_its_own_pid_namespace_and_keeps_its_exit_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seen = tmp.path().join("seen");
+    let script = format!(
+        "echo $$ $(cut -d' ' -f1 /proc/$$/stat) $(readlink /proc/self/ns/pid) > {}; exit 7",
+        seen.display()
+    );
+    let out = spawn_agent(&task(&script, 30.0), tmp.path())
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = result_of(tmp.path());
+    let f = r.failure.as_ref().unwrap();
+    assert_eq!(
+        (f.kind.as_str(), f.exit_code, f.signal),
+        ("exit_code", Some(7), None)
+    );
+    let containment = r.info["containment"].as_str().unwrap_or_default().to_string();
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    let fields: Vec<&str> = seen.split_whitespace().collect();
+    let ours = pid_ns(std::process::id() as i32).unwrap();
+    if !containment.starts_with("pid namespace") {
+        skip_or_fail(
+            "the_workload_has_its_own_pid_namespace_and_keeps_its_exit_status",
+            &format!("no PID namespace for the workload here ({containment})"),
+        );
+        return;
     }
+    assert_eq!(fields[0], "2", "the program is PID 2 of its namespace: {seen}");
+    assert_eq!(fields[0], fields[1], "`$$` and `/proc/$$` agree: {seen}");
+    assert_ne!(Path::new(fields[2]), ours, "{seen}");
+
+    // A signal is the program's, not the launcher's; no core file is left.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = spawn_agent(&task("kill -SEGV $$", 30.0), tmp.path())
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success());
+    let r = result_of(tmp.path());
+    let f = r.failure.unwrap();
+    assert_eq!(
+        (f.kind.as_str(), f.signal),
+        ("signal", Some(libc::SIGSEGV)),
+        "{}",
+        f.message
+    );
+    assert!(!tmp.path().join("core").exists());
+}
+
+/// Without root the launcher makes its namespaces inside a user namespace
+/// (our uid and gid mapped to themselves): the program is still PID 2 of
+/// its own PID namespace, with its own `/proc`, and runs as the same user.
+/// Runs where this test is root (to start the agent as `nobody`); skipped
+/// with a note where user namespaces are refused (that host keeps the
+/// marks and the guard).
+#[test]
+fn without_root_the_workload_gets_a_user_namespace() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: without_root_the_workload_gets_a_user_namespace: needs root to start the agent as `nobody`");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let seen = tmp.path().join("seen");
+    let script = format!(
+        "echo $$ $(cut -d' ' -f1 /proc/$$/stat) $(id -u) > {}",
+        seen.display()
+    );
+    let task_path = tmp.path().join("task.json");
+    std::fs::write(&task_path, serde_json::to_vec(&task(&script, 30.0)).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orch-agent"))
+        .args(["run", "--task"])
+        .arg(&task_path)
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .env("MY_TOKEN", TOKEN)
+        .env("HF_HOME", tmp.path().join("hf-home"))
+        .current_dir(tmp.path())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = result_of(tmp.path());
+    assert_eq!(r.status, Status::Succeeded, "{:?}", r.failure);
+    let containment = r.info["containment"].as_str().unwrap_or_default().to_string();
+    if !containment.starts_with("pid namespace (in a user namespace)") {
+        eprintln!("skipped: without_root_the_workload_gets_a_user_namespace: {containment}");
+        return;
+    }
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    let fields: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(fields, ["2", "2", "65534"], "pid, `/proc/$$`, uid: {seen}");
+}
+
+/// The agent's SIGTERM on timeout reaches the program through the launcher
+/// and the init: a program that traps it ends with its own exit code, not
+/// by the SIGKILL after the grace period.
+#[test]
+fn a_timed_out_workload_gets_the_sigterm_through_the_launcher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arg = unique_sleep();
+    let script = format!("trap 'exit 42' TERM; sleep {arg} & wait");
+    let mut t = task(&script, 2.0);
+    t.measure.kill_grace_s = 20.0;
+    let started = Instant::now();
+    let out = spawn_agent(&t, tmp.path()).wait_with_output().unwrap();
+    assert!(out.status.success());
+    let r = result_of(tmp.path());
+    assert_eq!(r.status, Status::Timeout);
+    let f = r.failure.unwrap();
+    assert_eq!((f.exit_code, f.signal), (Some(42), None), "{}", f.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_all_gone_soon(&arg, "its cell");
 }
 
 /// Where cgroups are writable, the workload runs in a cgroup of the cell's
@@ -440,8 +697,10 @@ fn the_workload_runs_in_a_cgroup_of_its_own_that_the_cell_end_removes() {
         Vec::<i32>::new(),
         "the hidden child outlived its cell"
     );
-    let r: orch_protocol::CellResult =
-        serde_json::from_slice(&std::fs::read(tmp.path().join("out/result.json")).unwrap()).unwrap();
+    let r: orch_protocol::CellResult = serde_json::from_slice(
+        &std::fs::read(tmp.path().join("out").join(orch_protocol::AGENT_RESULT_FILE)).unwrap(),
+    )
+    .unwrap();
     let containment = r
         .info
         .get("containment")

@@ -35,6 +35,9 @@ fn raise_open_files() {
 }
 
 fn main() {
+    // `orch cell-init -- PROGRAM ...`: the agent's cell launcher, re-executed
+    // from `orch agent` (hidden; returns at once otherwise).
+    orch_agent::cellinit::dispatch();
     // `orch ... | head` ends quietly, like any Unix tool, instead of panicking.
     // SAFETY: setting a signal disposition before any thread starts.
     unsafe {

@@ -96,8 +96,7 @@ exit 3
     }
     assert!(std::fs::read(home_dir.path().join("stdout.log")).unwrap().len() > 3_000_000);
     assert!(
-        !home_dir.path().join("result.json").exists()
-            && !home_dir.path().join("agent-result.json").exists(),
+        !home_dir.path().join("result.json").exists() && !home_dir.path().join("agent-result.json").exists(),
         "the host's store writes the result"
     );
     let events = std::fs::read_to_string(home_dir.path().join("events.jsonl")).unwrap();
