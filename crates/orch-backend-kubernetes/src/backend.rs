@@ -47,18 +47,22 @@
 //! runs it again (resume runs every cell recorded `cancelled`).
 
 use crate::files;
+use crate::nodes::{self, RankEnd};
 use crate::spec::{self, KubeSettings};
 use crate::watch::{self, Action, Autoscaler, Pending, PendingLimits, PodState, Seen};
 use crate::{KubeError, CELL_CONTAINER, JOB_LABEL};
 use async_trait::async_trait;
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as K8sEvent, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as K8sEvent, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use orch_backend::home::Home;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Failure, Status};
+use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
@@ -77,6 +81,10 @@ pub const API_BUDGET_ENV: &str = "ORCH_KUBERNETES_API_BUDGET";
 /// How often the pod is looked at while its log streams (its
 /// `DisruptionTarget` condition is seen before the pod is gone).
 const POD_POLL: Duration = Duration::from_secs(2);
+
+/// After rank 0 of a multi-node cell ended, how long the other ranks' logs
+/// may take to come home (their pods end with the Job).
+const RANKS_WAIT: Duration = Duration::from_secs(60);
 
 /// An error that the API server's absence explains (a connection refused
 /// or reset, a stream cut, a 5xx, throttling): the call is made again.
@@ -196,6 +204,8 @@ pub struct KubernetesBackend {
     poll: Duration,
     /// How long calls go on without an answer ([`DEFAULT_API_BUDGET`]).
     api_budget: Duration,
+    /// Nodes per cell id (1 when absent): an Indexed Job of that many pods.
+    nodes: BTreeMap<String, u32>,
 }
 
 impl KubernetesBackend {
@@ -207,7 +217,15 @@ impl KubernetesBackend {
             files_made: Mutex::new(Default::default()),
             poll: Duration::from_millis(500),
             api_budget: api_budget_from_env(),
+            nodes: BTreeMap::new(),
         }
+    }
+
+    /// Cells of more than one node (`nodes: N`, by cell id): each is an
+    /// Indexed Job of N pods with a headless Service.
+    pub fn with_nodes(mut self, nodes: BTreeMap<String, u32>) -> KubernetesBackend {
+        self.nodes = nodes;
+        self
     }
 
     /// How long calls go on without an answer from the API server.
@@ -365,6 +383,12 @@ impl KubernetesBackend {
     /// deleted. One call, no retry: `Err(Unreachable)` is one failed
     /// attempt (the caller counts them against the budget).
     async fn find_pod(&self, job: &str, uid: &str) -> Result<Option<Pod>, CallError> {
+        Ok(self.find_pods(job, uid).await?.into_iter().next())
+    }
+
+    /// Every pod of the Job (its uid; `""`: any) not being deleted. One
+    /// call, as [`Self::find_pod`].
+    async fn find_pods(&self, job: &str, uid: &str) -> Result<Vec<Pod>, CallError> {
         let pods: Api<Pod> = self.api();
         let lp = ListParams::default().labels(&format!("{JOB_LABEL}={job}"));
         let list = match tokio::time::timeout(API_TIMEOUT, pods.list(&lp)).await {
@@ -378,25 +402,104 @@ impl KubernetesBackend {
                 )))
             }
         };
-        Ok(list.items.into_iter().find(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && (uid.is_empty()
-                    || p.metadata
-                        .owner_references
-                        .as_ref()
-                        .is_some_and(|o| o.iter().any(|r| r.uid == uid)))
-        }))
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && (uid.is_empty()
+                        || p.metadata
+                            .owner_references
+                            .as_ref()
+                            .is_some_and(|o| o.iter().any(|r| r.uid == uid)))
+            })
+            .collect())
     }
 
-    /// Could any node ever run this pod? `None`: the nodes cannot be listed
-    /// (a role without `list nodes`).
-    async fn fits_some_node(&self, pod: &Pod) -> Option<bool> {
+    /// Create a multi-node cell's headless Service, owned by its Job. One
+    /// of the same name left by an earlier invocation is deleted first.
+    async fn create_service(&self, svc: &Service) -> Result<(), KubeError> {
+        let api: Api<Service> = self.api();
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let budget = self.api_budget;
+        let started = Instant::now();
+        loop {
+            match call(budget, || async { api.create(&PostParams::default(), svc).await }).await {
+                Ok(_) => return Ok(()),
+                Err(CallError::Api(kube::Error::Api(s)))
+                    if s.code == 409 && started.elapsed() < Duration::from_secs(120) =>
+                {
+                    let _ = call(budget, || async {
+                        api.delete(&name, &DeleteParams::background()).await
+                    })
+                    .await;
+                    while started.elapsed() < Duration::from_secs(120) {
+                        if let Ok(None) = call(budget, || api.get_opt(&name)).await {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+                Err(e) => return Err(e.into_kube(&format!("create service {name}"), budget)),
+            }
+        }
+    }
+
+    /// Delete a Service (the garbage collector also does, with its Job).
+    async fn delete_service(&self, name: &str) -> Result<(), String> {
+        let api: Api<Service> = self.api();
+        match call(self.api_budget, || async {
+            api.delete(name, &DeleteParams::background()).await
+        })
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+            Err(CallError::Api(e)) => Err(KubeError::api(format!("delete service {name}"))(e).to_string()),
+            Err(CallError::Unreachable(last)) => Err(unreachable_message(self.api_budget, &last)),
+        }
+    }
+
+    /// Delete the Services of a run (`orch down`): `deletecollection` by
+    /// label, or, where the API server does not offer it for Services (a
+    /// 405), each one listed by label.
+    async fn delete_services(&self, lp: &ListParams, budget: Duration) -> Result<(), CallError> {
+        let api: Api<Service> = self.api();
+        match call(budget, || async {
+            api.delete_collection(&DeleteParams::background(), lp).await
+        })
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(CallError::Api(kube::Error::Api(s))) if s.code == 405 => {
+                let list = call(budget, || api.list(lp)).await?;
+                for svc in list.items {
+                    let name = svc.metadata.name.unwrap_or_default();
+                    match call(budget, || async {
+                        api.delete(&name, &DeleteParams::background()).await
+                    })
+                    .await
+                    {
+                        Ok(_) => {}
+                        Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Could the nodes ever run `count` of this pod at once (a multi-node
+    /// cell's ranks)? `None`: the nodes cannot be listed.
+    async fn fits_nodes(&self, pod: &Pod, count: u32) -> Option<bool> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let list = tokio::time::timeout(API_TIMEOUT, nodes.list(&ListParams::default()))
             .await
             .ok()?
             .ok()?;
-        Some(watch::fits_some_node(pod, &list.items))
+        Some(watch::fits_all(pod, &list.items, count))
     }
 
     /// `FailedCreate` events of a Job (quota, Pod Security, a webhook).
@@ -473,6 +576,19 @@ impl KubernetesBackend {
     /// while it is unschedulable its events (the autoscaler's word) and
     /// whether any node could ever run it (asked once, `fits_cache`).
     async fn look_pod(&self, pod: &Pod, stalled: bool, fits_cache: &mut Option<Option<bool>>) -> Seen {
+        self.look_pods(pod, 1, stalled, fits_cache).await
+    }
+
+    /// [`Self::look_pod`] for one of `count` pods that must all run at once
+    /// (a multi-node cell's ranks): it could ever run only if the nodes could
+    /// hold all `count`.
+    async fn look_pods(
+        &self,
+        pod: &Pod,
+        count: u32,
+        stalled: bool,
+        fits_cache: &mut Option<Option<bool>>,
+    ) -> Seen {
         let pname = pod.metadata.name.clone().unwrap_or_default();
         let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.clone());
         let state = watch::pod_state(pod);
@@ -489,7 +605,7 @@ impl KubernetesBackend {
             && nominated.is_none()
         {
             if fits_cache.is_none() {
-                *fits_cache = Some(self.fits_some_node(pod).await);
+                *fits_cache = Some(self.fits_nodes(pod, count).await);
             }
             fits = fits_cache.flatten();
         }
@@ -955,15 +1071,18 @@ impl Backend for KubernetesBackend {
         // The task as the pod sees it: its files under `/orch/files`.
         // The same objects `--dry-run` prints: the task rewritten to its
         // files, the Job, the ConfigMaps (a long task as a file too).
+        let nodes = self.nodes.get(&cell.id).copied().unwrap_or(1).max(1);
         let objects = files::cell_objects(
             &cell.task,
             &image,
             &names,
             cell.launch.files.as_deref(),
             &cell.dir.join("task.json"),
+            nodes,
             &self.settings,
         )?;
-        let (job, packs) = (objects.job, objects.packs);
+        let (job, packs, service) = (objects.job, objects.packs, objects.service);
+        let (rank_tx, rank_rx) = mpsc::unbounded_channel();
         let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
@@ -982,6 +1101,14 @@ impl Backend for KubernetesBackend {
             deleted: false,
             unreachable: None,
             packs,
+            service,
+            service_made: false,
+            ranks: (1..nodes).map(Rank::new).collect(),
+            stopped: None,
+            collected: false,
+            rank_tx,
+            rank_rx,
+            failed_rank: None,
         };
         Ok(lifecycle::drive(&mut platform, cell, cancel).await)
     }
@@ -1014,6 +1141,9 @@ impl Backend for KubernetesBackend {
         })
         .await
         .map(|_| ());
+        // The headless Services of multi-node cells (their Jobs' garbage
+        // collection takes them too; one whose Job is gone stays otherwise).
+        let v = self.delete_services(&lp, left()).await;
         let p = call(left(), || async {
             pods.delete_collection(&DeleteParams::default(), &lp).await
         })
@@ -1034,6 +1164,7 @@ impl Backend for KubernetesBackend {
         s.map_err(|e| e.into_kube("delete the run's secret", budget))?;
         f.map_err(|e| e.into_kube("delete the run's configmaps", budget))?;
         j.map_err(|e| e.into_kube("delete the run's jobs", budget))?;
+        v.map_err(|e| e.into_kube("delete the run's services", budget))?;
         p.map_err(|e| e.into_kube("delete the run's pods", budget))?;
         Ok(())
     }
@@ -1056,6 +1187,84 @@ struct JobCell<'a> {
     unreachable: Option<String>,
     /// The ConfigMaps of the cell's files.
     packs: Vec<files::Pack>,
+    /// A multi-node cell's headless Service ([`spec::indexed`]).
+    service: Option<Service>,
+    service_made: bool,
+    /// A multi-node cell's ranks other than 0 (rank 0 is the fields above).
+    ranks: Vec<Rank>,
+    /// How orch stopped the cell, if it did.
+    stopped: Option<Stop>,
+    /// The ranks' ends are collected.
+    collected: bool,
+    /// Ranks other than 0 that ended without success, as their followers see them.
+    rank_tx: mpsc::UnboundedSender<u32>,
+    rank_rx: mpsc::UnboundedReceiver<u32>,
+    /// The first such rank (the Job was deleted for it).
+    failed_rank: Option<u32>,
+}
+
+/// One rank other than 0 of a multi-node cell: its pod, its log followed
+/// into `nodes/<rank>/` of the cell folder through a [`Home`] of its own.
+struct Rank {
+    rank: u32,
+    pod: Option<String>,
+    node: Option<String>,
+    home: Option<Arc<std::sync::Mutex<Home>>>,
+    follower: Option<tokio::task::JoinHandle<Followed>>,
+    end: Option<RankEnd>,
+}
+
+impl Rank {
+    fn new(rank: u32) -> Rank {
+        Rank {
+            rank,
+            pod: None,
+            node: None,
+            home: None,
+            follower: None,
+            end: None,
+        }
+    }
+}
+
+/// The node rank of a pod of an Indexed Job (its completion index).
+fn pod_rank(p: &Pod) -> Option<usize> {
+    let m = &p.metadata;
+    m.annotations
+        .as_ref()
+        .and_then(|a| a.get(spec::COMPLETION_INDEX))
+        .or_else(|| m.labels.as_ref().and_then(|l| l.get(spec::COMPLETION_INDEX)))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Lock a rank's [`Home`] (one whose holder panicked is still usable: it
+/// only writes files).
+fn lock_home(h: &std::sync::Mutex<Home>) -> std::sync::MutexGuard<'_, Home> {
+    h.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Follow a rank's log into its [`Home`]; a result other than `succeeded`
+/// is told on `ended` (the agent exits 0 whatever its workload did, so the
+/// Job does not fail by itself: the host stops the other ranks).
+async fn follow_rank(
+    pods: Api<Pod>,
+    pod: String,
+    home: Arc<std::sync::Mutex<Home>>,
+    budget: Duration,
+    rank: u32,
+    ended: mpsc::UnboundedSender<u32>,
+) -> Followed {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let follower = tokio::spawn(follow_log(pods, pod, tx, budget));
+    while let Some(line) = rx.recv().await {
+        let result = lock_home(&home).line(&line);
+        if let Ok(Some(r)) = result {
+            if r.status != Status::Succeeded {
+                let _ = ended.send(rank);
+            }
+        }
+    }
+    follower.await.unwrap_or_default()
 }
 
 impl JobCell<'_> {
@@ -1063,11 +1272,330 @@ impl JobCell<'_> {
         let _ = writeln!(self.klog, "{line}");
     }
 
-    /// Delete the Job (retried while the API server is away); a Job that
-    /// stays is named in `kubernetes.log`.
+    /// Start following a rank's pod: rank 0's log is the cell's stream,
+    /// another's goes into `nodes/<rank>/` through a [`Home`] of its own.
+    fn follow(&mut self, cell: &Cell, rank: usize, pod: &Pod) {
+        let backend = self.backend;
+        let pname = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if rank == 0 {
+            self.pod_name = Some(pname.clone());
+            self.node = node.or(self.node.take());
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.lines = Some(rx);
+            self.follower = Some(tokio::spawn(follow_log(
+                backend.api(),
+                pname,
+                tx,
+                backend.api_budget,
+            )));
+            return;
+        }
+        let dir = cell.dir.join("nodes").join(rank.to_string());
+        // Its events stay in its own `events.jsonl`: the cell's progress is rank 0's.
+        let (events, _) = mpsc::unbounded_channel();
+        let home = match Home::new(&cell.id, &dir, events) {
+            Ok(h) => Arc::new(std::sync::Mutex::new(h.masked(cell.masker.clone()))),
+            Err(e) => {
+                self.log(&format!("orch: rank {rank}: {e}"));
+                return;
+            }
+        };
+        self.log(&format!(
+            "orch: rank {rank}: pod {pname}, its files into nodes/{rank}/"
+        ));
+        let Some(r) = self.ranks.get_mut(rank - 1) else {
+            return;
+        };
+        r.pod = Some(pname.clone());
+        r.node = node;
+        r.home = Some(home.clone());
+        r.follower = Some(tokio::spawn(follow_rank(
+            backend.api(),
+            pname,
+            home,
+            backend.api_budget,
+            rank as u32,
+            self.rank_tx.clone(),
+        )));
+    }
+
+    /// A rank other than 0 ended without success: the other ranks would
+    /// wait for it (a rendezvous, a collective), so the Job goes with its
+    /// pods, as the Job controller does when a pod fails.
+    async fn rank_ended(&mut self, rank: u32) {
+        if self.failed_rank.is_some() {
+            return;
+        }
+        self.failed_rank = Some(rank);
+        let line = format!(
+            "orch: node rank {rank} ended without success; deleting job {} to stop the other ranks",
+            self.job_name
+        );
+        self.log(&line);
+        self.delete().await;
+    }
+
+    /// Ranks that ended without success since the last look.
+    fn ended_ranks(&mut self) -> Option<u32> {
+        let mut first = None;
+        while let Ok(r) = self.rank_rx.try_recv() {
+            first.get_or_insert(r);
+        }
+        first
+    }
+
+    /// Until every pod of a multi-node cell's Job runs: each rank's pod is
+    /// judged as a one-node cell's is ([`Pending::decide`], one per rank);
+    /// one that can never run fails the cell, naming its rank.
+    async fn wait_ranks(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        let backend = self.backend;
+        let n = self.ranks.len() + 1;
+        let limits = backend.limits();
+        let now = Instant::now();
+        let mut pending: Vec<Pending> = (0..n).map(|_| Pending::new(now)).collect();
+        let mut followed = vec![false; n];
+        let mut fits_cache = None;
+        let mut ticker = tokio::time::interval(backend.poll);
+        let mut down = Down::default();
+        let uid = self.job_uid.clone().unwrap_or_default();
+        let gpu = cell.task.gpu.to_string();
+        let mut k = 0;
+        loop {
+            if down.0.is_some() {
+                tokio::time::sleep(backoff(k)).await;
+                k += 1;
+            } else {
+                ticker.tick().await;
+                k = 0;
+            }
+            let pods = match backend.find_pods(&self.job_name, &uid).await {
+                Ok(p) => {
+                    if down.0.is_some() {
+                        self.log("orch: the API server answers again");
+                    }
+                    down.ok();
+                    p
+                }
+                Err(CallError::Api(e)) => {
+                    let e = KubeError::api(format!("list pods of job {}", self.job_name))(e);
+                    return Err(Early::failed("backend", BackendError::from(e).to_string()));
+                }
+                Err(CallError::Unreachable(e)) => {
+                    if down.0.is_none() {
+                        self.log(&format!(
+                            "orch: the API server does not answer ({e}); trying again for {}s",
+                            backend.api_budget.as_secs()
+                        ));
+                    }
+                    if down.failed(e, backend.api_budget) {
+                        let message = unreachable_message(backend.api_budget, &down.last());
+                        self.log(&format!("orch: kubernetes api_unreachable: {message}"));
+                        return Err(Early::failed("api_unreachable", message));
+                    }
+                    continue;
+                }
+            };
+            let mut by_rank: Vec<Option<Pod>> = vec![None; n];
+            for p in pods {
+                if let Some(r) = pod_rank(&p).filter(|r| *r < n) {
+                    if by_rank[r].is_none() {
+                        by_rank[r] = Some(p);
+                    }
+                }
+            }
+            let mut refusals: Option<Vec<String>> = None;
+            for r in 0..n {
+                if followed[r] {
+                    continue;
+                }
+                let stalled = pending[r].stalled(Instant::now(), &limits);
+                let seen = match &by_rank[r] {
+                    Some(p) => backend.look_pods(p, n as u32, stalled, &mut fits_cache).await,
+                    None => {
+                        if refusals.is_none() {
+                            refusals = Some(backend.job_refusals(&self.job_name).await);
+                        }
+                        Seen::NoPod {
+                            refusals: refusals.clone().unwrap_or_default(),
+                        }
+                    }
+                };
+                let (line, action) = pending[r].decide(&seen, Instant::now(), &limits, &gpu);
+                if let Some(line) = line {
+                    self.log(&format!("orch: rank {r}: {line}"));
+                }
+                match action {
+                    Action::Wait => {}
+                    Action::Follow => {
+                        if let Some(p) = &by_rank[r] {
+                            self.follow(cell, r, p);
+                            followed[r] = true;
+                        }
+                    }
+                    Action::Fail(status, mut failure) => {
+                        if let Seen::Pod { events, .. } = &seen {
+                            for e in events {
+                                self.log(&format!("event: rank {r}: {e}"));
+                            }
+                        }
+                        failure.message = format!("node rank {r} of {n}: {}", failure.message);
+                        if failure.kind == "unschedulable" {
+                            failure
+                                .message
+                                .push_str(&format!(" (the cell needs {n} such pods running at once)"));
+                        }
+                        let line = format!("orch: {}", note_line(&failure));
+                        self.log(&line);
+                        return Err(Early { status, failure });
+                    }
+                }
+            }
+            if let Some(rank) = self.ended_ranks() {
+                self.rank_ended(rank).await;
+                if followed[0] {
+                    return Ok(());
+                }
+                let failure = Failure::new(
+                    "node_rank_failed",
+                    format!(
+                        "node rank {rank} ended without success before every rank of the cell ran; its logs are in `nodes/{rank}/`"
+                    ),
+                );
+                self.log(&format!("orch: {}", note_line(&failure)));
+                return Err(Early {
+                    status: Status::Failed,
+                    failure,
+                });
+            }
+            if followed.iter().all(|f| *f) {
+                self.log(&format!("orch: all {n} ranks run"));
+                return Ok(());
+            }
+            // A rank that ended before the others started failed the Job
+            // (`backoffLimit: 0`), whose controller stops the rest: no more wait.
+            if followed.iter().any(|f| *f) {
+                if let Some(reason) = backend.job_failed_reason(&self.job_name).await {
+                    let line = format!(
+                        "orch: the Job failed ({reason}) before every rank ran; ranks seen running: {:?}",
+                        (0..n).filter(|r| followed[*r]).collect::<Vec<_>>()
+                    );
+                    self.log(&line);
+                    if followed[0] {
+                        return Ok(());
+                    }
+                    let r = followed.iter().position(|f| *f).unwrap_or(1);
+                    let failure = Failure::new(
+                        "node_rank_failed",
+                        format!(
+                            "node rank {r} ended before every rank of the cell ran, and the Job failed ({reason}); its logs are in `nodes/{r}/`"
+                        ),
+                    );
+                    self.log(&format!("orch: {}", note_line(&failure)));
+                    return Err(Early {
+                        status: Status::Failed,
+                        failure,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The ends of the ranks other than 0: each follower awaited (until
+    /// `wait` has passed for all), every frame its pod's log still holds,
+    /// its termination message, else its pod's end.
+    async fn collect_ranks(&mut self, cell: &Cell, wait: Duration) {
+        if self.collected {
+            return;
+        }
+        self.collected = true;
+        let deadline = Instant::now() + wait;
+        let pods: Api<Pod> = self.backend.api();
+        for i in 0..self.ranks.len() {
+            let mut last = None;
+            if let Some(mut f) = self.ranks[i].follower.take() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, &mut f).await {
+                    Ok(Ok(followed)) => last = followed.last,
+                    _ => f.abort(),
+                }
+            }
+            let rank = self.ranks[i].rank;
+            let pod = match self.ranks[i].pod.clone() {
+                Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(&p))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .flatten()
+                    .or(last),
+                None => None,
+            };
+            if let Some(n) = pod
+                .as_ref()
+                .and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.node_name.clone())
+            {
+                self.ranks[i].node = Some(n);
+            }
+            let message = pod.as_ref().and_then(watch::termination_message);
+            let mut result = None;
+            if let Some(home) = self.ranks[i].home.clone() {
+                for line in message.iter().flat_map(|m| m.lines()) {
+                    let _ = lock_home(&home).line(line);
+                }
+                let (missing, gaps) = {
+                    let h = lock_home(&home);
+                    (h.result().is_none(), h.gaps())
+                };
+                if missing || gaps {
+                    if let Some(p) = &self.ranks[i].pod {
+                        if let Some(text) = read_log(&pods, p).await {
+                            let mut h = lock_home(&home);
+                            for line in text.lines() {
+                                let _ = h.line(line);
+                            }
+                        }
+                    }
+                }
+                let mut h = lock_home(&home);
+                result = h.result().cloned();
+                h.close();
+            }
+            if result.is_none() && self.ranks[i].pod.is_some() {
+                result = message
+                    .as_deref()
+                    .and_then(|m| summary_result(&cell.id, m))
+                    .or_else(|| {
+                        let (status, failure) = watch::pod_end(pod.as_ref());
+                        let mut r = CellResult::new(&cell.id, status);
+                        r.failure = Some(failure);
+                        Some(r)
+                    });
+            }
+            let status = result.as_ref().map(|r| r.status.as_str()).unwrap_or("no_result");
+            self.log(&format!("orch: rank {rank}: ended {status}"));
+            self.ranks[i].end = Some(RankEnd {
+                rank,
+                host: self.ranks[i].node.clone(),
+                result,
+            });
+        }
+    }
+
+    /// Delete the Job (retried while the API server is away), and a
+    /// multi-node cell's Service; one that stays is named in `kubernetes.log`.
     async fn delete(&mut self) {
         if !self.deleted {
             self.deleted = true;
+            if self.service_made {
+                let name = spec::service_name(&self.job_name);
+                if let Err(e) = self.backend.delete_service(&name).await {
+                    let line = format!(
+                        "orch: the service {name} could not be deleted ({e}); the garbage collector deletes it with its Job, `orch down` by label"
+                    );
+                    self.log(&line);
+                }
+            }
             if let Err(e) = self.backend.delete_job(&self.job_name).await {
                 let line = format!(
                     "orch: the job {} could not be deleted ({e}); its activeDeadlineSeconds stops it, `orch down` deletes it",
@@ -1141,12 +1669,37 @@ impl Platform for JobCell<'_> {
             );
             self.log(&line);
         }
-        self.job_uid = Some(backend.create_job(&self.job).await.map_err(err)?);
+        let uid = backend.create_job(&self.job).await.map_err(err)?;
+        self.job_uid = Some(uid.clone());
         let line = format!(
-            "orch: job {} created in namespace {} (image {}, gpu {})",
-            self.job_name, backend.settings.namespace, self.image, cell.task.gpu
+            "orch: job {} created in namespace {} (image {}, gpu {}{})",
+            self.job_name,
+            backend.settings.namespace,
+            self.image,
+            cell.task.gpu,
+            if self.ranks.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " per node, {} nodes: an Indexed Job, MASTER_ADDR {}",
+                    self.ranks.len() + 1,
+                    spec::master_addr(&self.job_name)
+                )
+            }
         );
         self.log(&line);
+        if let Some(svc) = self.service.clone() {
+            let svc = spec::owned_by(svc, &self.job_name, &uid);
+            let name = svc.metadata.name.clone().unwrap_or_default();
+            self.service_made = true;
+            backend.create_service(&svc).await.map_err(err)?;
+            self.log(&format!(
+                "orch: headless service {name} created (the pods' subdomain; owned by the Job)"
+            ));
+        }
+        if !self.ranks.is_empty() {
+            return self.wait_ranks(cell).await;
+        }
         let limits = backend.limits();
         let mut pending = Pending::new(Instant::now());
         let mut fits_cache = None;
@@ -1224,13 +1777,39 @@ impl Platform for JobCell<'_> {
     }
 
     async fn next_line(&mut self, _cell: &mut Cell) -> Option<String> {
-        self.lines.as_mut()?.recv().await
+        enum Next {
+            Line(Option<String>),
+            RankEnded(Option<u32>),
+        }
+        loop {
+            let watch_ranks = !self.ranks.is_empty() && self.failed_rank.is_none();
+            let next = {
+                let lines = self.lines.as_mut()?;
+                let ranks = &mut self.rank_rx;
+                tokio::select! {
+                    l = lines.recv() => Next::Line(l),
+                    r = ranks.recv(), if watch_ranks => Next::RankEnded(r),
+                }
+            };
+            match next {
+                Next::Line(l) => return l,
+                // Another rank failed: the Job goes, rank 0's stream ends with its pod.
+                Next::RankEnded(Some(rank)) => self.rank_ended(rank).await,
+                Next::RankEnded(None) => {}
+            }
+        }
     }
 
     async fn stop(&mut self, _cell: &mut Cell, why: Stop, kill: bool) {
         if kill {
-            // Past the grace: the pod goes without one.
-            if let Some(p) = self.pod_name.clone() {
+            // Past the grace: the pods go without one.
+            let names: Vec<String> = self
+                .pod_name
+                .iter()
+                .chain(self.ranks.iter().filter_map(|r| r.pod.as_ref()))
+                .cloned()
+                .collect();
+            for p in names {
                 let pods: Api<Pod> = self.backend.api();
                 let dp = DeleteParams {
                     grace_period_seconds: Some(0),
@@ -1254,6 +1833,7 @@ impl Platform for JobCell<'_> {
 
     async fn end(&mut self, cell: &mut Cell, stopped: Option<Stop>) -> PlatformEnd {
         let backend = self.backend;
+        self.stopped = stopped;
         let pods: Api<Pod> = backend.api();
         let mut last_seen = None;
         // The API server refused the log (a 403: the Role lacks `get
@@ -1425,6 +2005,10 @@ impl Platform for JobCell<'_> {
                 format!("{why}; the cell's logs and metrics could not come home\nhint: grant what `deploy/kubernetes/orch-role.yaml` grants (`kubectl auth can-i get pods/log -n {}`)", backend.settings.namespace),
             );
         }
+        // The other ranks of a multi-node cell: their logs home too.
+        if !self.ranks.is_empty() {
+            self.collect_ranks(cell, RANKS_WAIT).await;
+        }
         // What the cluster did to the pod (OOM kill, eviction, a
         // disruption, the Job's deadline, a lost node) names the end.
         PlatformEnd::named(
@@ -1456,8 +2040,31 @@ impl Platform for JobCell<'_> {
                 }
             }
         }
+        // A multi-node cell: every rank into `info.nodes`, and a rank's own
+        // failure is the cell's.
+        if !self.ranks.is_empty() {
+            self.collect_ranks(cell, Duration::from_secs(5)).await;
+            let others: Vec<RankEnd> = self.ranks.iter().filter_map(|r| r.end.clone()).collect();
+            let before = result.failure.as_ref().map(|f| f.kind.clone());
+            nodes::apply(result, self.node.as_deref(), &others, self.stopped.is_some());
+            if let Some(f) = result
+                .failure
+                .as_ref()
+                .filter(|f| f.kind == "node_rank_failed" && before.as_deref() != Some("node_rank_failed"))
+            {
+                let line = format!("orch: {}", note_line(f));
+                self.log(&line);
+                cell.note(&line);
+            }
+        }
         if self.job_uid.is_some() {
             self.delete().await;
+        }
+        if self.service_made {
+            result.info.insert(
+                "kubernetes_service".into(),
+                spec::service_name(&self.job_name).into(),
+            );
         }
         let info: [(&str, Option<String>); 5] = [
             (

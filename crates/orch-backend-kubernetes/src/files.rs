@@ -259,9 +259,13 @@ pub fn task_file(job: &mut Job, run_id: &str, json: &Path) -> Result<Option<Pack
 /// A cell's objects as a run applies them and `--dry-run` prints them: its
 /// Job ([`spec::cell_job`]) for the task rewritten to its files, with the
 /// ConfigMaps of those files and, for a task too long for one argument, of
-/// the task itself (its JSON written at `task_json`).
+/// the task itself (its JSON written at `task_json`). A cell of `nodes: N`
+/// (N > 1) is an Indexed Job of N pods with its headless Service
+/// ([`spec::indexed`]).
 pub struct CellObjects {
     pub job: Job,
+    /// The headless Service of a multi-node cell's pods.
+    pub service: Option<k8s_openapi::api::core::v1::Service>,
     pub packs: Vec<Pack>,
     /// The task as the pod sees it (its files under `/orch/files`).
     pub task: orch_protocol::TaskSpec,
@@ -274,6 +278,7 @@ pub fn cell_objects(
     secret_names: &[String],
     shipment: Option<&Shipment>,
     task_json: &Path,
+    nodes: u32,
     s: &KubeSettings,
 ) -> Result<CellObjects, BackendError> {
     let mut task = task.clone();
@@ -285,6 +290,7 @@ pub fn cell_objects(
         packs = self::packs(&task.run_id, &shipment.blobs());
     }
     let mut job = spec::cell_job(&task, image, secret_names, s);
+    let service = spec::indexed(&mut job, &task, nodes);
     let big = orch_backend::home::task_b64(&task).len() > TASK_ARG_BYTES;
     if big {
         let json = serde_json::to_vec_pretty(&task).map_err(|e| BackendError::Io {
@@ -300,7 +306,12 @@ pub fn cell_objects(
     if shipment.is_some() || big {
         mount(&mut job, &packs);
     }
-    Ok(CellObjects { job, packs, task })
+    Ok(CellObjects {
+        job,
+        service,
+        packs,
+        task,
+    })
 }
 
 /// The cell's Job with its files: the blobs' ConfigMaps as one read-only

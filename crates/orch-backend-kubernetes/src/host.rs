@@ -98,7 +98,16 @@ pub async fn backend(
             eprintln!("note: {note}");
         }
     }
-    Ok(KubernetesBackend::new(client, s))
+    Ok(KubernetesBackend::new(client, s).with_nodes(nodes_of(plan)))
+}
+
+/// Nodes per cell id, for cells of more than one (`nodes: N`).
+pub fn nodes_of(plan: &Plan) -> BTreeMap<String, u32> {
+    plan.cells
+        .iter()
+        .filter(|c| c.nodes > 1)
+        .map(|c| (c.id.clone(), c.nodes))
+        .collect()
 }
 
 /// `gpu_affinity: auto`: off when the cluster has GPU nodes (allocatable
@@ -242,6 +251,7 @@ pub fn dry_run(
     }
     let run_id = run_id_like(plan, std::time::SystemTime::now());
     let mut jobs = Vec::new();
+    let mut services = Vec::new();
     // The ConfigMaps of every cell's files, each once; long tasks' JSON in
     // a folder of their own, as a run stages them.
     let mut packs: Vec<crate::files::Pack> = Vec::new();
@@ -259,14 +269,22 @@ pub fn dry_run(
                 .map_err(|e| orch_backend::host::files_error(&e))?;
             let image = images.get(&c.id).cloned().unwrap_or_default();
             let json = staged.join(format!("{}.json", spec::dns_name("task", &c.id, 60)));
-            let objects =
-                crate::files::cell_objects(&task, &image, &plan.secrets, Some(&shipment), &json, &s)?;
+            let objects = crate::files::cell_objects(
+                &task,
+                &image,
+                &plan.secrets,
+                Some(&shipment),
+                &json,
+                c.nodes.max(1),
+                &s,
+            )?;
             for p in objects.packs {
                 if !packs.iter().any(|q| q.name == p.name) {
                     packs.push(p);
                 }
             }
             jobs.push(objects.job);
+            services.extend(objects.service);
         }
         Ok::<(), BackendError>(())
     })();
@@ -274,8 +292,13 @@ pub fn dry_run(
     let _ = std::fs::remove_dir_all(&staged);
     built?;
     let mut out = format!(
-        "# orch run --backend kubernetes --dry-run: {} Job(s) of suite `{}` for namespace `{ns}`{}\n",
+        "# orch run --backend kubernetes --dry-run: {} Job(s){} of suite `{}` for namespace `{ns}`{}\n",
         jobs.len(),
+        if services.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} headless Service(s) of multi-node cells", services.len())
+        },
         plan.suite,
         context.map(|c| format!(", context `{c}`")).unwrap_or_default()
     );
@@ -288,7 +311,7 @@ pub fn dry_run(
         "# names derive from the run id, here `{run_id}` (a run's own id differs in its time and last four characters)\n"
     ));
     out.push_str(&described);
-    out.push_str(&spec::dry_run_yaml(&jobs, &plan.secrets, &run_id, &s));
+    out.push_str(&spec::dry_run_yaml(&jobs, &services, &plan.secrets, &run_id, &s));
     Ok(out)
 }
 
@@ -472,9 +495,14 @@ impl Host for KubernetesHost {
         .await?;
         backend.cleanup(run_id).await?;
         Ok(format!(
-            "deleted every Job, pod, Secret and ConfigMap of run {run_id} in namespace {}",
+            "deleted every Job, pod, Service, Secret and ConfigMap of run {run_id} in namespace {}",
             backend.settings().namespace
         ))
+    }
+
+    /// A cell of `nodes: N` is an Indexed Job of N pods with a headless Service.
+    fn max_nodes(&self) -> u32 {
+        u32::MAX
     }
 
     fn dry_run(&self, plan: &Plan, files: &orch_files::Files) -> Result<String, BackendError> {

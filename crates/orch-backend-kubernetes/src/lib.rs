@@ -1,6 +1,20 @@
 //! The `kubernetes` backend: every cell is a batch/v1 Job on a cluster with
 //! the NVIDIA device plugin, driven with kube-rs.
 //!
+//! A cell of `nodes: N` (N > 1) is an Indexed Job of N pods (the cell's
+//! GPUs each) with a headless Service named as the pods' `subdomain`, so
+//! pod `<job>-<k>` is `<job>-<k>.<job>` by DNS; every pod gets the
+//! rendezvous variables the slurm backend gives (`MASTER_ADDR` = rank 0's
+//! name, `MASTER_PORT` = 29500, `WORLD_SIZE`, `NNODES`, `NPROC_PER_NODE`,
+//! `NODE_RANK`/`RANK` from the completion index). The host waits until
+//! every pod runs (each judged like a one-node cell's pod), follows rank 0's
+//! log as the cell's stream and every other rank's into `nodes/<k>/`, and
+//! records every rank in `info.nodes` ([`nodes`]); a rank whose result is
+//! not success (the agent exits 0 whatever its workload did) makes the host
+//! delete the Job, so the other ranks stop (a pod that fails by itself fails
+//! the Job: `backoffLimit: 0`), and the cell fails `node_rank_failed`. The Service is owned by the Job, deleted with
+//! it and by `orch down` (the run's labels).
+//!
 //! - [`spec`]: the objects orch applies (the cell's Job, the run's Secret),
 //!   built without IO, so `orch run --dry-run` prints exactly what is applied;
 //! - [`watch`]: what a pod's status and events say (scheduled, pulling,
@@ -26,11 +40,13 @@
 //! `--backend kubernetes`: `spec.rs` (the cell's Job and the run's Secret
 //! without IO: labels, deadlines, GPU limits and node affinity by GFD/GKE/Karpenter
 //! labels, tolerations, `/dev/shm`, the weights PVC, `secretKeyRef` env, the agent's init
-//! container; `--dry-run` YAML); `watch.rs` (a pod's status read without IO: pending,
+//! container; a multi-node cell's Indexed Job and headless Service; `--dry-run` YAML); `watch.rs` (a pod's status read without IO: pending,
 //! unschedulable, stuck on an image or a Secret, started, how it ended); `backend.rs`
 //! (Secret, Job, the pod watched every 0.5 s, its log followed into `Home` with
 //! reconnects, the termination message as the fallback result, OOMKilled/evicted/deadline
-//! named, Job deleted on end/cancel/timeout, `cleanup` by the run's labels); `weights.rs`
+//! named, Job deleted on end/cancel/timeout, `cleanup` by the run's labels; a multi-node
+//! cell's ranks followed into `nodes/<k>/`); `nodes.rs` (a multi-node cell's `info.nodes` and
+//! which rank's end is the cell's, without IO); `weights.rs`
 //! (the weights PVC checked by a probe Job: refs and completeness markers);
 //! `spec::setup_job` + `run_setup` (`orch setup --backend kubernetes`: the static `orch`
 //! from the agent image runs `orch setup` in the cluster with the PVC read-write);
@@ -42,6 +58,7 @@
 pub mod backend;
 pub mod files;
 pub mod host;
+pub mod nodes;
 pub mod spec;
 pub mod watch;
 pub mod weights;
@@ -102,7 +119,7 @@ impl KubeError {
                     "the cluster refused orch's credentials for `{call}` ({}): {}",
                     s.code, s.message
                 ),
-                hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods, Secrets and ConfigMaps in the namespace".into(),
+                hint: "check the kubeconfig's user (`kubectl auth can-i create jobs`), `--context` or `KUBECONFIG`; orch needs to create, list, watch and delete Jobs, Pods, Secrets, ConfigMaps and Services in the namespace".into(),
             },
             kube::Error::Api(s) if s.code == 422 => KubeError::Unavailable {
                 message: format!("the cluster refused `{call}` as invalid: {}", s.message),

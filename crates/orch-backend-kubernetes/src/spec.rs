@@ -18,8 +18,8 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, LocalObjectReference, NodeAffinity,
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, ResourceRequirements, Secret, SecretKeySelector, Toleration as K8sToleration, Volume,
-    VolumeMount,
+    PodTemplateSpec, ResourceRequirements, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec,
+    Toleration as K8sToleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -825,6 +825,147 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
     }
 }
 
+/// The port rank 0 of a multi-node cell listens on for its peers
+/// (`MASTER_PORT`: torchrun's and `torch.distributed`'s default).
+pub const MASTER_PORT: u16 = 29500;
+
+/// The annotation (and label) the Job controller puts on each pod of an
+/// Indexed Job: its completion index, the node rank.
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// The headless Service of a multi-node cell's Job: the Job's own name (a
+/// Job name is a DNS-1035 label: it starts with `orch-`).
+pub fn service_name(job_name: &str) -> String {
+    job_name.to_string()
+}
+
+/// `MASTER_ADDR` of a multi-node cell: rank 0's DNS name, `<job>-0.<service>`
+/// (the hostname Kubernetes gives pod 0 of an Indexed Job, under the
+/// subdomain of the headless Service).
+pub fn master_addr(job_name: &str) -> String {
+    format!("{job_name}-0.{}", service_name(job_name))
+}
+
+/// Make a cell's Job one of `nodes` pods, as the ecosystem runs multi-node
+/// work on Kubernetes: an Indexed Job (`completionMode: Indexed`,
+/// `completions` = `parallelism` = `nodes`) whose pods are `<job>-<index>`
+/// under the headless Service's subdomain, with the rendezvous variables
+/// the slurm backend gives (`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`,
+/// `NNODES`, `NPROC_PER_NODE`, `NODE_RANK` and `RANK` from the completion
+/// index). Each pod asks for the cell's GPUs (per node, as on slurm).
+/// `backoffLimit: 0` stays: a failed pod fails the Job, and the Job
+/// controller terminates the other ranks (the agent exits 0 after a failed
+/// workload: for that the host deletes the Job). Returns the headless Service
+/// ([`cell_service`]). One node: the Job unchanged, no Service.
+pub fn indexed(job: &mut Job, task: &TaskSpec, nodes: u32) -> Option<Service> {
+    if nodes <= 1 {
+        return None;
+    }
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let nproc = task.gpu.count().max(1);
+    let spec = job.spec.as_mut()?;
+    spec.completion_mode = Some("Indexed".into());
+    spec.completions = Some(nodes as i32);
+    spec.parallelism = Some(nodes as i32);
+    spec.backoff_limit = Some(0);
+    if let Some(a) = job.metadata.annotations.as_mut() {
+        a.insert("orch.dev/nodes".into(), nodes.to_string());
+    }
+    let pod = spec.template.spec.as_mut()?;
+    pod.subdomain = Some(service_name(&name));
+    let plain = |k: &str, v: String| EnvVar {
+        name: k.into(),
+        value: Some(v),
+        value_from: None,
+    };
+    let rank = EnvVar {
+        name: "NODE_RANK".into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                api_version: None,
+                field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
+            }),
+            ..Default::default()
+        }),
+    };
+    let rendezvous = vec![
+        plain("MASTER_ADDR", master_addr(&name)),
+        plain("MASTER_PORT", MASTER_PORT.to_string()),
+        plain("WORLD_SIZE", nodes.to_string()),
+        plain("NNODES", nodes.to_string()),
+        plain("NPROC_PER_NODE", nproc.to_string()),
+        rank,
+        // A reference to the variable above, expanded by the kubelet.
+        plain("RANK", "$(NODE_RANK)".into()),
+    ];
+    for c in pod.containers.iter_mut().filter(|c| c.name == CELL_CONTAINER) {
+        let mut env = rendezvous.clone();
+        env.extend(c.env.take().unwrap_or_default());
+        c.env = Some(env);
+        c.ports = Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            name: Some("rendezvous".into()),
+            container_port: i32::from(MASTER_PORT),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]);
+    }
+    Some(cell_service(job))
+}
+
+/// The headless Service of a multi-node cell's Job (`clusterIP: None`,
+/// selecting the Job's pods by [`JOB_LABEL`], `publishNotReadyAddresses` so
+/// that a rank resolves before its peers are ready), named as the pods'
+/// `subdomain`, with the cell's labels (`orch down` finds it by the run's).
+/// The backend adds an ownerReference to the Job once it exists
+/// ([`owned_by`]), so the garbage collector deletes it with the Job.
+pub fn cell_service(job: &Job) -> Service {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let mut labels = job.metadata.labels.clone().unwrap_or_default();
+    labels.insert("app.kubernetes.io/name".into(), "orch-cell".into());
+    Service {
+        metadata: ObjectMeta {
+            name: Some(service_name(&name)),
+            namespace: job.metadata.namespace.clone(),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(BTreeMap::from([(JOB_LABEL.to_string(), name)])),
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("rendezvous".into()),
+                port: i32::from(MASTER_PORT),
+                target_port: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+                    i32::from(MASTER_PORT),
+                )),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Service owned by the Job (`uid`): the garbage collector deletes it
+/// with the Job. No `blockOwnerDeletion` (that needs `update` on
+/// `jobs/finalizers`, which the Role does not grant).
+pub fn owned_by(mut svc: Service, job_name: &str, uid: &str) -> Service {
+    svc.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: job_name.into(),
+            uid: uid.into(),
+            controller: Some(false),
+            block_owner_deletion: None,
+        },
+    ]);
+    svc
+}
+
 /// A short Job that runs `sh -c SCRIPT` in `image` with the weights PVC
 /// mounted read-only (`orch plan`'s check of the PVC). Its container is
 /// named like a cell's, so its states read the same.
@@ -1110,7 +1251,13 @@ pub fn run_secret(run_id: &str, values: &[(String, String)], s: &KubeSettings) -
 /// The manifests of a run for `--dry-run`: YAML documents, the Secret shown
 /// as a comment (its values are never printed; orch makes it from the host's
 /// environment).
-pub fn dry_run_yaml(jobs: &[Job], secret_keys: &[String], run_id: &str, s: &KubeSettings) -> String {
+pub fn dry_run_yaml(
+    jobs: &[Job],
+    services: &[Service],
+    secret_keys: &[String],
+    run_id: &str,
+    s: &KubeSettings,
+) -> String {
     let mut out = String::new();
     if !secret_keys.is_empty() {
         match &s.secret_name {
@@ -1137,6 +1284,17 @@ pub fn dry_run_yaml(jobs: &[Job], secret_keys: &[String], run_id: &str, s: &Kube
         let v = serde_json::to_value(job).unwrap_or_default();
         out.push_str("---\n");
         out.push_str(&serde_saphyr::to_string(&v).unwrap_or_default());
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        for svc in services
+            .iter()
+            .filter(|v| v.metadata.name.as_deref() == Some(name))
+        {
+            let v = serde_json::to_value(svc).unwrap_or_default();
+            out.push_str(&format!(
+                "---\n# The headless Service of Job `{name}`'s pods (their DNS names under it); orch adds an ownerReference to the Job once the Job exists, so it goes with the Job.\n"
+            ));
+            out.push_str(&serde_saphyr::to_string(&v).unwrap_or_default());
+        }
     }
     out
 }

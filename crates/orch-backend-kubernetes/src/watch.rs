@@ -358,8 +358,22 @@ pub fn cell_terminated(pod: &Pod) -> bool {
 /// allocatable. `false` makes an unschedulable pod final: waiting cannot help
 /// (unless an autoscaler adds a node, which its events say).
 pub fn fits_some_node(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node]) -> bool {
+    fit_count(pod, nodes, 1) >= 1
+}
+
+/// Could these nodes run `count` such pods at once, if nothing else ran
+/// there (a multi-node cell's ranks: the same pod `count` times)? Each node
+/// that [`fits_some_node`] takes as many as its allocatable `nvidia.com/gpu`
+/// holds (any number of CPU pods).
+pub fn fits_all(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node], count: u32) -> bool {
+    fit_count(pod, nodes, count) >= i64::from(count)
+}
+
+/// How many of the pod the nodes could hold at once (at most `want`).
+fn fit_count(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node], want: u32) -> i64 {
+    let want = i64::from(want);
     let Some(spec) = pod.spec.as_ref() else {
-        return true;
+        return want;
     };
     let gpus: i64 = spec
         .containers
@@ -367,7 +381,7 @@ pub fn fits_some_node(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node]) -> 
         .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("nvidia.com/gpu"))
         .filter_map(|q| q.0.parse::<i64>().ok())
         .sum();
-    nodes.iter().any(|n| {
+    let per_node = nodes.iter().map(|n| {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         let selector_ok = spec
             .node_selector
@@ -428,8 +442,15 @@ pub fn fits_some_node(pod: &Pod, nodes: &[k8s_openapi::api::core::v1::Node]) -> 
             .and_then(|a| a.get("nvidia.com/gpu"))
             .and_then(|q| q.0.parse().ok())
             .unwrap_or(0);
-        selector_ok && affinity_ok && taints_ok && (gpus == 0 || allocatable >= gpus)
-    })
+        if !(selector_ok && affinity_ok && taints_ok) {
+            0
+        } else if gpus == 0 {
+            want
+        } else {
+            allocatable / gpus
+        }
+    });
+    per_node.fold(0i64, |a, b| a.saturating_add(b)).min(want)
 }
 
 #[cfg(test)]
@@ -469,6 +490,20 @@ mod tests {
             "an untolerated taint"
         );
         assert!(!fits_some_node(&pod(1), &[]));
+        // A multi-node cell's ranks: all of them at once, GPUs counted per node.
+        assert!(fits_all(&pod(8), &[node("8", false), node("8", false)], 2));
+        assert!(
+            !fits_all(&pod(8), &[node("8", false), node("4", false)], 2),
+            "one node of 8 holds one rank of 8"
+        );
+        assert!(
+            fits_all(&pod(4), &[node("8", false)], 2),
+            "two ranks of 4 on one node of 8"
+        );
+        assert!(!fits_all(&pod(4), &[node("8", false), node("8", true)], 3));
+        let cpu: Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"containers": [{"name": "cell"}]}})).unwrap();
+        assert!(fits_all(&cpu, &[node("0", false)], 16), "CPU pods: any number");
     }
 
     #[test]

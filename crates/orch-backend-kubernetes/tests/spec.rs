@@ -112,7 +112,13 @@ fn the_dry_run_yaml_is_stable() {
     v["spec"]["template"]["spec"]["containers"][0]["args"][2] = "<task>".into();
     let job: Job = serde_json::from_value(v).unwrap();
     let s = KubeSettings::new("bench", "x");
-    let yaml = spec::dry_run_yaml(&[job], &["HF_TOKEN".into()], "20261125-101500-k8s-spec-abcd", &s);
+    let yaml = spec::dry_run_yaml(
+        &[job],
+        &[],
+        &["HF_TOKEN".into()],
+        "20261125-101500-k8s-spec-abcd",
+        &s,
+    );
     insta::assert_snapshot!(yaml);
 }
 
@@ -198,4 +204,90 @@ fn the_agent_installer_passes_restricted_and_openshifts_scc() {
         ));
         assert!(sc.get("privileged").is_none_or(|p| p == false));
     }
+}
+
+/// A `nodes: 2` cell: an Indexed Job of 2 pods under the subdomain of its
+/// headless Service, the rendezvous variables from the completion index,
+/// the cell's GPUs per pod; `--dry-run` prints the Service after its Job.
+#[test]
+fn a_two_node_cell_is_an_indexed_job_with_a_headless_service() {
+    let mut job = job();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.yaml");
+    std::fs::write(&path, SUITE).unwrap();
+    let plan = orch_manifest::load(&path, &Default::default()).unwrap();
+    let mut task = plan.cells[0].task.clone();
+    task.run_id = "20261125-101500-k8s-spec-abcd".into();
+    assert!(
+        spec::indexed(&mut job.clone(), &task, 1).is_none(),
+        "one node: no Service"
+    );
+    let svc = spec::indexed(&mut job, &task, 2).unwrap();
+    let name = job.metadata.name.clone().unwrap();
+    let v = serde_json::to_value(&job).unwrap();
+    let js = &v["spec"];
+    assert_eq!(js["completionMode"], "Indexed");
+    assert_eq!(
+        (js["completions"].as_i64(), js["parallelism"].as_i64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(js["backoffLimit"], 0);
+    let pod = &js["template"]["spec"];
+    assert_eq!(pod["subdomain"], name.as_str());
+    let cell = &pod["containers"][0];
+    // The GPUs per node, as slurm asks for them.
+    assert_eq!(cell["resources"]["limits"]["nvidia.com/gpu"], "8");
+    let env: std::collections::BTreeMap<String, serde_json::Value> = cell["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    let val = |k: &str| env[k]["value"].as_str().unwrap_or_default().to_string();
+    assert_eq!(val("MASTER_ADDR"), format!("{name}-0.{name}"));
+    assert_eq!(val("MASTER_PORT"), "29500");
+    assert_eq!(
+        (val("WORLD_SIZE"), val("NNODES"), val("NPROC_PER_NODE")),
+        ("2".into(), "2".into(), "8".into())
+    );
+    assert_eq!(
+        env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    );
+    assert_eq!(val("RANK"), "$(NODE_RANK)");
+    // The secret still by reference only.
+    assert!(env["HF_TOKEN"].get("value").is_none());
+    // The Service: headless, selecting the Job's pods, labelled as the run's.
+    let s = serde_json::to_value(&svc).unwrap();
+    assert_eq!(s["metadata"]["name"], name.as_str());
+    assert_eq!(s["spec"]["clusterIP"], "None");
+    assert_eq!(s["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(s["spec"]["selector"]["orch.dev/job"], name.as_str());
+    assert_eq!(
+        js["template"]["metadata"]["labels"]["orch.dev/job"],
+        name.as_str(),
+        "the selector matches the pods"
+    );
+    assert_eq!(
+        s["metadata"]["labels"]["orch.dev/run"],
+        "20261125-101500-k8s-spec-abcd"
+    );
+    assert_eq!(s["spec"]["ports"][0]["port"], 29500);
+    let owned = serde_json::to_value(spec::owned_by(svc.clone(), &name, "uid-1")).unwrap();
+    assert_eq!(owned["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(owned["metadata"]["ownerReferences"][0]["kind"], "Job");
+    // `--dry-run`: the Job, then its Service.
+    let s = KubeSettings::new("bench", "x");
+    let yaml = spec::dry_run_yaml(&[job], &[svc], &[], "20261125-101500-k8s-spec-abcd", &s);
+    let (j, rest) = yaml.split_once("kind: Service").unwrap();
+    assert!(
+        j.contains("completionMode: Indexed") && j.contains("kind: Job"),
+        "{yaml}"
+    );
+    assert!(rest.contains("clusterIP: None"), "{yaml}");
+    assert_eq!(
+        yaml.matches("\n---\n").count() + usize::from(yaml.starts_with("---\n")),
+        2,
+        "{yaml}"
+    );
 }

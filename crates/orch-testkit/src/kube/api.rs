@@ -490,6 +490,7 @@ fn create(
     match ri.resource {
         "secrets" => prepare_secret(&mut obj)?,
         "configmaps" => prepare_config_map(&mut obj)?,
+        "services" => prepare_service(&mut obj)?,
         "jobs" => prepare_job(&mut obj)?,
         "pods" => {
             let errs = validate_pod_spec(&obj["spec"], "spec", false);
@@ -523,6 +524,92 @@ fn create(
         }
         r => inner.insert_locked(&mut st, info(ri.group, r).map_or("events", |i| i.resource), obj),
     })
+}
+
+/// A DNS-1035 label (Service names): lowercase alphanumerics and `-`, a letter first.
+pub(crate) fn is_dns1035_label(s: &str) -> bool {
+    super::jobs::is_dns_label(s) && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// A Service as the API server validates and defaults it: a DNS-1035 name, `type`
+/// `ClusterIP` (the only one the fake has), a cluster IP drawn for it unless it is headless
+/// (`clusterIP: None`), ports (required unless headless) with `protocol` and `targetPort`
+/// defaulted.
+fn prepare_service(obj: &mut Value) -> Result<(), ApiError> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let mut errs: Vec<(String, &'static str, String)> = Vec::new();
+    if !is_dns1035_label(&name) {
+        errs.push((
+            "metadata.name".into(),
+            "FieldValueInvalid",
+            format!("Invalid value: \"{name}\": a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"),
+        ));
+    }
+    if !obj["spec"].is_object() {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    let ty = spec["type"].as_str().unwrap_or("ClusterIP").to_string();
+    if ty != "ClusterIP" {
+        errs.push((
+            "spec.type".into(),
+            "FieldValueNotSupported",
+            format!("Unsupported value: \"{ty}\": the fake supports \"ClusterIP\""),
+        ));
+    }
+    let headless = spec["clusterIP"] == json!("None");
+    let ports = spec["ports"].as_array().cloned().unwrap_or_default();
+    if ports.is_empty() && !headless {
+        errs.push(("spec.ports".into(), "FieldValueRequired", "Required value".into()));
+    }
+    for (i, p) in ports.iter().enumerate() {
+        let port = p["port"].as_i64().unwrap_or(0);
+        if !(1..=65535).contains(&port) {
+            errs.push((
+                format!("spec.ports[{i}].port"),
+                "FieldValueInvalid",
+                format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
+            ));
+        }
+        if ports.len() > 1 && p["name"].as_str().is_none_or(str::is_empty) {
+            errs.push((
+                format!("spec.ports[{i}].name"),
+                "FieldValueRequired",
+                "Required value".into(),
+            ));
+        }
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid("Service", "", &name, &errs));
+    }
+    spec["type"] = json!("ClusterIP");
+    if !headless {
+        let n = super::util::rand_u64();
+        spec["clusterIP"] = json!(format!("10.96.{}.{}", (n >> 8) % 256, 1 + n % 254));
+    }
+    spec["clusterIPs"] = json!([spec["clusterIP"].clone()]);
+    for (k, v) in [
+        ("sessionAffinity", json!("None")),
+        ("ipFamilies", json!(["IPv4"])),
+        ("ipFamilyPolicy", json!("SingleStack")),
+        ("internalTrafficPolicy", json!("Cluster")),
+    ] {
+        if spec[k].is_null() {
+            spec[k] = v;
+        }
+    }
+    if let Some(ps) = spec["ports"].as_array_mut() {
+        for p in ps {
+            if p["protocol"].is_null() {
+                p["protocol"] = json!("TCP");
+            }
+            if p["targetPort"].is_null() {
+                p["targetPort"] = p["port"].clone();
+            }
+        }
+    }
+    obj["status"] = json!({"loadBalancer": {}});
+    Ok(())
 }
 
 fn prepare_secret(obj: &mut Value) -> Result<(), ApiError> {

@@ -1,5 +1,15 @@
-//! The Job controller (one pod per Job, backoffLimit treated as 0), activeDeadlineSeconds,
-//! ttlSecondsAfterFinished, and deletion with the garbage collector's propagation policies.
+//! The Job controller, activeDeadlineSeconds, ttlSecondsAfterFinished, and deletion with the
+//! garbage collector's propagation policies.
+//!
+//! A NonIndexed Job gets one pod. An Indexed Job (`completionMode: Indexed`) gets a pod per
+//! completion index, at most `parallelism` at a time, each as the real controller makes them:
+//! named `<job>-<index>-<suffix>`, hostname `<job>-<index>` (under the template's
+//! `subdomain`), the index in the `batch.kubernetes.io/job-completion-index` annotation and
+//! label and in `JOB_COMPLETION_INDEX` (every container's env, from the annotation). Status:
+//! `active`, `succeeded`, `failed`, `completedIndexes`, `terminating`, then `Complete`, or
+//! `FailureTarget` and `Failed`. `backoffLimit` is treated as 0 (no pod is retried): the first
+//! failed pod fails the Job, whose other active pods are deleted (gracefully) before the
+//! `Failed` condition, as the controller does since pod replacement policy.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -189,6 +199,32 @@ pub(crate) fn prepare_job(job: &mut Value) -> Result<(), ApiError> {
         ));
     }
     let spec = &mut job["spec"];
+    match spec["completionMode"].as_str() {
+        None | Some("NonIndexed") => {}
+        Some("Indexed") => {
+            if spec["completions"].as_u64().is_none() {
+                errs.push((
+                    "spec.completions".to_string(),
+                    "FieldValueRequired",
+                    "Required value: when completion mode is Indexed".to_string(),
+                ));
+            }
+        }
+        Some(other) => errs.push((
+            "spec.completionMode".to_string(),
+            "FieldValueNotSupported",
+            format!("Unsupported value: \"{other}\": supported values: \"NonIndexed\", \"Indexed\""),
+        )),
+    }
+    if let Some(sub) = spec["template"]["spec"]["subdomain"].as_str() {
+        if !is_dns_label(sub) {
+            errs.push((
+                "spec.template.spec.subdomain".to_string(),
+                "FieldValueInvalid",
+                format!("Invalid value: \"{sub}\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"),
+            ));
+        }
+    }
     if spec["template"].is_null() {
         errs.push((
             "spec.template".to_string(),
@@ -260,13 +296,18 @@ fn push_condition(status: &mut Value, c: Value) {
     }
 }
 
-/// The Job controller's work for one Job, until it finishes (and its TTL, if any, runs out).
-pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Receiver<bool>) {
-    let (ns, name) = key_of(&job);
+/// The completion index annotation and label of an Indexed Job's pods.
+pub(crate) const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// A pod of the Job, as the controller makes it (`index`: of an Indexed Job).
+fn job_pod(job: &Value, index: Option<usize>) -> Value {
+    let (ns, name) = key_of(job);
     let uid = job["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-    let started = SystemTime::now();
     let tmpl = &job["spec"]["template"];
-    let pod_name = format!("{name}-{}", rand_suffix(5));
+    let pod_name = match index {
+        Some(i) => format!("{name}-{i}-{}", rand_suffix(5)),
+        None => format!("{name}-{}", rand_suffix(5)),
+    };
     let mut meta = tmpl["metadata"].clone();
     if !meta.is_object() {
         meta = json!({});
@@ -283,44 +324,141 @@ pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Re
     }
     meta["annotations"]["batch.kubernetes.io/job-tracking"] = json!("");
     let mut spec = tmpl["spec"].clone();
-    default_pod_spec(&mut spec);
-    let pod =
-        json!({"metadata": meta, "spec": spec, "status": {"phase": "Pending", "qosClass": "BestEffort"}});
-    let rt = {
-        let mut st = inner.lock();
-        if !st
-            .objs
-            .get("jobs")
-            .is_some_and(|m| m.contains_key(&(ns.clone(), name.clone())))
-        {
-            return;
+    if let Some(i) = index {
+        meta["annotations"][COMPLETION_INDEX] = json!(i.to_string());
+        if meta["labels"].is_null() {
+            meta["labels"] = json!({});
         }
-        let pod = start_pod(&inner, &mut st, pod);
-        let rt = st.pods.get(&key_of(&pod)).cloned();
-        inner.update_locked(&mut st, "jobs", &ns, &name, |j| {
-            j["status"] = json!({"startTime": rfc3339(started), "active": 1, "ready": 0, "terminating": 0, "uncountedTerminatedPods": {}});
+        meta["labels"][COMPLETION_INDEX] = json!(i.to_string());
+        if spec["hostname"].is_null() {
+            spec["hostname"] = json!(format!("{name}-{i}"));
+        }
+        let env = json!({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": format!("metadata.annotations['{COMPLETION_INDEX}']")}}});
+        for list in ["initContainers", "containers"] {
+            if let Some(cs) = spec[list].as_array_mut() {
+                for c in cs {
+                    if !c["env"].is_array() {
+                        c["env"] = json!([]);
+                    }
+                    if let Some(e) = c["env"].as_array_mut() {
+                        e.push(env.clone());
+                    }
+                }
+            }
+        }
+    }
+    default_pod_spec(&mut spec);
+    json!({"metadata": meta, "spec": spec, "status": {"phase": "Pending", "qosClass": "BestEffort"}})
+}
+
+/// `0-2,4`: completed indexes as the Job's status lists them.
+pub(crate) fn index_ranges(done: &[usize]) -> String {
+    let mut v: Vec<usize> = done.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j == i {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
         });
-        rt
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// One pod the controller made.
+struct Made {
+    index: Option<usize>,
+    name: String,
+    done: watch::Receiver<Option<bool>>,
+    /// `Some(succeeded)` once counted.
+    ended: Option<bool>,
+}
+
+/// The Job controller's work for one Job, until it finishes (and its TTL, if any, runs out).
+pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Receiver<bool>) {
+    let (ns, name) = key_of(&job);
+    let started = SystemTime::now();
+    let indexed = job["spec"]["completionMode"] == json!("Indexed");
+    let completions = if indexed {
+        job["spec"]["completions"].as_u64().unwrap_or(1).max(1) as usize
+    } else {
+        1
     };
-    let Some(rt) = rt else { return };
-    inner.event(
-        &job,
-        None,
-        "Normal",
-        "SuccessfulCreate",
-        &format!("Created pod: {pod_name}"),
-        "job-controller",
-    );
-    let deadline = job["spec"]["activeDeadlineSeconds"]
-        .as_u64()
-        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let parallelism = (job["spec"]["parallelism"].as_u64().unwrap_or(1) as usize).clamp(1, completions);
     let grace = job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_u64()
         .unwrap_or(30);
-    let mut done = rt.done.subscribe();
-    drop(rt);
+    let mut made: Vec<Made> = Vec::new();
+    let mut next = 0usize;
+    // Start pods up to `parallelism` for the indexes not yet made; `false`: the Job is gone.
+    let start_more = |made: &mut Vec<Made>, next: &mut usize| -> bool {
+        let active = made.iter().filter(|m| m.ended.is_none()).count();
+        let want = parallelism.saturating_sub(active).min(completions - *next);
+        let mut created = Vec::new();
+        {
+            let mut st = inner.lock();
+            if !st
+                .objs
+                .get("jobs")
+                .is_some_and(|m| m.contains_key(&(ns.clone(), name.clone())))
+            {
+                return false;
+            }
+            for _ in 0..want {
+                let index = indexed.then_some(*next);
+                *next += 1;
+                let pod = start_pod(&inner, &mut st, job_pod(&job, index));
+                let key = key_of(&pod);
+                let Some(rt) = st.pods.get(&key).cloned() else {
+                    continue;
+                };
+                created.push(key.1.clone());
+                made.push(Made {
+                    index,
+                    name: key.1,
+                    done: rt.done.subscribe(),
+                    ended: None,
+                });
+            }
+            let active = made.iter().filter(|m| m.ended.is_none()).count();
+            let first = made.len() == created.len();
+            inner.update_locked(&mut st, "jobs", &ns, &name, |j| {
+                if first {
+                    j["status"] = json!({"startTime": rfc3339(started), "active": active, "ready": 0, "terminating": 0, "uncountedTerminatedPods": {}});
+                } else {
+                    j["status"]["active"] = json!(active);
+                }
+            });
+        }
+        for p in created {
+            inner.event(
+                &job,
+                None,
+                "Normal",
+                "SuccessfulCreate",
+                &format!("Created pod: {p}"),
+                "job-controller",
+            );
+        }
+        true
+    };
+    if !start_more(&mut made, &mut next) || made.is_empty() {
+        return;
+    }
+    let deadline = job["spec"]["activeDeadlineSeconds"]
+        .as_u64()
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
     let mut deadline_hit = false;
-    let succeeded = loop {
+    let mut failed_pod = false;
+    loop {
         let dl = async {
             match deadline {
                 Some(d) if !deadline_hit => tokio::time::sleep_until(d).await,
@@ -328,36 +466,114 @@ pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Re
             }
         };
         tokio::select! {
-            r = done.wait_for(Option::is_some) => {
-                break r.map(|v| *v == Some(true)).unwrap_or(false);
-            }
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             _ = dl => {
                 deadline_hit = true;
                 let msg = "Job was active longer than specified deadline";
                 set_job_status(&inner, &ns, &name, |s| push_condition(s, condition("FailureTarget", "DeadlineExceeded", msg)));
                 inner.event(&job, None, "Warning", "DeadlineExceeded", msg, "job-controller");
-                if let Some(rt) = inner.lock().pods.get(&(ns.clone(), pod_name.clone())) {
-                    rt.request_stop(StopReq {
-                        grace: Some(Duration::from_secs(grace)),
-                        reason: Some(("DeadlineExceeded".into(), "Pod was active on the node longer than the specified deadline".into())),
-                        ..Default::default()
-                    });
+                let st = inner.lock();
+                for m in made.iter().filter(|m| m.ended.is_none()) {
+                    if let Some(rt) = st.pods.get(&(ns.clone(), m.name.clone())) {
+                        rt.request_stop(StopReq {
+                            grace: Some(Duration::from_secs(grace)),
+                            reason: Some(("DeadlineExceeded".into(), "Pod was active on the node longer than the specified deadline".into())),
+                            ..Default::default()
+                        });
+                    }
                 }
             }
             _ = cancel.wait_for(|c| *c) => return,
         }
-    };
-    if *cancel.borrow() {
-        return;
-    }
-    // The pod finished: the job-tracking finalizer comes off.
-    inner.update("pods", &ns, &pod_name, |p| {
-        if let Some(m) = p["metadata"].as_object_mut() {
-            m.remove("finalizers");
+        if *cancel.borrow() {
+            return;
         }
-    });
+        // Pods that finished since: their job-tracking finalizer comes off, they are counted.
+        let mut changed = false;
+        for m in made.iter_mut().filter(|m| m.ended.is_none()) {
+            let done = *m.done.borrow();
+            if let Some(ok) = done {
+                m.ended = Some(ok);
+                changed = true;
+                failed_pod |= !ok;
+                inner.update("pods", &ns, &m.name, |p| {
+                    if let Some(o) = p["metadata"].as_object_mut() {
+                        o.remove("finalizers");
+                    }
+                });
+            }
+        }
+        if changed {
+            let ok: Vec<usize> = made
+                .iter()
+                .filter(|m| m.ended == Some(true))
+                .map(|m| m.index.unwrap_or(0))
+                .collect();
+            let failed = made.iter().filter(|m| m.ended == Some(false)).count();
+            let active = made.iter().filter(|m| m.ended.is_none()).count();
+            set_job_status(&inner, &ns, &name, |s| {
+                s["active"] = json!(active);
+                if !ok.is_empty() {
+                    s["succeeded"] = json!(ok.len());
+                    if indexed {
+                        s["completedIndexes"] = json!(index_ranges(&ok));
+                    }
+                }
+                if failed > 0 {
+                    s["failed"] = json!(failed);
+                }
+            });
+        }
+        let active = made.iter().filter(|m| m.ended.is_none()).count();
+        if failed_pod || deadline_hit {
+            if !deadline_hit && active > 0 {
+                // backoffLimit 0 is passed: the Job fails, its other pods are terminated first.
+                let msg = "Job has reached the specified backoff limit";
+                set_job_status(&inner, &ns, &name, |s| {
+                    push_condition(s, condition("FailureTarget", "BackoffLimitExceeded", msg));
+                    s["terminating"] = json!(active);
+                });
+                for m in made.iter().filter(|m| m.ended.is_none()) {
+                    let _ = delete_pod(&inner, &ns, &m.name, None);
+                    inner.event(
+                        &job,
+                        None,
+                        "Normal",
+                        "SuccessfulDelete",
+                        &format!("Deleted pod: {}", m.name),
+                        "job-controller",
+                    );
+                }
+                let until = tokio::time::Instant::now() + Duration::from_secs(grace + 5);
+                while made
+                    .iter()
+                    .any(|m| m.ended.is_none() && m.done.borrow().is_none())
+                    && tokio::time::Instant::now() < until
+                {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        _ = cancel.wait_for(|c| *c) => return,
+                    }
+                }
+                for m in made.iter_mut().filter(|m| m.ended.is_none()) {
+                    m.ended = Some(false);
+                }
+            }
+            if active == 0 || !deadline_hit {
+                break;
+            }
+            continue;
+        }
+        if active == 0 && next >= completions {
+            break;
+        }
+        if next < completions && !start_more(&mut made, &mut next) {
+            return;
+        }
+    }
     let t = now();
-    if succeeded && !deadline_hit {
+    let failed = made.iter().filter(|m| m.ended == Some(false)).count();
+    if !failed_pod && !deadline_hit {
         set_job_status(&inner, &ns, &name, |s| {
             push_condition(
                 s,
@@ -375,7 +591,7 @@ pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Re
                     "Reached expected number of succeeded pods",
                 ),
             );
-            s["succeeded"] = json!(1);
+            s["succeeded"] = json!(completions);
             s["completionTime"] = json!(t);
             s["ready"] = json!(0);
             s["terminating"] = json!(0);
@@ -404,11 +620,14 @@ pub(crate) async fn run_job(inner: Arc<Inner>, job: Value, mut cancel: watch::Re
             )
         };
         set_job_status(&inner, &ns, &name, |s| {
-            if !deadline_hit {
+            let has_target = s["conditions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|c| c["type"] == json!("FailureTarget")));
+            if !has_target {
                 push_condition(s, condition("FailureTarget", reason, msg));
             }
             push_condition(s, condition("Failed", reason, msg));
-            s["failed"] = json!(1);
+            s["failed"] = json!(failed.max(1));
             s["ready"] = json!(0);
             s["terminating"] = json!(0);
             if let Some(m) = s.as_object_mut() {
@@ -494,6 +713,23 @@ pub(crate) fn delete_job(
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let pods = owned_pods(&inner, &ns, &uid);
                 if orphan {
+                    // Every dependent is orphaned: its ownerReference to the Job goes.
+                    for svc in inner.list("services", Some(&ns)) {
+                        let owned = arr(&svc["metadata"]["ownerReferences"])
+                            .iter()
+                            .any(|o| o["uid"] == json!(uid));
+                        if owned {
+                            let (_, sname) = key_of(&svc);
+                            inner.update("services", &ns, &sname, |s| {
+                                if let Some(refs) = s["metadata"]["ownerReferences"].as_array_mut() {
+                                    refs.retain(|o| o["uid"] != json!(uid));
+                                    if refs.is_empty() {
+                                        s["metadata"].as_object_mut().map(|m| m.remove("ownerReferences"));
+                                    }
+                                }
+                            });
+                        }
+                    }
                     for p in pods {
                         inner.update("pods", &ns, &p, |p| {
                             if let Some(m) = p["metadata"].as_object_mut() {

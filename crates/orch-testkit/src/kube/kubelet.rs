@@ -10,7 +10,9 @@
 //! other live pod on the node holds) and, when the builder was given an NVML library
 //! (`nvml_stub`), the NVIDIA container toolkit's injection of it. Also: image "pulls" from the
 //! image map, env from Secrets, memory limits (OOMKilled by resident memory), graceful
-//! termination and container logs.
+//! termination and container logs. Each pod gets a loopback IP of its own and a managed
+//! `/etc/hosts` (its name, and its peers under a headless Service: [`hosts_file`]);
+//! `HOSTNAME` is `spec.hostname` (an Indexed Job's `<job>-<index>`), else the pod's name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
@@ -556,7 +558,7 @@ async fn pod_flow(ctx: &Ctx) -> Option<bool> {
     ctx.with(|m| {
         m.bound = true;
         m.start_time = now();
-        m.pod_ip = format!("10.244.0.{}", 2 + (super::util::rand_u64() % 250));
+        m.pod_ip = pod_ip();
         m.cond("PodScheduled", true, None, None);
         m.cond("PodReadyToStartContainers", true, None, None);
         if has_init {
@@ -567,6 +569,140 @@ async fn pod_flow(ctx: &Ctx) -> Option<bool> {
         m.cond("Ready", false, Some("ContainersNotReady"), None);
         m.cond("ContainersReady", false, Some("ContainersNotReady"), None);
     });
+    // The kubelet-managed `/etc/hosts`, kept current while the pod lives (its peers' names).
+    write_hosts(ctx);
+    let hosts = {
+        let (inner, rt, ns, name, path) = (
+            ctx.inner.clone(),
+            ctx.rt.clone(),
+            ctx.ns.clone(),
+            ctx.name.clone(),
+            hosts_path(ctx),
+        );
+        tokio::spawn(async move {
+            let mut done = rt.done.subscribe();
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = done.wait_for(Option::is_some) => return,
+                }
+                if let Some(pod) = inner.get("pods", &ns, &name) {
+                    let text = hosts_file(&inner, &pod);
+                    if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                        let _ = std::fs::write(&path, text);
+                    }
+                }
+            }
+        })
+    };
+    let out = run_pod_containers(ctx, &node).await;
+    hosts.abort();
+    out
+}
+
+/// A pod IP of its own on the loopback network (all of `127.0.0.0/8` reaches this host's
+/// `lo`): pods share this host's network namespace, so a peer's name must resolve to an
+/// address a listener bound to `0.0.0.0` (or to that address) answers on.
+fn pod_ip() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "127.{}.{}.{}",
+        20 + (n / 62_500) % 200,
+        (n / 250) % 250,
+        2 + n % 250
+    )
+}
+
+fn hosts_path(ctx: &Ctx) -> PathBuf {
+    ctx.dir.join("etc-hosts")
+}
+
+/// The pod's hostname: `spec.hostname`, else its name.
+fn hostname(pod: &Value) -> String {
+    pod["spec"]["hostname"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .or(pod["metadata"]["name"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The `/etc/hosts` the kubelet writes for a pod (its own name, under its `subdomain` as
+/// `<hostname>.<subdomain>.<ns>.svc.cluster.local`), with what cluster DNS would answer in
+/// its place: every pod of the namespace whose `subdomain` names a headless Service
+/// (`clusterIP: None`) selecting it, by `<hostname>.<subdomain>` and the longer forms, while
+/// it has an IP (and is ready, unless the Service has `publishNotReadyAddresses`).
+pub(crate) fn hosts_file(inner: &Inner, pod: &Value) -> String {
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    let mut out = String::from(
+        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\n",
+    );
+    let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+    let host = hostname(pod);
+    match pod["spec"]["subdomain"].as_str().filter(|s| !s.is_empty()) {
+        Some(sub) if !ip.is_empty() => {
+            out.push_str(&format!("{ip}\t{host}.{sub}.{ns}.svc.cluster.local\t{host}\n"))
+        }
+        _ if !ip.is_empty() => out.push_str(&format!("{ip}\t{host}\n")),
+        _ => {}
+    }
+    let st = inner.lock();
+    let services = super::store::list_locked(&st, "services", Some(ns));
+    let pods = super::store::list_locked(&st, "pods", Some(ns));
+    drop(st);
+    let mut lines = Vec::new();
+    for svc in services
+        .iter()
+        .filter(|s| s["spec"]["clusterIP"] == json!("None"))
+    {
+        let sname = svc["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(selector) = svc["spec"]["selector"].as_object().filter(|m| !m.is_empty()) else {
+            continue;
+        };
+        let not_ready = svc["spec"]["publishNotReadyAddresses"] == json!(true);
+        for p in &pods {
+            let pip = p["status"]["podIP"].as_str().unwrap_or_default();
+            let selected = selector.iter().all(|(k, v)| p["metadata"]["labels"][k] == *v);
+            let ready = arr(&p["status"]["conditions"])
+                .iter()
+                .any(|c| c["type"] == json!("Ready") && c["status"] == json!("True"));
+            if pip.is_empty()
+                || !selected
+                || (!not_ready && !ready)
+                || p["spec"]["subdomain"].as_str() != Some(sname)
+                || !p["metadata"]["deletionTimestamp"].is_null()
+            {
+                continue;
+            }
+            let h = hostname(p);
+            lines.push(format!(
+                "{pip}\t{h}.{sname}.{ns}.svc.cluster.local\t{h}.{sname}.{ns}.svc\t{h}.{sname}.{ns}\t{h}.{sname}\n"
+            ));
+        }
+    }
+    lines.sort();
+    if !lines.is_empty() {
+        out.push_str("# Cluster DNS (the fake's stand-in): pods under a headless Service.\n");
+        out.extend(lines);
+    }
+    out
+}
+
+/// Write the pod's `/etc/hosts` now.
+fn write_hosts(ctx: &Ctx) {
+    let pod = ctx
+        .inner
+        .get("pods", &ctx.ns, &ctx.name)
+        .unwrap_or_else(|| ctx.pod.clone());
+    let _ = std::fs::create_dir_all(&ctx.dir);
+    let _ = std::fs::write(hosts_path(ctx), hosts_file(&ctx.inner, &pod));
+}
+
+/// A bound pod's volumes, GPUs, init containers and containers.
+async fn run_pod_containers(ctx: &Ctx, node: &str) -> Option<bool> {
+    let node = node.to_string();
+    let has_init = !arr(&ctx.pod["spec"]["initContainers"]).is_empty();
     let volumes = prepare_volumes(ctx).await?;
     let gpus = allocate_gpus(ctx, &node);
     for (i, c) in arr(&ctx.pod["spec"]["initContainers"]).iter().enumerate() {
@@ -1154,6 +1290,18 @@ async fn run_container(
         target: term_path,
         read_only: false,
     }];
+    // The kubelet-managed hosts file, unless a volume is mounted there.
+    let hosts = hosts_path(ctx);
+    let own_hosts = arr(&c["volumeMounts"])
+        .iter()
+        .any(|vm| vm["mountPath"] == json!("/etc/hosts"));
+    if hosts.is_file() && !own_hosts {
+        mounts.push(container::Mount {
+            host: hosts,
+            target: "/etc/hosts".into(),
+            read_only: false,
+        });
+    }
     for vm in arr(&c["volumeMounts"]) {
         let (Some(name), Some(target)) = (vm["name"].as_str(), vm["mountPath"].as_str()) else {
             continue;
@@ -1378,7 +1526,7 @@ fn spawn(
         return Err("no command specified".to_string());
     };
     let mut env = env.clone();
-    env.insert("HOSTNAME".into(), ctx.name.clone());
+    env.insert("HOSTNAME".into(), hostname(&ctx.pod));
     env.insert("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into());
     env.insert("KUBERNETES_SERVICE_PORT".into(), ctx.inner.port.to_string());
     let (r, w) = pipe().map_err(|e| format!("pipe: {e}"))?;

@@ -1,5 +1,5 @@
 //! A fake Kubernetes API server over real HTTP, for tests: the subset a batch client uses
-//! (Jobs, Pods, Secrets, ConfigMaps, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
+//! (Jobs, Pods, Services, Secrets, ConfigMaps, Events, Nodes, pod logs, watches), with a Job controller, a scheduler
 //! and a kubelet that runs each container in its image's root folder, as a container runtime
 //! would ([`crate::container`]: a mount namespace and `chroot`; needs root).
 //!
@@ -9,7 +9,10 @@
 //!   1 MiB of data: `[]: Too long: must have at most 1048576 bytes`, 422), `immutable` honoured;
 //! - watches replay changes after a given resourceVersion (or list the current objects as
 //!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`;
-//! - a Job gets one pod (`backoffLimit` treated as 0); the scheduler checks nodeSelector,
+//! - a Job gets one pod, an Indexed Job one per completion index (`<job>-<index>-<suffix>`,
+//!   hostname `<job>-<index>`, `JOB_COMPLETION_INDEX` and the completion-index annotation and
+//!   label, `completedIndexes`); `backoffLimit` is treated as 0: the first failed pod fails the
+//!   Job and its other pods are deleted (`jobs.rs`); the scheduler checks nodeSelector,
 //!   required node affinity, NoSchedule taints, `nvidia.com/gpu` capacity and PVCs, with the
 //!   default scheduler's messages and `FailedScheduling` events;
 //! - a cluster autoscaler ([`FakeAutoscaler`]) may answer unschedulable pods with
@@ -32,7 +35,16 @@
 //!   container toolkit's injection: the library at `libnvidia-ml.so.1` in the image and
 //!   `NVIDIA_VISIBLE_DEVICES` naming those indices;
 //! - deleting a Job through the API without a propagation policy orphans its pods, as
-//!   batch/v1 does; `Background` and `Foreground` delete them;
+//!   batch/v1 does; `Background` and `Foreground` delete them; the garbage collector deletes a
+//!   Service (or ConfigMap, Secret) whose owner references all name a deleted Job;
+//! - Services (`type: ClusterIP` only; a DNS-1035 name, ports required unless headless, a
+//!   cluster IP drawn unless `clusterIP: None`). Pods share this host's network namespace, each
+//!   with an IP of its own on the loopback network (`127.20.x.y`: all of `127/8` reaches `lo`);
+//!   the kubelet bind-mounts a managed `/etc/hosts` into every container (the pod's own name,
+//!   and, standing in for cluster DNS, every pod under a headless Service of its namespace as
+//!   `<hostname>.<subdomain>[.<ns>[.svc[.cluster.local]]]`, kept current while the pod runs), so
+//!   a rank connects to `<job>-0.<service>:PORT` over real TCP (ports are this host's: two pods
+//!   listening on one port collide, as on `hostNetwork`);
 //! - with a Role file ([`FakeKubeBuilder::role`]: the Roles, ClusterRoles and bindings of
 //!   e.g. `deploy/kubernetes/orch-role.yaml`), every request is authorized as RBAC does and
 //!   a verb the Role lacks is `403 Forbidden` in the API server's words (`rbac.rs`);
@@ -467,7 +479,7 @@ impl FakeKube {
         std::fs::write(path, text)
     }
 
-    /// Every live object of a resource (`jobs`, `pods`, `secrets`, `configmaps`, `events`, `nodes`), all
+    /// Every live object of a resource (`jobs`, `pods`, `services`, `secrets`, `configmaps`, `events`, `nodes`), all
     /// namespaces, as JSON.
     pub fn objects(&self, resource: &str) -> Vec<Value> {
         match store::RESOURCES.iter().find(|r| r.resource == resource) {

@@ -56,6 +56,13 @@ pub(crate) const RESOURCES: &[ResourceInfo] = &[
         namespaced: true,
     },
     ResourceInfo {
+        resource: "services",
+        group: "",
+        version: "v1",
+        kind: "Service",
+        namespaced: true,
+    },
+    ResourceInfo {
         resource: "events",
         group: "",
         version: "v1",
@@ -264,6 +271,29 @@ impl Inner {
         }
         if resource == "jobs" {
             st.jobs.remove(&(ns.to_string(), name.to_string()));
+            // The garbage collector: a Service (or ConfigMap, Secret) whose owners
+            // are all gone goes with its last owner (pods have their own path).
+            let uid = obj["metadata"]["uid"].clone();
+            for r in ["services", "configmaps", "secrets"] {
+                let owned: Vec<Key> = st
+                    .objs
+                    .get(r)
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(k, o)| {
+                                k.0 == ns && {
+                                    let refs = o["metadata"]["ownerReferences"].as_array();
+                                    refs.is_some_and(|a| !a.is_empty() && a.iter().all(|o| o["uid"] == uid))
+                                }
+                            })
+                            .map(|(k, _)| k.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (kns, kname) in owned {
+                    self.remove_locked(st, r, &kns, &kname);
+                }
+            }
         }
         Some(obj)
     }

@@ -1267,3 +1267,381 @@ async fn a_connection_drop_cuts_streams_resets_new_connections_and_passes() {
         "the unanswered deletion did nothing"
     );
 }
+
+/// An Indexed Job of `n` pods under `subdomain`, each running `sh -c SCRIPT`.
+fn indexed_job(name: &str, n: u32, subdomain: &str, script: &str) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "completionMode": "Indexed", "completions": n, "parallelism": n,
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "restartPolicy": "Never",
+                "subdomain": subdomain,
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}],
+            }}},
+    })
+}
+
+/// The pods of a Job, by completion index.
+async fn pods_by_index(c: &C, job: &str, n: usize) -> Vec<Value> {
+    let v = c
+        .until(
+            &format!("/api/v1/namespaces/ns/pods?labelSelector=job-name%3D{job}"),
+            "every index's pod",
+            |v| v["items"].as_array().is_some_and(|a| a.len() == n),
+        )
+        .await;
+    let mut pods = v["items"].as_array().unwrap().clone();
+    pods.sort_by_key(|p| {
+        p["metadata"]["annotations"][super::jobs::COMPLETION_INDEX]
+            .as_str()
+            .unwrap()
+            .to_string()
+    });
+    pods
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_job_makes_a_pod_per_index_as_the_job_controller_does() {
+    if !can_run() {
+        return;
+    }
+    let (k, _) = fake();
+    let c = C::new(&k);
+    let script = "echo idx=$JOB_COMPLETION_INDEX host=$HOSTNAME";
+    let (code, v) = c
+        .req("POST", JOBS, Some(indexed_job("ij", 3, "ij", script)))
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["spec"]["completionMode"], "Indexed");
+    let pods = pods_by_index(&c, "ij", 3).await;
+    for (i, p) in pods.iter().enumerate() {
+        let name = pod_name(p);
+        assert!(
+            name.starts_with(&format!("ij-{i}-")) && name.len() == format!("ij-{i}-").len() + 5,
+            "{name}"
+        );
+        assert_eq!(p["spec"]["hostname"], format!("ij-{i}"));
+        assert_eq!(p["spec"]["subdomain"], "ij");
+        assert_eq!(
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"],
+            i.to_string()
+        );
+        assert_eq!(
+            p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"],
+            i.to_string()
+        );
+        let env = &p["spec"]["containers"][0]["env"];
+        assert_eq!(env[0]["name"], "JOB_COMPLETION_INDEX");
+        assert_eq!(
+            env[0]["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        );
+    }
+    let j = c
+        .until(&format!("{JOBS}/ij"), "Complete", |j| has_cond(j, "Complete"))
+        .await;
+    assert_eq!(j["status"]["succeeded"], 3, "{j}");
+    assert_eq!(j["status"]["completedIndexes"], "0-2", "{j}");
+    assert!(j["status"].get("active").is_none(), "{j}");
+    for (i, p) in pods.iter().enumerate() {
+        let log = c
+            .raw(
+                "GET",
+                &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(p)),
+                None,
+            )
+            .await
+            .1;
+        assert_eq!(log, format!("idx={i} host=ij-{i}\n"));
+    }
+    assert_eq!(super::jobs::index_ranges(&[4, 0, 1, 2, 7, 8]), "0-2,4,7-8");
+    // Indexed needs completions; other modes do not exist.
+    let mut bad = indexed_job("bad", 2, "bad", "true");
+    bad["spec"].as_object_mut().unwrap().remove("completions");
+    let (code, v) = c.req("POST", JOBS, Some(bad)).await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.completions: Required value: when completion mode is Indexed"),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_index_fails_the_job_and_its_other_pods_are_terminated() {
+    if !can_run() {
+        return;
+    }
+    let (k, _) = fake();
+    let c = C::new(&k);
+    let script = "if [ \"$JOB_COMPLETION_INDEX\" = 1 ]; then sleep 0.5; exit 1; fi; trap 'echo term; exit 143' TERM; sleep 60 & wait";
+    let (code, v) = c
+        .req("POST", JOBS, Some(indexed_job("fj", 2, "fj", script)))
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let pods = pods_by_index(&c, "fj", 2).await;
+    let t = Instant::now();
+    let j = c
+        .until(&format!("{JOBS}/fj"), "Failed", |j| has_cond(j, "Failed"))
+        .await;
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(cond(&j, "Failed")["reason"], "BackoffLimitExceeded");
+    assert!(has_cond(&j, "FailureTarget"), "{j}");
+    assert_eq!(j["status"]["failed"], 2, "both pods counted failed: {j}");
+    // Index 0 was terminated (SIGTERM) and deleted by the controller.
+    let p0 = pod_name(&pods[0]);
+    c.until(
+        "/api/v1/namespaces/ns/pods?labelSelector=job-name%3Dfj",
+        "index 0 deleted",
+        |v| {
+            v["items"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|p| pod_name(p) != p0))
+        },
+    )
+    .await;
+    assert!(k.running_pods().is_empty(), "{:?}", k.running_pods());
+    let evs = c.get("/api/v1/namespaces/ns/events").await;
+    assert_eq!(events_of(&evs, "SuccessfulDelete").len(), 1, "{evs:#}");
+}
+
+fn headless(name: &str, selector: Value) -> Value {
+    json!({"metadata": {"name": name, "labels": {"orch.dev/run": "r"}},
+        "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": true,
+            "ports": [{"name": "rendezvous", "port": 29500}]}})
+}
+
+const SVCS: &str = "/api/v1/namespaces/ns/services";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_are_validated_listed_deleted_and_collected_with_their_job() {
+    let k = FakeKube::builder().node(FakeNode::cpu("cpu-0")).start().unwrap();
+    let c = C::new(&k);
+    // A DNS-1035 label: a letter first.
+    let (code, v) = c
+        .req("POST", SVCS, Some(headless("1abc", json!({"a": "b"}))))
+        .await;
+    assert_eq!(code, 422, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character"), "{v}");
+    // A ClusterIP Service needs ports; a headless one gets none drawn.
+    let (code, v) = c
+        .req(
+            "POST",
+            SVCS,
+            Some(json!({"metadata": {"name": "plain"}, "spec": {"selector": {"a": "b"}}})),
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.ports: Required value"),
+        "{v}"
+    );
+    let (code, v) = c
+        .req("POST", SVCS, Some(headless("peers", json!({"a": "b"}))))
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["spec"]["clusterIP"], "None");
+    assert_eq!(v["spec"]["type"], "ClusterIP");
+    assert_eq!(v["spec"]["ports"][0]["targetPort"], 29500);
+    assert_eq!(v["spec"]["ports"][0]["protocol"], "TCP");
+    assert_eq!(
+        c.req("POST", SVCS, Some(headless("peers", json!({})))).await.0,
+        409
+    );
+    let listed = c.get(&format!("{SVCS}?labelSelector=orch.dev%2Frun%3Dr")).await;
+    assert_eq!(listed["kind"], "ServiceList");
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1);
+    assert_eq!(c.get(&format!("{SVCS}/peers")).await["metadata"]["name"], "peers");
+    let (code, _) = c
+        .req(
+            "DELETE",
+            &format!("{SVCS}?labelSelector=orch.dev%2Frun%3Dr"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(c.req("GET", &format!("{SVCS}/peers"), None).await.0, 404);
+    // Owned by a Job: the garbage collector deletes it with the Job (Background), and an
+    // Orphan deletion leaves it without the reference.
+    for (job, policy, gone) in [("gj", "Background", true), ("oj", "Orphan", false)] {
+        let (code, j) = c.req("POST", JOBS, Some(job_spec_sleep(job))).await;
+        assert_eq!(code, 201, "{j}");
+        let mut svc = headless(job, json!({"app": job}));
+        svc["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": j["metadata"]["uid"]}]);
+        assert_eq!(c.req("POST", SVCS, Some(svc)).await.0, 201);
+        let (code, _) = c
+            .req(
+                "DELETE",
+                &format!("{JOBS}/{job}"),
+                Some(json!({"propagationPolicy": policy})),
+            )
+            .await;
+        assert_eq!(code, 200);
+        c.until(JOBS, "the Job gone", |v| {
+            v["items"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|j| j["metadata"]["name"] != json!(job)))
+        })
+        .await;
+        let (code, s) = c.req("GET", &format!("{SVCS}/{job}"), None).await;
+        if gone {
+            assert_eq!(code, 404, "{s}");
+        } else {
+            assert_eq!(code, 200, "{s}");
+            assert!(s["metadata"].get("ownerReferences").is_none(), "{s}");
+        }
+    }
+}
+
+/// A Job whose pod never gets a node (it asks for 99 GPUs): no container runs.
+fn job_spec_sleep(name: &str) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": name}}, "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"],
+                "resources": {"limits": {"nvidia.com/gpu": "99"}}}],
+        }}},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_under_a_headless_service_resolve_each_other_and_connect_over_tcp() {
+    if !can_run() {
+        return;
+    }
+    let (k, _) = fake();
+    let c = C::new(&k);
+    // A port of its own (not the e2e tests' 29500): pods share this host's network.
+    let port = 30_000 + (std::process::id() % 5_000);
+    assert_eq!(
+        c.req("POST", SVCS, Some(headless("peers", json!({"app": "tj"}))))
+            .await
+            .0,
+        201
+    );
+    let script = format!(
+        r#"if [ "$JOB_COMPLETION_INDEX" = 0 ]; then
+  msg=$(nc -l -p {port}); echo "rank 0 got: $msg"
+else
+  i=0
+  until grep -q 'tj-0[.]peers' /etc/hosts; do i=$((i+1)); [ $i -gt 100 ] && exit 6; sleep 0.1; done
+  cat /etc/hosts
+  i=0
+  until echo "hello from $HOSTNAME" | nc -w 2 tj-0.peers {port}; do
+    i=$((i+1)); [ $i -gt 100 ] && exit 7; sleep 0.1
+  done
+fi"#
+    );
+    let (code, v) = c
+        .req("POST", JOBS, Some(indexed_job("tj", 2, "peers", &script)))
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let pods = pods_by_index(&c, "tj", 2).await;
+    let j = c
+        .until(&format!("{JOBS}/tj"), "Complete or Failed", |j| {
+            has_cond(j, "Complete") || has_cond(j, "Failed")
+        })
+        .await;
+    let logs: Vec<String> = futures_util::future::join_all(pods.iter().map(|p| async {
+        c.raw(
+            "GET",
+            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(p)),
+            None,
+        )
+        .await
+        .1
+    }))
+    .await;
+    assert!(has_cond(&j, "Complete"), "{j:#}\n{logs:?}");
+    assert_eq!(logs[0], "rank 0 got: hello from tj-1\n", "{logs:?}");
+    let ip0 = pods_ip(&c, &pod_name(&pods[0])).await;
+    assert!(ip0.starts_with("127."), "{ip0}");
+    // The kubelet's hosts file: its own name, and its peers' as cluster DNS answers them.
+    assert!(
+        logs[1].contains("# Kubernetes-managed hosts file."),
+        "{}",
+        logs[1]
+    );
+    assert!(
+        logs[1].contains(&format!(
+            "{ip0}\ttj-0.peers.ns.svc.cluster.local\ttj-0.peers.ns.svc\ttj-0.peers.ns\ttj-0.peers\n"
+        )),
+        "{}",
+        logs[1]
+    );
+    assert!(
+        logs[1].contains("\ttj-1.peers.ns.svc.cluster.local\ttj-1\n"),
+        "{}",
+        logs[1]
+    );
+    // No Service, no peers: only the pod's own entry.
+    let pod = c
+        .get(&format!("/api/v1/namespaces/ns/pods/{}", pod_name(&pods[1])))
+        .await;
+    assert_eq!(c.req("DELETE", &format!("{SVCS}/peers"), None).await.0, 200);
+    let hosts = super::kubelet::hosts_file(&k.inner, &pod);
+    assert!(!hosts.contains("tj-0"), "{hosts}");
+}
+
+async fn pods_ip(c: &C, pod: &str) -> String {
+    c.get(&format!("/api/v1/namespaces/ns/pods/{pod}")).await["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_role_grants_the_headless_services_of_multi_node_cells() {
+    let k = FakeKube::builder()
+        .node(FakeNode::cpu("cpu-0"))
+        .role(shipped_role())
+        .start()
+        .unwrap();
+    let c = C::new(&k);
+    let svcs = "/api/v1/namespaces/bench/services";
+    assert_eq!(
+        c.req("POST", svcs, Some(headless("s", json!({"a": "b"}))))
+            .await
+            .0,
+        201,
+        "create"
+    );
+    assert_eq!(c.req("GET", &format!("{svcs}/s"), None).await.0, 200, "get");
+    assert_eq!(
+        c.req("GET", &format!("{svcs}?labelSelector=orch.dev%2Frun%3Dr"), None)
+            .await
+            .0,
+        200,
+        "list"
+    );
+    let (code, v) = c
+        .req(
+            "PATCH",
+            &format!("{svcs}/s"),
+            Some(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await;
+    assert_eq!(code, 403, "no patch: {v}");
+    assert_eq!(c.req("DELETE", &format!("{svcs}/s"), None).await.0, 200, "delete");
+    assert_eq!(
+        c.req(
+            "DELETE",
+            &format!("{svcs}?labelSelector=orch.dev%2Frun%3Dr"),
+            None
+        )
+        .await
+        .0,
+        200,
+        "deletecollection"
+    );
+}

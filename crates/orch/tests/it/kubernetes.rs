@@ -19,7 +19,9 @@
 //! as RBAC does: a verb the Role lacks is `403 Forbidden`), so each test is
 //! also a test that the Role grants what orch calls. The API server going away
 //! (`FakeKube::drop_connections`) and disruptions (`FakeKube::disrupt`) have
-//! tests of their own at the end.
+//! tests of their own at the end. A `nodes: 2` cell runs as an Indexed Job
+//! with a headless Service: its ranks resolve each other by DNS name and
+//! talk over TCP.
 
 use orch_testkit::kube::{FakeAutoscaler, FakeKube, FakeNode};
 use serde_json::Value;
@@ -179,11 +181,16 @@ impl Cluster {
         loop {
             let jobs = self.fake.objects("jobs");
             let pods = self.fake.objects("pods");
-            if jobs.is_empty() && pods.is_empty() && self.fake.running_pods().is_empty() {
+            let services = self.fake.objects("services");
+            if jobs.is_empty()
+                && pods.is_empty()
+                && services.is_empty()
+                && self.fake.running_pods().is_empty()
+            {
                 return;
             }
             if Instant::now() > deadline {
-                panic!("left on the cluster: jobs {jobs:?}\npods {pods:?}");
+                panic!("left on the cluster: jobs {jobs:?}\npods {pods:?}\nservices {services:?}");
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -1494,4 +1501,212 @@ fn gpu_nodes_without_a_gpu_type_label_are_used_under_auto_and_refused_under_requ
         String::from_utf8_lossy(&out.stderr)
     );
     c.assert_nothing_left();
+}
+
+/// A `nodes: 2` cell: rank 0 listens on `MASTER_PORT`, rank 1 connects to
+/// `MASTER_ADDR` (rank 0's DNS name under the headless Service) and says
+/// hello; each prints its rendezvous variables. `rank1`: what rank 1 does
+/// after.
+fn two_node_suite(c: &Cluster, name: &str, rank1: &str) -> PathBuf {
+    c.suite(
+        name,
+        &format!(
+            r#"name: {name}
+benchmarks:
+  - name: ring
+    nodes: 2
+    workload:
+      shell: |
+        echo "rank=$NODE_RANK/$RANK world=$WORLD_SIZE nnodes=$NNODES nproc=$NPROC_PER_NODE master=$MASTER_ADDR:$MASTER_PORT index=$JOB_COMPLETION_INDEX host=$HOSTNAME"
+        if [ "$NODE_RANK" = 0 ]; then
+          msg=$(nc -l -p "$MASTER_PORT"); echo "rank 0 got: $msg"
+          sleep 0.5
+        else
+          i=0
+          until echo "hello from rank $NODE_RANK" | nc -w 2 "$MASTER_ADDR" "$MASTER_PORT"; do
+            i=$((i+1)); [ $i -gt 150 ] && exit 7; sleep 0.2
+          done
+          {rank1}
+        fi
+        echo "ORCH_METRIC rank=$NODE_RANK"
+"#
+        ),
+    )
+}
+
+#[test]
+fn a_two_node_cell_runs_as_an_indexed_job_with_a_headless_service() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1"), FakeNode::cpu("cpu-2")], |b| b);
+    let suite = two_node_suite(&c, "multi", "true");
+    let (out, v) = c.run(&suite, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{v:#}");
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    // Rank 0's result is the cell's.
+    assert_eq!(cell["metrics"]["rank"], 0.0, "{cell:#}");
+    let job = cell["info"]["kubernetes_job"].as_str().unwrap().to_string();
+    assert_eq!(cell["info"]["kubernetes_service"], job.as_str(), "{cell:#}");
+    let nodes = cell["info"]["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{cell:#}"));
+    assert_eq!(nodes.len(), 2, "{cell:#}");
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(n["rank"], i, "{n}");
+        assert!(n["host"].as_str().is_some_and(|h| h.starts_with("cpu-")), "{n}");
+        assert_eq!(n["status"], "succeeded", "{n}");
+        assert!(n["hardware"]["cpus"].as_u64().is_some(), "{n}");
+    }
+    // Both ranks' logs are in the cell folder: rank 1's under nodes/1/.
+    let dir = cell_dir(&c.store(), &v, "ring.cpu");
+    let master = format!("master={job}-0.{job}:29500");
+    for (file, rank) in [(dir.join("stdout.log"), 0), (dir.join("nodes/1/stdout.log"), 1)] {
+        let s = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(
+            s.contains(&format!(
+                "rank={rank}/{rank} world=2 nnodes=2 nproc=1 {master} index={rank} host={job}-{rank}"
+            )),
+            "{}: {s}",
+            file.display()
+        );
+    }
+    // A real TCP connection from rank 1 to MASTER_ADDR:MASTER_PORT.
+    let s0 = std::fs::read_to_string(dir.join("stdout.log")).unwrap();
+    assert!(s0.contains("rank 0 got: hello from rank 1"), "{s0}");
+    assert!(dir.join("nodes/1/events.jsonl").is_file());
+    // What was applied: an Indexed Job of 2 and the headless Service its pods live under.
+    let applied = c.fake.created("jobs");
+    let j = &applied[0]["spec"];
+    assert_eq!(
+        (
+            j["completionMode"].as_str(),
+            j["completions"].as_u64(),
+            j["parallelism"].as_u64(),
+            j["backoffLimit"].as_u64()
+        ),
+        (Some("Indexed"), Some(2), Some(2), Some(0)),
+        "{j:#}"
+    );
+    assert_eq!(j["template"]["spec"]["subdomain"], job.as_str());
+    let svc = &c.fake.created("services")[0];
+    assert_eq!(svc["spec"]["clusterIP"], "None", "{svc:#}");
+    assert_eq!(svc["spec"]["publishNotReadyAddresses"], true, "{svc:#}");
+    assert_eq!(svc["spec"]["selector"]["orch.dev/job"], job.as_str(), "{svc:#}");
+    assert_eq!(svc["metadata"]["ownerReferences"][0]["kind"], "Job", "{svc:#}");
+    assert_eq!(
+        svc["metadata"]["ownerReferences"][0]["uid"],
+        applied[0]["metadata"]["uid"]
+    );
+    assert_eq!(svc["metadata"]["labels"]["app.kubernetes.io/managed-by"], "orch");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_failed_rank_fails_the_cell_as_node_rank_failed_and_nothing_is_left() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1"), FakeNode::cpu("cpu-2")], |b| b);
+    // Rank 1 fails; rank 0 would go on for a minute. (No listener here: pods of the
+    // fake share this host's network, and the test above listens on 29500.)
+    let suite = c.suite(
+        "multifail",
+        r#"name: multifail
+benchmarks:
+  - name: ring
+    nodes: 2
+    workload:
+      shell: |
+        echo "rank=$NODE_RANK world=$WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT"
+        if [ "$NODE_RANK" = 1 ]; then sleep 1; echo rank 1 fails; exit 1; fi
+        sleep 60
+"#,
+    );
+    let t = Instant::now();
+    let (out, v) = c.run(&suite, &[]);
+    assert!(!out.status.success(), "{v:#}");
+    assert!(
+        t.elapsed() < Duration::from_secs(50),
+        "the cell waited for rank 0: {:?}",
+        t.elapsed()
+    );
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "failed", "{cell:#}");
+    assert_eq!(cell["failure"]["kind"], "node_rank_failed", "{cell:#}");
+    let msg = cell["failure"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("node rank 1 "), "{msg}");
+    let nodes = cell["info"]["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{cell:#}"));
+    assert_eq!(nodes.len(), 2, "{cell:#}");
+    assert_eq!(nodes[1]["status"], "failed", "{cell:#}");
+    let dir = cell_dir(&c.store(), &v, "ring.cpu");
+    let s1 = std::fs::read_to_string(dir.join("nodes/1/stdout.log")).unwrap();
+    assert!(s1.contains("rank 1 fails"), "{s1}");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn a_two_node_cell_whose_second_pod_cannot_fit_is_unschedulable() {
+    if !ready() {
+        return;
+    }
+    // One GPU node of 8: the first rank's H100:8 fits, the second's never does.
+    let c = cluster(vec![FakeNode::h100("gpu-1", 8), FakeNode::cpu("cpu-1")], |b| b);
+    let suite = c.suite(
+        "wide",
+        "name: wide\nkubernetes: {unschedulable_grace: 3s}\nbenchmarks:\n  - name: big\n    nodes: 2\n    gpus: [\"H100:8\"]\n    workload: {shell: 'sleep 30'}\n",
+    );
+    let t = Instant::now();
+    let (out, v) = c.run(&suite, &[]);
+    assert!(!out.status.success(), "{v:#}");
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["failure"]["kind"], "unschedulable", "{cell:#}");
+    let msg = cell["failure"]["message"].as_str().unwrap();
+    // Whichever rank the scheduler could not place is named.
+    assert!(
+        (msg.starts_with("node rank 0 of 2: ") || msg.starts_with("node rank 1 of 2: "))
+            && msg.contains("no node can run the pod"),
+        "{msg}"
+    );
+    assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
+    c.assert_nothing_left();
+}
+
+#[test]
+fn dry_run_prints_a_two_node_cells_indexed_job_and_service_and_plan_accepts_it() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b);
+    let suite = two_node_suite(&c, "drymulti", "true");
+    let out = c.run_cmd(&suite, &["--dry-run"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "1 Job(s) and 1 headless Service(s) of multi-node cells",
+        "completionMode: Indexed",
+        "completions: 2",
+        "parallelism: 2",
+        "kind: Service",
+        "clusterIP: None",
+        "publishNotReadyAddresses: true",
+        "name: MASTER_PORT",
+        "fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']",
+    ] {
+        assert!(yaml.contains(want), "`{want}` missing:\n{yaml}");
+    }
+    assert!(c.fake.requests().is_empty(), "nothing is applied");
+    let plan = c
+        .orch()
+        .args(["plan", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes"])
+        .output()
+        .unwrap();
+    assert!(plan.status.success(), "{}", String::from_utf8_lossy(&plan.stderr));
 }
