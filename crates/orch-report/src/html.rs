@@ -202,37 +202,13 @@ fn load_curves(o: &mut String, r: &Report) {
             h(&sat)
         );
         o.push_str(&curve_svg(c));
-        let mut t = Table::new(
-            &[
-                if c.by == "rate" {
-                    "request rate"
-                } else {
-                    "concurrency"
-                },
-                "requests/s",
-                "output tok/s",
-                "median TTFT ms",
-                "p99 TTFT ms",
-                "p99 TPOT ms",
-                "p99 E2EL ms",
-                "goodput req/s",
-            ],
-            &[true, true, true, true, true, true, true, true],
-        );
+        let header = c.header();
+        let mut t = Table::new(&header, &vec![true; header.len()]);
         for p in &c.points {
-            t.row(
-                "",
-                &[
-                    h(&p.load),
-                    opt(p.request_throughput, num),
-                    opt(p.output_throughput, num),
-                    opt(p.median_ttft_ms, num),
-                    opt(p.p99_ttft_ms, num),
-                    opt(p.p99_tpot_ms, num),
-                    opt(p.p99_e2el_ms, num),
-                    opt(p.request_goodput, num),
-                ],
-            );
+            let cells: Vec<String> = std::iter::once(h(&p.load))
+                .chain(p.figures().into_iter().map(|v| opt(v, num)))
+                .collect();
+            t.row("", &cells);
         }
         o.push_str(&t.end());
     }

@@ -139,37 +139,13 @@ fn load_curves(out: &mut String, r: &Report) {
             .points
             .iter()
             .map(|p| {
-                vec![
-                    esc(&p.load),
-                    opt(p.request_throughput, num),
-                    opt(p.output_throughput, num),
-                    opt(p.median_ttft_ms, num),
-                    opt(p.p99_ttft_ms, num),
-                    opt(p.p99_tpot_ms, num),
-                    opt(p.p99_e2el_ms, num),
-                    opt(p.request_goodput, num),
-                ]
+                std::iter::once(esc(&p.load))
+                    .chain(p.figures().into_iter().map(|v| opt(v, num)))
+                    .collect()
             })
             .collect();
-        table(
-            out,
-            &[
-                if c.by == "rate" {
-                    "request rate"
-                } else {
-                    "concurrency"
-                },
-                "requests/s",
-                "output tok/s",
-                "median TTFT ms",
-                "p99 TTFT ms",
-                "p99 TPOT ms",
-                "p99 E2EL ms",
-                "goodput req/s",
-            ],
-            &[true, true, true, true, true, true, true, true],
-            &rows,
-        );
+        let header = c.header();
+        table(out, &header, &vec![true; header.len()], &rows);
     }
 }
 

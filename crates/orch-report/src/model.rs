@@ -1023,5 +1023,46 @@ pub const TELEMETRY_COLUMNS: &[&str] = &[
     "SM MHz",
     "max °C",
 ];
+/// The columns of a load curve's table after its first (the load), one a
+/// [`CurvePoint`] figure in order; every column is a number.
+pub const CURVE_COLUMNS: &[&str] = &[
+    "requests/s",
+    "output tok/s",
+    "median TTFT ms",
+    "p99 TTFT ms",
+    "p99 TPOT ms",
+    "p99 E2EL ms",
+    "goodput req/s",
+];
+
+impl LoadCurve {
+    /// The table's header: the load column, then [`CURVE_COLUMNS`].
+    pub fn header(&self) -> Vec<&'static str> {
+        let first = if self.by == "rate" {
+            "request rate"
+        } else {
+            "concurrency"
+        };
+        std::iter::once(first)
+            .chain(CURVE_COLUMNS.iter().copied())
+            .collect()
+    }
+}
+
+impl CurvePoint {
+    /// The figures of [`CURVE_COLUMNS`], in order.
+    pub fn figures(&self) -> [Option<f64>; 7] {
+        [
+            self.request_throughput,
+            self.output_throughput,
+            self.median_ttft_ms,
+            self.p99_ttft_ms,
+            self.p99_tpot_ms,
+            self.p99_e2el_ms,
+            self.request_goodput,
+        ]
+    }
+}
+
 /// Which [`TELEMETRY_COLUMNS`] hold numbers (right-aligned).
 pub const TELEMETRY_NUMERIC: &[bool] = &[false, false, true, true, true, true, true, true, true, true];
