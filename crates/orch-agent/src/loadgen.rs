@@ -126,20 +126,26 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
     let r = cfg.range_ratio.clamp(0.0, 1.0);
     let lo = ((cfg.input_len as f64) * (1.0 - r)).round().max(1.0) as usize;
     let hi = ((cfg.input_len as f64) * (1.0 + r)).round().max(lo as f64) as usize;
+    // Shared prefixes: `prefix_groups` of them, prompt i gets group i mod k
+    // (prefix caching across groups of requests).
+    let groups = cfg.prefix_groups.max(1) as usize;
     if let Some(t) = tok {
-        let prefix: Vec<u32> = match cfg.prefix_len {
-            0 => vec![],
-            k => {
-                let text = t.random_prompt(&mut rng, k as usize, &[]).ok_or_else(|| {
-                    format!("the tokenizer `{}` cannot make a prefix of {k} tokens", t.source)
-                })?;
-                t.ids(&text)
-            }
-        };
+        let mut prefixes: Vec<Vec<u32>> = Vec::new();
+        for _ in 0..groups {
+            prefixes.push(match cfg.prefix_len {
+                0 => vec![],
+                k => {
+                    let text = t.random_prompt(&mut rng, k as usize, &[]).ok_or_else(|| {
+                        format!("the tokenizer `{}` cannot make a prefix of {k} tokens", t.source)
+                    })?;
+                    t.ids(&text)
+                }
+            });
+        }
         return (0..n)
-            .map(|_| {
+            .map(|i| {
                 let len = rng.random_range(lo..=hi);
-                t.random_prompt(&mut rng, len, &prefix)
+                t.random_prompt(&mut rng, len, &prefixes[i % groups])
                     .map(Req::text)
                     .ok_or_else(|| {
                         format!(
@@ -150,13 +156,17 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
             })
             .collect();
     }
-    let prefix: Vec<&str> = (0..cfg.prefix_len)
-        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+    let prefixes: Vec<Vec<&str>> = (0..groups)
+        .map(|_| {
+            (0..cfg.prefix_len)
+                .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+                .collect()
+        })
         .collect();
     Ok((0..n)
-        .map(|_| {
+        .map(|i| {
             let len = rng.random_range(lo..=hi);
-            prefix
+            prefixes[i % groups]
                 .iter()
                 .copied()
                 .chain((0..len).map(|_| WORDS[rng.random_range(0..WORDS.len())]))
@@ -886,4 +896,34 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         ));
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: Value) -> LoadGen {
+        let mut v = json!({"endpoint": "/v1/completions", "num_prompts": 6, "input_len": 5});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn prompts_share_one_prefix_per_group() {
+        let c = cfg(json!({"prefix_len": 4, "prefix_groups": 3, "seed": 1}));
+        let p = prompts(&c, 7, None).unwrap();
+        let head = |r: &Req| r.text.split(' ').take(4).collect::<Vec<_>>().join(" ");
+        for i in 0..7 {
+            assert_eq!(head(&p[i]), head(&p[i % 3]), "{i}");
+            assert_eq!(p[i].text.split(' ').count(), 9);
+        }
+        // The groups differ (three random 4-word prefixes of 20 words).
+        let distinct: std::collections::BTreeSet<String> = p.iter().map(head).collect();
+        assert_eq!(distinct.len(), 3, "{distinct:?}");
+        // Without groups, one prefix for all.
+        let one = prompts(&cfg(json!({"prefix_len": 4})), 5, None).unwrap();
+        assert!(one.iter().all(|r| head(r) == head(&one[0])));
+    }
 }

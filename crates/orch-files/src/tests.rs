@@ -111,6 +111,7 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
                 tokenizer: None,
                 range_ratio: 0.0,
                 prefix_len: 0,
+                prefix_groups: 0,
                 sweep: None,
                 saturation: None,
             })),

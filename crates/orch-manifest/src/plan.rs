@@ -841,6 +841,7 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 tokenizer,
                 range_ratio,
                 prefix_len: l.prefix_len.unwrap_or(0),
+                prefix_groups: l.prefix_groups.unwrap_or(1),
                 sweep,
                 saturation,
             }))

@@ -368,6 +368,9 @@ pub struct LoadGenDef {
     pub range_ratio: Option<f64>,
     #[serde(default)]
     pub prefix_len: Option<u32>,
+    /// Distinct shared prefixes (each of `prefix_len`), assigned round-robin.
+    #[serde(default)]
+    pub prefix_groups: Option<u32>,
     /// `sweep: {request_rate: [1, 2, inf]}` or `sweep: {max_concurrency: [1, 8]}`.
     #[serde(default)]
     pub sweep: Option<SweepDef>,

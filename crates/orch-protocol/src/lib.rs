@@ -259,6 +259,10 @@ pub struct LoadGen {
     /// Tokens (words without a tokenizer) of a random prefix every prompt shares.
     #[serde(default)]
     pub prefix_len: u32,
+    /// Distinct prefixes of `prefix_len`: prompt i gets prefix i mod this
+    /// (0 or 1: one prefix for all).
+    #[serde(default)]
+    pub prefix_groups: u32,
     /// Stages of one cell, each sending the `num_prompts` requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<Sweep>,

@@ -158,6 +158,7 @@ mod tests {
                     tokenizer: None,
                     range_ratio: 0.0,
                     prefix_len: 0,
+                    prefix_groups: 0,
                     sweep: None,
                     saturation: None,
                 })),
