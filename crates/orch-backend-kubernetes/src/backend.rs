@@ -331,34 +331,43 @@ impl KubernetesBackend {
     /// earlier invocation of the run is deleted first, with its pods
     /// (foreground), so that its pod is never taken for the new one's.
     async fn create_job(&self, job: &Job) -> Result<String, KubeError> {
-        let jobs: Api<Job> = self.api();
-        let name = job.metadata.name.clone().unwrap_or_default();
+        let made = self.create_fresh(job, "job", DeleteParams::foreground()).await?;
+        Ok(made.metadata.uid.unwrap_or_default())
+    }
+
+    /// Create `obj`, again and again while the API server is away (for the
+    /// API budget). A create whose answer was lost, or an object of the same
+    /// name left by an earlier invocation, is found as a 409: that one is
+    /// deleted (`dp`), its going waited for (at most 120 s), and the create
+    /// made again.
+    async fn create_fresh<K>(&self, obj: &K, what: &str, dp: DeleteParams) -> Result<K, KubeError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::Serialize
+            + serde::de::DeserializeOwned,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let api: Api<K> = self.api();
+        let name = obj.meta().name.clone().unwrap_or_default();
         let started = Instant::now();
         let budget = self.api_budget;
         loop {
-            // A create whose answer was lost is found as a 409 the next
-            // time: that Job is deleted and made again, as one left behind.
-            match call(budget, || async {
-                jobs.create(&PostParams::default(), job).await
-            })
-            .await
-            {
-                Ok(j) => return Ok(j.metadata.uid.unwrap_or_default()),
+            match call(budget, || async { api.create(&PostParams::default(), obj).await }).await {
+                Ok(made) => return Ok(made),
                 Err(CallError::Api(kube::Error::Api(s)))
                     if s.code == 409 && started.elapsed() < Duration::from_secs(120) =>
                 {
-                    let _ = call(budget, || async {
-                        jobs.delete(&name, &DeleteParams::foreground()).await
-                    })
-                    .await;
+                    let _ = call(budget, || async { api.delete(&name, &dp).await }).await;
                     while started.elapsed() < Duration::from_secs(120) {
-                        if let Ok(None) = call(budget, || jobs.get_opt(&name)).await {
+                        if let Ok(None) = call(budget, || api.get_opt(&name)).await {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
-                Err(e) => return Err(e.into_kube(&format!("create job {name}"), budget)),
+                Err(e) => return Err(e.into_kube(&format!("create {what} {name}"), budget)),
             }
         }
     }
@@ -366,15 +375,28 @@ impl KubernetesBackend {
     /// Delete a Job with its pods, again and again while the API server is
     /// away (for the API budget). `Err`: why it is still there.
     async fn delete_job(&self, name: &str) -> Result<(), String> {
-        let jobs: Api<Job> = self.api();
+        self.delete_named::<Job>(name, "job").await
+    }
+
+    /// Delete the object `name` in the background (its dependents too),
+    /// retried while the API server is away; gone already is fine.
+    async fn delete_named<K>(&self, name: &str, what: &str) -> Result<(), String>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let api: Api<K> = self.api();
         match call(self.api_budget, || async {
-            jobs.delete(name, &DeleteParams::background()).await
+            api.delete(name, &DeleteParams::background()).await
         })
         .await
         {
             Ok(_) => Ok(()),
             Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(()),
-            Err(CallError::Api(e)) => Err(KubeError::api(format!("delete job {name}"))(e).to_string()),
+            Err(CallError::Api(e)) => Err(KubeError::api(format!("delete {what} {name}"))(e).to_string()),
             Err(CallError::Unreachable(last)) => Err(unreachable_message(self.api_budget, &last)),
         }
     }
@@ -419,45 +441,14 @@ impl KubernetesBackend {
     /// Create a multi-node cell's headless Service, owned by its Job. One
     /// of the same name left by an earlier invocation is deleted first.
     async fn create_service(&self, svc: &Service) -> Result<(), KubeError> {
-        let api: Api<Service> = self.api();
-        let name = svc.metadata.name.clone().unwrap_or_default();
-        let budget = self.api_budget;
-        let started = Instant::now();
-        loop {
-            match call(budget, || async { api.create(&PostParams::default(), svc).await }).await {
-                Ok(_) => return Ok(()),
-                Err(CallError::Api(kube::Error::Api(s)))
-                    if s.code == 409 && started.elapsed() < Duration::from_secs(120) =>
-                {
-                    let _ = call(budget, || async {
-                        api.delete(&name, &DeleteParams::background()).await
-                    })
-                    .await;
-                    while started.elapsed() < Duration::from_secs(120) {
-                        if let Ok(None) = call(budget, || api.get_opt(&name)).await {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-                Err(e) => return Err(e.into_kube(&format!("create service {name}"), budget)),
-            }
-        }
+        self.create_fresh(svc, "service", DeleteParams::background())
+            .await?;
+        Ok(())
     }
 
     /// Delete a Service (the garbage collector also does, with its Job).
     async fn delete_service(&self, name: &str) -> Result<(), String> {
-        let api: Api<Service> = self.api();
-        match call(self.api_budget, || async {
-            api.delete(name, &DeleteParams::background()).await
-        })
-        .await
-        {
-            Ok(_) => Ok(()),
-            Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(()),
-            Err(CallError::Api(e)) => Err(KubeError::api(format!("delete service {name}"))(e).to_string()),
-            Err(CallError::Unreachable(last)) => Err(unreachable_message(self.api_budget, &last)),
-        }
+        self.delete_named::<Service>(name, "service").await
     }
 
     /// Delete the Services of a run (`orch down`): `deletecollection` by
