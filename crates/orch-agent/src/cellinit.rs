@@ -1028,27 +1028,10 @@ fn init_main(sock: i32, report_fd: Option<i32>, argv: &[CString], mask: &libc::s
 /// Live processes of this namespace (but the init) outside process group
 /// `group`, from the namespace's own `/proc`.
 fn outside_group(group: i32) -> usize {
-    let mut n = 0;
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if pid == 1 {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the command name: state ppid pgrp ...
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let mut f = rest.split_whitespace();
-        let state = f.next().unwrap_or("");
-        let pgrp = f.nth(1).and_then(|g| g.parse::<i32>().ok());
-        if !matches!(state, "Z" | "X") && pgrp != Some(group) {
-            n += 1;
-        }
-    }
-    n
+    crate::reaper::processes()
+        .iter()
+        .filter(|p| p.pid != 1 && !p.zombie && p.pgrp != group)
+        .count()
 }
 
 #[cfg(test)]

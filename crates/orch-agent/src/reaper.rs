@@ -109,13 +109,16 @@ pub fn become_subreaper() {
 }
 
 /// One process as `/proc/<pid>/stat` describes it.
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    zombie: bool,
+pub(crate) struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Its process group.
+    pub pgrp: i32,
+    pub zombie: bool,
 }
 
-fn processes() -> Vec<Proc> {
+/// Every process `/proc` shows (the namespace's, where `/proc` is its own).
+pub(crate) fn processes() -> Vec<Proc> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -131,9 +134,11 @@ fn processes() -> Vec<Proc> {
         let Some(ppid) = f.next().and_then(|p| p.parse().ok()) else {
             continue;
         };
+        let pgrp = f.next().and_then(|g| g.parse().ok()).unwrap_or(0);
         out.push(Proc {
             pid,
             ppid,
+            pgrp,
             zombie: state == "Z" || state == "X",
         });
     }
@@ -449,7 +454,12 @@ mod tests {
 
     #[test]
     fn descendants_follow_the_tree_and_skip_zombies() {
-        let p = |pid, ppid, zombie| Proc { pid, ppid, zombie };
+        let p = |pid, ppid, zombie| Proc {
+            pid,
+            ppid,
+            pgrp: pid,
+            zombie,
+        };
         let procs = vec![
             p(10, 1, false),
             p(11, 10, false),
