@@ -4,7 +4,7 @@
 //! [`orch_protocol::TaskSpec`], writes the workload's stdout/stderr into its
 //! output folder, prints [`orch_protocol::Event`]s as JSON lines on its own
 //! stdout and ends with a [`orch_protocol::CellResult`] (as the last event and as
-//! `result.json` in the output folder).
+//! `agent-result.json` in the output folder, never the host record's name).
 //!
 //! ## What is where
 //!
@@ -15,8 +15,11 @@
 //! supervised process group, markers, metrics file, timeout/stop, exit code/signal;
 //! `server.rs`: server start, readiness (http/tcp/log) polled with the process every 50
 //! ms (a dead server fails the cell at once), client, group teardown until the port is
-//! free; `loadgen.rs`: OpenAI-compatible load (threads, gamma arrivals, SSE) with vllm
-//! bench serve field names; `compare.rs`: variants (git checkout, the host tree's uncommitted changes, `git apply --check`
+//! free; `loadgen.rs`: OpenAI-compatible load (threads, gamma arrivals or a trace's
+//! times, sweeps and the saturation search, SLO goodput, latency from the intended
+//! send time, SSE) with vllm bench serve field names; `tokens.rs`: the model's
+//! `tokenizer.json` (counts, random prompts of exact lengths); `dataset.rs`: prompt
+//! files (lists, ShareGPT, JSONL, traces); `compare.rs`: variants (git checkout, the host tree's uncommitted changes, `git apply --check`
 //! with git's report in `patch.log`, install), rounds of the server workload in a seeded
 //! per-round shuffled order, `rounds: auto` (until the primary metric's interval is
 //! within the noise threshold, `max_rounds` or the cell timeout), pairwise comparisons
