@@ -5,28 +5,39 @@ For machines without vLLM (or without the gated weights). It serves
 and `GET /v1/models` with the fields `vllm bench serve` and orch's load
 generator read, and generates tokens greedily with a GPT-style decoder that has
 random weights: PyTorch on the GPUs when they are there (one model replica per
-GPU, requests spread over them; `--gpus N` like vLLM's tensor-parallel size),
-else NumPy on the CPU.
+GPU, each in its own process serving the same port; `--gpus N` like vLLM's
+tensor-parallel size), else NumPy on the CPU.
+
+Like vLLM it batches continuously: each replica has one engine thread that
+admits waiting requests into free slots of a key/value cache (`--max-batch`
+sequences of up to `--max-len` tokens), runs their prefill, then decodes one
+token for every live sequence per step, so GPU time, not the HTTP loop, bounds
+the throughput.
 
 The two switches below are what the suite's human and agent patches change
 (`patches/human.patch`, `patches/agent.patch`): the 3-way comparison measures
 the same server before and after each patch.
+- human: attention reads the cache only up to the longest live sequence
+  instead of all `--max-len` positions (masked): the same tokens, less memory
+  traffic per decode step.
+- agent: also attends only to the last 32 positions of each sequence (a
+  "sliding window" the model was not built for): faster still, and its
+  answers differ, which the comparison's output check catches.
 
     python3 server.py --port 8000 --gpus 2
 """
 
 import argparse
-import itertools
 import json
-import math
 import os
+import queue
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-USE_KV_CACHE = False  # baseline: every new token recomputes the whole sequence
-HALF_PRECISION = False  # bf16 weights and activations on GPUs
+ATTEND_LIVE_ONLY = False  # baseline: every decode step attends over all --max-len cache positions (masked)
+ATTENTION_WINDOW = None  # None: every earlier position; N: only the last N
 
 
 class NumpyOps:
@@ -40,14 +51,14 @@ class NumpyOps:
         rng = self.np.random.default_rng(rng_seed)
         return (rng.standard_normal(shape, dtype=self.np.float32) * std).astype(self.np.float32)
 
-    def tensor(self, ids):
-        return self.np.asarray(ids, dtype=self.np.int64)
+    def zeros(self, shape):
+        return self.np.zeros(shape, dtype=self.np.float32)
+
+    def ints(self, xs):
+        return self.np.asarray(xs, dtype=self.np.int64)
 
     def mean(self, x):
         return x.mean(-1, keepdims=True)
-
-    def cat(self, xs, axis):
-        return self.np.concatenate(xs, axis=axis)
 
     def softmax(self, x):
         e = self.np.exp(x - x.max(-1, keepdims=True))
@@ -56,11 +67,14 @@ class NumpyOps:
     def tanh(self, x):
         return self.np.tanh(x)
 
-    def triu_mask(self, t, offset):
-        return self.np.triu(self.np.ones((t, t + offset), dtype=bool), k=1 + offset)
+    def masked(self, x, mask):
+        return self.np.where(mask, self.np.float32(-1e9), x)
 
-    def argmax(self, x):
-        return int(x.argmax())
+    def arange(self, n):
+        return self.np.arange(n)
+
+    def argmax_rows(self, x):
+        return [int(i) for i in x.argmax(-1)]
 
     def sync(self):
         pass
@@ -72,50 +86,59 @@ class TorchOps:
 
         self.torch = torch
         self.device = torch.device(device)
-        self.dtype = torch.bfloat16 if HALF_PRECISION else torch.float32
+        self.dtype = torch.float32
+        torch.backends.cuda.matmul.allow_tf32 = False
         self.name = f"torch {torch.__version__} on {torch.cuda.get_device_name(self.device)} ({self.dtype})"
 
     def weights(self, shape, rng_seed, std):
         g = self.torch.Generator(device=self.device).manual_seed(rng_seed)
-        w = self.torch.randn(shape, generator=g, device=self.device, dtype=self.torch.float32) * std
-        return w.to(self.dtype)
+        return self.torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * std
 
-    def tensor(self, ids):
-        return self.torch.tensor(ids, device=self.device)
+    def zeros(self, shape):
+        return self.torch.zeros(shape, device=self.device, dtype=self.dtype)
+
+    def ints(self, xs):
+        return self.torch.tensor(xs, device=self.device, dtype=self.torch.int64)
 
     def mean(self, x):
         return x.mean(-1, keepdim=True)
 
-    def cat(self, xs, axis):
-        return self.torch.cat(xs, dim=axis)
-
     def softmax(self, x):
-        return self.torch.softmax(x.float(), dim=-1).to(x.dtype)
+        return self.torch.softmax(x, dim=-1)
 
     def tanh(self, x):
         return self.torch.tanh(x)
 
-    def triu_mask(self, t, offset):
-        return self.torch.ones((t, t + offset), dtype=self.torch.bool, device=self.device).triu(1 + offset)
+    def masked(self, x, mask):
+        return x.masked_fill(mask, -1e9)
 
-    def argmax(self, x):
-        return int(x.argmax())
+    def arange(self, n):
+        return self.torch.arange(n, device=self.device)
+
+    def argmax_rows(self, x):
+        return x.argmax(-1).tolist()
 
     def sync(self):
         self.torch.cuda.synchronize(self.device)
 
 
 class Decoder:
-    """GPT-style decoder, batch of one sequence, optional key/value cache."""
+    """GPT-style decoder over a slotted key/value cache: `prefill` one
+    sequence into a slot, `decode` one token for several slots at once."""
 
-    def __init__(self, ops, d, layers, heads, vocab, max_len):
+    def __init__(self, ops, d, layers, heads, vocab, max_len, max_batch):
         self.ops, self.d, self.h, self.vocab, self.max_len = ops, d, heads, vocab, max_len
-        seed = itertools.count()
-        w = lambda *s, std=0.02: ops.weights(s, next(seed), std)  # noqa: E731
+        seed = iter(range(1 << 30))
+        # 4 / sqrt(d): large enough that answers depend on the prompt (with
+        # small random weights every prompt decodes to one repeated token).
+        w = lambda *s, std=4 / d**0.5: ops.weights(s, next(seed), std)  # noqa: E731
         self.wte, self.wpe, self.head = w(vocab, d), w(max_len, d, std=0.01), w(d, vocab)
         self.layers = [
             {"qkv": w(d, 3 * d), "o": w(d, d), "fc1": w(d, 4 * d), "fc2": w(4 * d, d)} for _ in range(layers)
         ]
+        dh = d // heads
+        self.k = [ops.zeros((max_batch, heads, max_len, dh)) for _ in range(layers)]
+        self.v = [ops.zeros((max_batch, heads, max_len, dh)) for _ in range(layers)]
         ops.sync()
 
     def _ln(self, x):
@@ -126,66 +149,148 @@ class Decoder:
     def _gelu(self, x):
         return 0.5 * x * (1 + self.ops.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
 
-    def forward(self, ids, pos, cache):
-        """Logits of the last position of `ids` (tokens at `pos`...); `cache`
-        holds each layer's keys and values of the earlier positions, or is None."""
+    def _mlp(self, x, p):
+        return x + self._gelu(self._ln(x) @ p["fc1"]) @ p["fc2"]
+
+    def prefill(self, slot, ids):
+        """Run a prompt into `slot` of the cache; the next token's id."""
         ops, d, h = self.ops, self.d, self.h
-        t = len(ids)
-        x = self.wte[ops.tensor(ids)] + self.wpe[pos : pos + t]
+        t, dh = len(ids), d // h
+        x = self.wte[ops.ints(ids)] + self.wpe[0:t]
+        pos = ops.arange(t)
+        # Causal, and with a window only the last ATTENTION_WINDOW positions.
+        mask = pos[None, :] > pos[:, None]
+        if ATTENTION_WINDOW is not None:
+            mask = mask | (pos[None, :] <= pos[:, None] - ATTENTION_WINDOW)
         for i, p in enumerate(self.layers):
             qkv = self._ln(x) @ p["qkv"]
-            q, k, v = (qkv[:, j * d : (j + 1) * d].reshape(t, h, d // h).swapaxes(0, 1) for j in range(3))
-            if cache is not None:
-                if cache[i] is not None:
-                    k, v = ops.cat([cache[i][0], k], 1), ops.cat([cache[i][1], v], 1)
-                cache[i] = (k, v)
-            s = (q @ k.swapaxes(1, 2)) * (1.0 / math.sqrt(d // h))
-            s[:, ops.triu_mask(t, k.shape[1] - t)] = -1e9
+            q, k, v = (qkv[:, j * d : (j + 1) * d].reshape(t, h, dh).swapaxes(0, 1) for j in range(3))
+            self.k[i][slot, :, :t] = k
+            self.v[i][slot, :, :t] = v
+            s = ops.masked((q @ k.swapaxes(1, 2)) * (1.0 / dh**0.5), mask)
             a = (ops.softmax(s) @ v).swapaxes(0, 1)
             x = x + a.reshape(t, d) @ p["o"]
-            x = x + self._gelu(self._ln(x) @ p["fc1"]) @ p["fc2"]
-        return self._ln(x[-1:]) @ self.head
+            x = self._mlp(x, p)
+        return ops.argmax_rows(self._ln(x[-1:]) @ self.head)[0]
 
-    def generate(self, ids, n):
-        """Yield `n` greedy token ids."""
-        ids = list(ids)[-max(1, self.max_len - n) :]
-        cache = [None] * len(self.layers) if USE_KV_CACHE else None
-        new, pos = ids, 0
-        for _ in range(n):
-            logits = self.forward(new, pos, cache)
-            tok = self.ops.argmax(logits)
-            yield tok
-            if USE_KV_CACHE:
-                pos += len(new)
-                new = [tok]
-            else:
-                new = new + [tok]
+    def decode(self, slots, tokens, lengths):
+        """One step for the sequences in `slots` (`tokens` their last token,
+        `lengths` the positions already cached): each one's next token id."""
+        ops, d, h = self.ops, self.d, self.h
+        b, dh = len(slots), d // h
+        idx, pos = ops.ints(slots), ops.ints(lengths)
+        x = self.wte[ops.ints(tokens)] + self.wpe[pos]
+        # The cache span one step reads: the slots up to the highest live one,
+        # and all positions (baseline) or only those any live sequence has.
+        hi = max(slots) + 1
+        span = max(lengths) + 1 if ATTEND_LIVE_ONLY else self.max_len
+        lo = 0
+        if ATTENTION_WINDOW is not None:
+            lo = max(0, min(lengths) + 1 - ATTENTION_WINDOW)
+        cols = ops.arange(span)[lo:]
+        mask = self._mask(slots, lengths, hi, cols)
+        for i, p in enumerate(self.layers):
+            qkv = self._ln(x) @ p["qkv"]
+            q, k, v = (qkv[:, j * d : (j + 1) * d].reshape(b, h, 1, dh) for j in range(3))
+            self.k[i][idx, :, pos] = k[:, :, 0]
+            self.v[i][idx, :, pos] = v[:, :, 0]
+            kk = self.k[i][:hi, :, lo:span]
+            vv = self.v[i][:hi, :, lo:span]
+            qq = ops.zeros((hi, h, 1, dh))
+            qq[idx] = q
+            s = (qq @ kk.swapaxes(2, 3)) * (1.0 / dh**0.5)
+            s = ops.masked(s, mask)
+            a = (ops.softmax(s) @ vv)[idx]
+            x = x + a.reshape(b, d) @ p["o"]
+            x = self._mlp(x, p)
+        return ops.argmax_rows(self._ln(x) @ self.head)
+
+    def _mask(self, slots, lengths, hi, cols):
+        """[hi, 1, 1, cols]: True where a slot's row must not look (beyond its
+        length, before its window, or a slot with no live sequence)."""
+        ops = self.ops
+        length = [-1] * hi
+        for s, n in zip(slots, lengths):
+            length[s] = n
+        n = ops.ints(length)[:, None]
+        m = cols[None, :] > n
+        if ATTENTION_WINDOW is not None:
+            m = m | (cols[None, :] <= n - ATTENTION_WINDOW)
+        return m[:, None, None, :]
 
 
-class Replicas:
-    """One decoder per device; a request takes the first free one."""
+class Sequence:
+    def __init__(self, ids, n):
+        self.ids, self.n = ids, n
+        self.out = queue.Queue()
+        self.done = 0
+        self.slot = None
+        self.length = 0
+        self.last = None
 
-    def __init__(self, models):
-        self.free = list(models)
+
+class Engine:
+    """One decoder and the thread that batches its requests continuously."""
+
+    def __init__(self, model, max_batch):
+        self.model, self.max_batch = model, max_batch
+        self.waiting = []
+        self.live = {}
         self.cv = threading.Condition()
+        threading.Thread(target=self._loop, daemon=True).start()
 
-    def acquire(self):
+    def load(self):
         with self.cv:
-            while not self.free:
-                self.cv.wait()
-            return self.free.pop()
+            return len(self.waiting) + len(self.live)
 
-    def release(self, m):
+    def submit(self, seq):
         with self.cv:
-            self.free.append(m)
+            self.waiting.append(seq)
             self.cv.notify()
+
+    def _emit(self, seq, tok):
+        seq.out.put(tok)
+        seq.done += 1
+        seq.last = tok
+        if seq.done >= seq.n:
+            seq.out.put(None)
+            del self.live[seq.slot]
+
+    def _loop(self):
+        m = self.model
+        while True:
+            with self.cv:
+                while not self.waiting and not self.live:
+                    self.cv.wait()
+                admit = []
+                free = [s for s in range(self.max_batch) if s not in self.live]
+                while self.waiting and free:
+                    seq = self.waiting.pop(0)
+                    seq.slot = free.pop(0)
+                    self.live[seq.slot] = seq
+                    admit.append(seq)
+            try:
+                for seq in admit:
+                    seq.length = len(seq.ids)
+                    self._emit(seq, m.prefill(seq.slot, seq.ids))
+                step = [s for s in self.live.values() if s.done < s.n]
+                if step:
+                    toks = m.decode([s.slot for s in step], [s.last for s in step], [s.length for s in step])
+                    for s, t in zip(step, toks):
+                        s.length += 1
+                        self._emit(s, t)
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+                print(f"engine step failed: {e!r}", file=sys.stderr, flush=True)
+                for s in list(self.live.values()):
+                    s.out.put(e)
+                self.live.clear()
 
 
 def token_text(tok):
     return f" t{tok}"
 
 
-def make_handler(replicas, model_name):
+def make_handler(engines, model_name, max_len):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -215,17 +320,32 @@ def make_handler(replicas, model_name):
             try:
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 prompt = req["prompt"]
-                n = int(req.get("max_tokens", 16))
+                n = max(1, int(req.get("max_tokens", 16)))
             except (ValueError, KeyError, TypeError) as e:
                 self._json(400, {"error": {"message": f"bad request: {e}"}})
                 return
-            ids = list(prompt.encode("utf-8")) or [0]
+            if n >= max_len:
+                self._json(400, {"error": {"message": f"max_tokens {n} does not fit --max-len {max_len}"}})
+                return
+            # Bytes are tokens; the prompt's start is cut to fit the cache.
+            ids = (list(prompt.encode("utf-8")) or [0])[-(max_len - n) :]
             rid, created = f"cmpl-{time.monotonic_ns()}", int(time.time())
             usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-            model = replicas.acquire()
+            seq = Sequence(ids, n)
+            min(engines, key=lambda e: e.load()).submit(seq)
+
+            def tokens():
+                while True:
+                    t = seq.out.get()
+                    if t is None:
+                        return
+                    if isinstance(t, Exception):
+                        raise t
+                    yield t
+
             try:
                 if not req.get("stream"):
-                    text = "".join(token_text(t) for t in model.generate(ids, n))
+                    text = "".join(token_text(t) for t in tokens())
                     self._json(200, {"id": rid, "object": "text_completion", "created": created, "model": model_name,
                                      "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
                     return
@@ -239,7 +359,7 @@ def make_handler(replicas, model_name):
                     self.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
                     self.wfile.flush()
 
-                for i, t in enumerate(model.generate(ids, n)):
+                for i, t in enumerate(tokens()):
                     send({"id": rid, "object": "text_completion", "created": created, "model": model_name,
                           "choices": [{"index": 0, "text": token_text(t), "finish_reason": "length" if i == n - 1 else None}]})
                 if (req.get("stream_options") or {}).get("include_usage"):
@@ -247,10 +367,92 @@ def make_handler(replicas, model_name):
                 send(b"[DONE]")
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            finally:
-                replicas.release(model)
+            except Exception as e:  # noqa: BLE001
+                self._json(500, {"error": {"message": f"generation failed: {e!r}"}})
 
     return Handler
+
+
+def serve(a, ops):
+    """One process: its replicas, then the HTTP server (with `--reuse-port`,
+    one of several processes sharing the port; the kernel spreads the
+    connections)."""
+    t0 = time.perf_counter()
+    engines = [
+        Engine(Decoder(o, a.d_model, a.layers, a.heads, a.vocab, a.max_len, a.max_batch), a.max_batch) for o in ops
+    ]
+    print(f"{len(engines)} replica(s), {ops[0].name}, batches of up to {a.max_batch}, "
+          f"attention over {'live positions' if ATTEND_LIVE_ONLY else 'the whole cache'}"
+          f"{'' if ATTENTION_WINDOW is None else f', window {ATTENTION_WINDOW}'}, "
+          f"loaded in {time.perf_counter() - t0:.1f}s", flush=True)
+    if a.replica is not None:
+        # Bind only when every replica is loaded, so none takes all the first requests.
+        sys.stdin.readline()
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 1024  # the default backlog of 5 resets a burst of clients
+        daemon_threads = True
+
+        def server_bind(self):
+            if a.replica is not None:
+                import socket
+
+                self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            super().server_bind()
+
+    server = Server((a.host, a.port), make_handler(engines, a.model, a.max_len))
+    print(f"serving on http://{a.host}:{a.port}", flush=True)
+    server.serve_forever()
+
+
+def spawn_replicas(a, count):
+    """One process per GPU (each its own Python, so no GIL is shared between
+    GPUs), all serving the same port; stops them all when one stops."""
+    import signal
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(count)]
+    args = [x for x in sys.argv[1:]]
+    procs = []
+    for i in range(count):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[i])
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args, "--replica", str(i)],
+                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+
+    def stop(*_):
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for i, p in enumerate(procs):
+        line = p.stdout.readline()
+        if not line:
+            print(f"replica {i} failed while loading (exit {p.wait()})", file=sys.stderr, flush=True)
+            stop()
+        print(f"replica {i} (GPU {ids[i]}): {line.strip()}", flush=True)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for i, p in enumerate(procs):
+        print(f"replica {i}: {p.stdout.readline().strip()}", flush=True)
+
+    def relay(i, p):
+        for line in p.stdout:
+            print(f"replica {i}: {line.rstrip()}", flush=True)
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=relay, args=(i, p), daemon=True).start()
+    while True:
+        for i, p in enumerate(procs):
+            code = p.poll()
+            if code is not None:
+                print(f"replica {i} exited with {code}; stopping the others", file=sys.stderr, flush=True)
+                stop()
+        time.sleep(0.5)
 
 
 def main():
@@ -264,9 +466,14 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--max-batch", type=int, default=32, help="sequences decoded together per replica")
     ap.add_argument("--cpu", action="store_true", help="NumPy on the CPU even when GPUs are there")
+    ap.add_argument("--replica", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
+    if a.replica is not None:
+        serve(a, [TorchOps("cuda:0")])
+        return
     try:
         import torch
 
@@ -276,15 +483,10 @@ def main():
     if a.gpus and a.gpus > gpus:
         sys.exit(f"error: --gpus {a.gpus} asked for, {gpus} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
     count = a.gpus or gpus
-    ops = [TorchOps(f"cuda:{i}") for i in range(count)] or [NumpyOps()]
-    t0 = time.perf_counter()
-    models = [Decoder(o, a.d_model, a.layers, a.heads, a.vocab, a.max_len) for o in ops]
-    print(f"{len(models)} replica(s), {ops[0].name}, kv cache {'on' if USE_KV_CACHE else 'off'}, "
-          f"loaded in {time.perf_counter() - t0:.1f}s", flush=True)
-    server = ThreadingHTTPServer((a.host, a.port), make_handler(Replicas(models), a.model))
-    server.daemon_threads = True
-    print(f"serving on http://{a.host}:{a.port}", flush=True)
-    server.serve_forever()
+    if count > 1:
+        spawn_replicas(a, count)
+        return
+    serve(a, [TorchOps("cuda:0")] if count == 1 else [NumpyOps()])
 
 
 if __name__ == "__main__":

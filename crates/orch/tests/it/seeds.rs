@@ -323,17 +323,17 @@ fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
         let t = rewrite(&t, "repo: ..\n", &format!("repo: {}\n", root.display()));
         let t = rewrite(
             &t,
-            "rounds: 3\n      warmup_rounds: 1",
+            "rounds: auto\n      max_rounds: 6\n      warmup_rounds: auto\n      max_warmup_rounds: 4",
             "rounds: 2\n      warmup_rounds: 0",
         );
         let t = rewrite(
             &t,
-            r#"--d-model, "1024", --layers, "8", --heads, "16""#,
+            r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "64""#,
             r#"--d-model, "32", --layers, "1", --heads, "2", --vocab, "256", --max-len, "256""#,
         );
         rewrite(
             &t,
-            "num_prompts: 64, max_concurrency: 16, input_len: 64, output_len: 64, warmup_requests: 4",
+            "num_prompts: 128, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
             "num_prompts: 3, max_concurrency: 2, input_len: 8, output_len: 4, warmup_requests: 1",
         )
     });
