@@ -323,7 +323,7 @@ fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
         let t = rewrite(&t, "repo: ..\n", &format!("repo: {}\n", root.display()));
         let t = rewrite(
             &t,
-            "rounds: auto\n      max_rounds: 6\n      warmup_rounds: auto\n      max_warmup_rounds: 4",
+            "rounds: auto\n      max_rounds: 5\n      warmup_rounds: auto\n      max_warmup_rounds: 4",
             "rounds: 2\n      warmup_rounds: 0",
         );
         let t = rewrite(
@@ -333,7 +333,7 @@ fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
         );
         rewrite(
             &t,
-            "num_prompts: 128, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
+            "num_prompts: 96, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
             "num_prompts: 3, max_concurrency: 2, input_len: 8, output_len: 4, warmup_requests: 1",
         )
     });
@@ -356,6 +356,11 @@ fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
         let tput = cell["metrics"][format!("{variant}.output_throughput")].as_f64();
         assert!(tput.is_some_and(|x| x > 0.0), "{variant}: {cell}");
     }
+    // The agent patch's window changes the answers: the output check gates it;
+    // the human patch gives the baseline's tokens.
+    let variants = &cell["info"]["variants"];
+    assert_eq!(variants["agent"]["gate"]["kind"], "output_mismatch", "{cell}");
+    assert!(variants["human"]["gate"].is_null(), "{cell}");
     let comparisons = cell["info"]["comparison"].to_string();
     for pair in ["human", "agent"] {
         assert!(comparisons.contains(pair), "{comparisons}");
