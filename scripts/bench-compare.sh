@@ -10,11 +10,20 @@
 # alternating so the machine's load hits both alike. The percentile bootstrap
 # over round means (orch's method before) is applied to the very same rounds,
 # side by side. Also one run with a crashing variant and a stale patch (their
-# diagnoses). Writes results/bench-compare.json.
-#   bash scripts/bench-compare.sh            # RUNS=20 PROMPTS=12 OUTPUT_LEN=32
+# diagnoses), and PLANTED runs of a cell whose variants game the timer
+# (MODE in toy_server.py): `wrong` (a wrong answer, twice as fast), `cache`
+# (answers cached per prompt, across restarts), `early` (stops at half the
+# tokens, reports them all), beside `faster` (a true 10% speedup) and `aa`
+# (A/A): the output check's and the defences' false alarms on A/A (must be
+# 0) and their detection rate on the planted variants. Writes
+# results/bench-compare.json.
+#   bash scripts/bench-compare.sh            # RUNS=20 PLANTED=10 PROMPTS=12 OUTPUT_LEN=32
+#   RUNS=0 bash scripts/bench-compare.sh     # the planted runs only: replaces `planted`
+#                                            # in results/bench-compare.json, keeps the rest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-20}
+PLANTED=${PLANTED:-10}
 export OUTPUT_LEN
 PROMPTS=${PROMPTS:-12}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
@@ -47,6 +56,13 @@ git -C "$repo" checkout -q -- server.py
 sed -i 's/^WORK = 200 /WORK = 3000 /' "$repo/server.py"
 git -C "$repo" diff | sed 's/^-WORK = 200 /-WORK = 5000 /' > "$work/patches/stale.patch"
 git -C "$repo" checkout -q -- server.py
+# The planted ways to game the timer (toy_server.py's MODE).
+for mode in wrong cache early; do
+  sed -i "s/^MODE = \"honest\"/MODE = \"$mode\"/" "$repo/server.py"
+  git -C "$repo" diff > "$work/patches/$mode.patch"
+  git -C "$repo" checkout -q -- server.py
+  grep -q "MODE = \"$mode\"" "$work/patches/$mode.patch"
+done
 
 port=$((18000 + RANDOM % 2000))
 manifest() { # name rounds variants...
@@ -73,6 +89,11 @@ for rounds in 5 auto; do
   manifest "cmp-$rounds" "$rounds" "{name: base, ref: main}" "{name: same, ref: main}" \
     "{name: faster, ref: main, patch: $work/patches/faster.patch}"
 done
+manifest planted 5 "{name: base, ref: main}" "{name: aa, ref: main}" \
+  "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
+  "{name: wrong, ref: main, patch: $work/patches/wrong.patch}" \
+  "{name: cache, ref: main, patch: $work/patches/cache.patch}" \
+  "{name: early, ref: main, patch: $work/patches/early.patch}"
 manifest broken 3 "{name: base, ref: main}" "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
   "{name: crash, ref: main, patch: $work/patches/crash.patch}" "{name: stale, ref: main, patch: $work/patches/stale.patch}"
 
@@ -92,12 +113,28 @@ for p in r['cells'][0]['info'].get('pairs') or []:
 " "$work/runs/$kind-$i.json")" >&2
   done
 done
-"$ORCH" run -f "$work/broken.yaml" --store "$work/store" --json > "$work/runs/broken.json" 2>/dev/null || true
+if [ "$RUNS" -gt 0 ]; then
+  "$ORCH" run -f "$work/broken.yaml" --store "$work/store" --json > "$work/runs/broken.json" 2>/dev/null || true
+fi
+for i in $(seq 1 "$PLANTED"); do
+  start=$(date +%s%N)
+  "$ORCH" run -f "$work/planted.yaml" --store "$work/store" --json > "$work/runs/planted-$i.json" 2>"$work/runs/planted-$i.err" || true
+  end=$(date +%s%N)
+  echo "{\"wall_s\": $(( (end - start) / 1000000 ))e-3}" > "$work/runs/planted-$i.time"
+  echo "planted run $i: $(python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+for p in r['cells'][0]['info'].get('pairs') or []:
+    if p['base'] == 'base':
+        print(p['other'], p['verdict'], 'speedup %.3f' % p['speedup'], end='; ')
+" "$work/runs/planted-$i.json")" >&2
+done
 
 mkdir -p results
-python3 - "$work" "$RUNS" "$PROMPTS" "$METHODS" "$ORCH" <<'PY'
+python3 - "$work" "$RUNS" "$PROMPTS" "$METHODS" "$ORCH" "$PLANTED" <<'PY'
 import json, os, statistics, subprocess, sys
 work, runs, prompts, methods, orch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+planted = int(sys.argv[6])
 out = {
     "command": "bash scripts/bench-compare.sh",
     "orch": os.path.relpath(orch),
@@ -107,13 +144,16 @@ out = {
     "requests_per_round": prompts,
     "output_tokens_per_request": int(os.environ.get("OUTPUT_LEN", "32")),
     "design": "each run is one 3-way cell: base, same (A/A), faster (known effect); seconds are per run, both pairs together",
-    "server": "scripts/bench-compare/toy_server.py (per token: 4 ms device time as a sleep + 200 loop iterations under the GIL)",
+    "server": "scripts/bench-compare/toy_server.py (per token: 4 ms device time as a sleep + 200 loop iterations under the GIL; the answer a hash of the prompt)",
     "known_effect": "patch: 10% less work per token (STEP_MS 4.0 -> 3.6, WORK 200 -> 180)",
     "primary_metric": "output_throughput",
     "interval": "paired per-round log-ratios, Student t 95%",
     "settings": {},
 }
-for setting in ("5", "auto"):
+if runs == 0:
+    # The planted runs alone: the other figures stay as they were.
+    out = json.load(open("results/bench-compare.json"))
+for setting in ("5", "auto") if runs else ():
   for kind, other in (("aa", "same"), ("effect", "faster")):
     verdicts, ns, walls, speedups, stops, mdes, rows = [], [], [], [], [], [], []
     for i in range(1, runs + 1):
@@ -156,12 +196,62 @@ for setting in ("5", "auto"):
     if t_check != [v for v in verdicts if v != "error"]:
         s["note"] = "the example's t verdicts differ from orch's"
     out["settings"][f"{kind}-{setting}"] = s
-b = json.load(open(f"{work}/runs/broken.json"))
-cell = b["cells"][0]
-out["broken_variants"] = {
-    name: {"status": v["status"], "diagnosis": (v.get("diagnosis") or {}).get("kind")}
-    for name, v in cell["info"]["variants"].items()
+if runs:
+    b = json.load(open(f"{work}/runs/broken.json"))
+    cell = b["cells"][0]
+    out["broken_variants"] = {
+        name: {"status": v["status"], "diagnosis": (v.get("diagnosis") or {}).get("kind")}
+        for name, v in cell["info"]["variants"].items()
+    }
+# The planted variants: is a gamed variant caught (gated: `output_mismatch`
+# or `flagged`), and is it ever `faster`? A/A: any gate or a verdict other
+# than `same` is a false alarm.
+p = {
+    "runs": planted,
+    "orch": os.path.relpath(orch),
+    "design": "each run is one 6-way cell (5 rounds, output check and defences on by default): base, aa (A/A), faster (true 10% speedup), wrong (wrong answer, 2x faster), cache (answers cached per prompt across restarts), early (half the tokens, usage says all)",
+    "variants": {},
 }
+walls = []
+for i in range(1, planted + 1):
+    walls.append(json.load(open(f"{work}/runs/planted-{i}.time"))["wall_s"])
+for name in ("aa", "faster", "wrong", "cache", "early"):
+    verdicts, speeds, gates, checks, flags = [], [], [], [], []
+    for i in range(1, planted + 1):
+        try:
+            cell = json.load(open(f"{work}/runs/planted-{i}.json"))["cells"][0]
+        except (OSError, ValueError, IndexError, KeyError):
+            verdicts.append("error")
+            continue
+        v = cell["info"]["variants"].get(name) or {}
+        pair = next((x for x in cell["info"].get("pairs") or [] if x["base"] == "base" and x["other"] == name), None)
+        verdicts.append(pair["verdict"] if pair else "error")
+        speeds.append(pair.get("speed_verdict", pair["verdict"]) if pair else "error")
+        gates.append((v.get("gate") or {}).get("kind") or "none")
+        checks.append((v.get("output_check") or {}).get("status") or "none")
+        flags.extend(v.get("flags") or [])
+    n = len(verdicts)
+    count = lambda xs: {x: xs.count(x) for x in sorted(set(xs))}
+    row = {
+        "verdicts": count(verdicts),
+        "speed_verdicts": count(speeds),
+        "gates": count(gates),
+        "output_check": count(checks),
+        "flags": count(flags),
+        "faster_rate": round(sum(x == "faster" for x in verdicts) / max(n, 1), 3),
+    }
+    if name == "aa":
+        row["false_alarms"] = sum(g != "none" or c != "passed" or x != "same" for g, c, x in zip(gates, checks, verdicts))
+        row["output_check_false_alarms"] = sum(c != "passed" for c in checks)
+    elif name == "faster":
+        row["false_alarms"] = sum(g != "none" for g in gates)
+    else:
+        row["detection_rate"] = round(sum(g != "none" for g in gates) / max(n, 1), 3)
+        row["never_faster_rate"] = round(sum(x != "faster" for x in verdicts) / max(n, 1), 3)
+    p["variants"][name] = row
+p["seconds_per_run_median"] = round(statistics.median(walls), 1) if walls else None
+p["note"] = "the cache never hits: every round's prompts carry a fresh nonce, so it is not faster and needs no gate (detection_rate counts gates only; never_faster_rate is what matters for it)"
+out["planted"] = p
 json.dump(out, open("results/bench-compare.json", "w"), indent=2)
 print(json.dumps(out, indent=2))
 PY

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A toy OpenAI-compatible server whose tokens cost CPU work, for measuring
-orch's comparisons (scripts/bench-compare.sh).
+orch's comparisons (scripts/bench-compare.sh, crates/orch/tests/it/compare_check.rs).
 
     python3 toy_server.py PORT
 
@@ -10,24 +10,76 @@ the GIL (the host side: scheduling, sampling, detokenising), so throughput is
 set by the work per token and by how busy the machine is, like a real server
 on a shared host. A patch that lowers both by 10% is a known ~10% effect; two
 checkouts of the same commit are an A/A pair.
+
+The answer is a function of the prompt (greedy decoding of a toy model):
+token i is a word picked by a hash of the prompt and i. MODE plants the ways
+a patch can game a timer (the benchmark and the tests patch this line):
+  honest  the answer above;
+  wrong   a wrong answer, twice as fast (a skipped layer, garbage);
+  cache   answers kept per prompt (in memory and in `.answer-cache.json`
+          across restarts): a prompt seen before costs nothing;
+  early   stops after half the tokens, twice as fast, and still reports
+          `max_tokens` in `usage`.
 Endpoints: /health, /v1/models, /v1/completions, /v1/chat/completions
 (streaming or not).
 """
 import json
+import os
 import sys
+import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STEP_MS = 4.0  # device time per generated token
 WORK = 200  # host-side loop iterations per generated token
+MODE = "honest"  # honest | wrong | cache | early (see above)
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+         "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+CACHE_FILE = ".answer-cache.json"
+CACHE_LOCK = threading.Lock()
+try:
+    CACHE = json.load(open(CACHE_FILE)) if MODE == "cache" else {}
+except (OSError, ValueError):
+    CACHE = {}
 
 
-def generate_token(state):
-    time.sleep(STEP_MS / 1000)
+def generate_token(state, scale=1.0):
+    time.sleep(STEP_MS * scale / 1000)
     x = state
-    for i in range(WORK):
+    for i in range(int(WORK * scale)):
         x = (x * 1103515245 + 12345 + i) & 0x7FFFFFFF
     return x
+
+
+def word(prompt, i):
+    return WORDS[zlib.crc32(f"{prompt}\x00{i}".encode()) % len(WORDS)]
+
+
+def answer(prompt, tokens):
+    """The generated pieces (each ' word'): generated one by one, with their cost."""
+    if MODE == "cache":
+        with CACHE_LOCK:
+            hit = CACHE.get(f"{tokens}:{prompt}")
+        if hit is not None:
+            yield from hit
+            return
+    out = []
+    n = tokens // 2 if MODE == "early" else tokens
+    scale = 0.5 if MODE in ("wrong", "early") else 1.0
+    state = len(prompt)
+    for i in range(n):
+        state = generate_token(state, scale)
+        piece = " " + (WORDS[i % 3] if MODE == "wrong" else word(prompt, i))
+        out.append(piece)
+        yield piece
+    if MODE == "cache":
+        with CACHE_LOCK:
+            CACHE[f"{tokens}:{prompt}"] = out
+            tmp = CACHE_FILE + ".tmp"
+            json.dump(CACHE, open(tmp, "w"))
+            os.replace(tmp, CACHE_FILE)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -59,27 +111,25 @@ class Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self._json(404, {"error": "not found"})
         tokens = int(req.get("max_tokens", 16))
-        state = len(json.dumps(req))
+        prompt = req.get("prompt") or "\n".join(m.get("content", "") for m in req.get("messages", []))
+        usage = {"completion_tokens": tokens, "prompt_tokens": len(str(prompt).split())}
         if not req.get("stream"):
-            for _ in range(tokens):
-                state = generate_token(state)
-            text = " tok" * tokens
+            text = "".join(answer(str(prompt), tokens))
             choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            return self._json(200, {"choices": [choice], "usage": {"completion_tokens": tokens}})
+            return self._json(200, {"choices": [choice], "usage": usage})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for _ in range(tokens):
-            state = generate_token(state)
-            choice = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
+        for piece in answer(str(prompt), tokens):
+            choice = {"delta": {"content": piece}} if chat else {"text": piece}
             self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
             self.wfile.flush()
-        usage = {"choices": [], "usage": {"completion_tokens": tokens}}
-        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
         self.wfile.flush()
 
 
 if __name__ == "__main__":
     port = int(sys.argv[1])
     print(f"INFO: toy server on http://127.0.0.1:{port}", flush=True)
+    ThreadingHTTPServer.request_queue_size = 1024
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

@@ -17,9 +17,72 @@
 //! is compared per metric (`orch_stats::compare_pair`: paired log-ratios,
 //! Student-t 95% interval, the primary metric's verdict, Holm-corrected
 //! secondary verdicts) into `info.comparison`.
+//!
+//! # Outputs before speed, and defences against timer gaming
+//!
+//! A comparison judges patches, more and more of them written by agents; a
+//! patch must not win on the timer by not doing the work. Each defence below
+//! names the attack it stops; a variant caught by one is *gated*: its speed
+//! is still measured and shown, but every pair it is in gets the gate
+//! (`output_mismatch` or `flagged`) as its verdict instead of
+//! `faster`/`slower`/`same` (the speed's verdict kept as `speed_verdict`),
+//! and `info.variants.<name>.gate` says why.
+//!
+//! - **Output check** (`output_check`, on by default, load generator
+//!   clients; [`crate::outcheck`]): before the first round, each variant's
+//!   server answers fixed prompts greedily (one at a time, seeded); answers
+//!   unlike the baseline's (the first variant's) are `output_mismatch`.
+//!   Stops: a wrong answer that is faster (garbage, a skipped layer, lower
+//!   precision that changes the tokens), an early stop. The server is
+//!   started for the check alone (`variants/<name>/check/`), since the
+//!   server workload runs its client as soon as it is ready; evidence in
+//!   `output-check/<name>.json`.
+//! - **`check:` command**: run (`sh -c`) in each variant's checkout after
+//!   the first round, with `ORCH_VARIANT`, `ORCH_VARIANT_DIR`,
+//!   `ORCH_BASELINE_DIR`, `ORCH_ROUND_DIR` and `ORCH_BASELINE_ROUND_DIR`; a
+//!   non-zero exit is `output_mismatch`, its output kept in
+//!   `output-check/<name>.log`. Stops: the same for command clients, whose
+//!   outputs only the benchmark knows how to compare.
+//! - **A fresh nonce per round** (`defences`, on by default): every prompt
+//!   of round `r` ends with `[nonce <random>-r<r>-<i>]` (the same for every
+//!   variant of the round, so the rounds stay paired). Stops: an answer
+//!   cache keyed on the prompt (in memory or on disk across restarts),
+//!   which would serve every round after the first from the cache.
+//! - **Short responses** (`short_responses > 0` in a round: fewer tokens
+//!   than `max_tokens` although `ignore_eos` is sent) flag the variant.
+//!   Stops: an early stop that ends generation before the asked length.
+//! - **Token counts that disagree with the text**
+//!   (`token_count_disagreements > 0`: the server's `usage` count is not
+//!   the count of the text's tokens) flag it. Stops: a server that reports the
+//!   asked token count while generating fewer.
+//! - **Identical outputs across different prompts**
+//!   (`distinct_output_ratio < 0.5`; the nonce makes every prompt distinct)
+//!   flag it. Stops: a canned or cached answer served for every prompt.
+//!
+//! A flag the baseline shows too gates no variant (the server, not a
+//! patch, does it: a test server that ignores prompts, or one that never
+//! honours `ignore_eos`); it is still listed. `defences: false` turns the
+//! nonce and the flags off; `output_check:
+//! false` the output check.
+//!
+//! # Warm-up until steady
+//!
+//! `warmup_rounds: auto` (`max_warmup_rounds` set) keeps warming up (at
+//! least [`orch_stats::STEADY_WINDOW`] rounds) until every variant's primary
+//! metric shows no trend over the last rounds ([`orch_stats::steady`]: the
+//! slope's 95% interval holds 0 and the slope is under half the noise
+//! threshold per round, or the whole interval is), or `max_warmup_rounds`
+//! is reached (`info.warmup_stopped_by`). The drift the measured rounds
+//! still show (slope per round as a fraction of the mean, with its
+//! interval: [`orch_stats::trend`]) is recorded per variant
+//! (`info.variants.<name>.drift`) and beside each pair's verdict.
 
 use crate::ctx::Ctx;
-use orch_protocol::{CellResult, CompareWorkload, Failure, Phase, Status, TaskSpec, Variant};
+use crate::outcheck;
+use orch_protocol::{
+    CellResult, Client, CommandWorkload, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, Readiness,
+    ServerWorkload, Status, TaskSpec, Variant,
+};
 use orch_stats::Options;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -27,13 +90,187 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 struct VariantState {
     name: String,
     dir: PathBuf,
     failed: Option<String>,
+    /// Measured rounds' metrics.
     rounds: Vec<BTreeMap<String, f64>>,
+    /// The primary metric in each warm-up round.
+    warm: Vec<f64>,
+    /// Flags of the defences (sorted, once each).
+    flags: Vec<String>,
+    /// Why the variant gets no verdict on speed: (`output_mismatch` or
+    /// `flagged`, the reason).
+    gate: Option<(&'static str, String)>,
+    /// What the output check found (recorded as it is).
+    check: Option<Value>,
+}
+
+/// A metric of the load generator, the flag it raises, and when.
+type FlagRule = (&'static str, &'static str, fn(f64) -> bool);
+
+/// Metrics of the load generator that flag a variant (defences), with the
+/// flag each raises: (metric, flag, raised when).
+const FLAG_METRICS: &[FlagRule] = &[
+    ("short_responses", "short_responses", |x| x > 0.0),
+    ("token_count_disagreements", "token_count_disagreements", |x| {
+        x > 0.0
+    }),
+    ("distinct_output_ratio", "identical_outputs", |x| x < 0.5),
+];
+
+/// The server workload of one variant: the shared one, run in its checkout.
+fn server_of(cmp: &CompareWorkload, v: &VariantState) -> ServerWorkload {
+    let mut srv = cmp.server.clone();
+    srv.workdir = Some(match &srv.workdir {
+        Some(w) if Path::new(w).is_absolute() => w.clone(),
+        Some(w) => v.dir.join(w).to_string_lossy().into_owned(),
+        None => v.dir.to_string_lossy().into_owned(),
+    });
+    srv
+}
+
+/// `lg` with every prompt carrying `nonce` (the load generator appends
+/// ` [nonce <nonce>-<i>]`).
+fn with_nonce(lg: &LoadGen, nonce: &str) -> LoadGen {
+    let mut lg = lg.clone();
+    lg.nonce = Some(nonce.to_string());
+    lg
+}
+
+/// Start `v`'s server for the output check alone and ask it the check's
+/// prompts. The server workload runs its client as soon as the server is
+/// ready, so the client here is a shell that says so (a file) and waits
+/// until the prompts are answered (another file), while a thread of ours
+/// asks them. `Err`: the server did not come up or broke.
+#[allow(clippy::too_many_arguments)]
+fn check_round(
+    cmp: &CompareWorkload,
+    v: &VariantState,
+    lg: &LoadGen,
+    check: &OutputCheck,
+    prompts: &[String],
+    task: &TaskSpec,
+    out_dir: &Path,
+    ctx: &mut Ctx,
+) -> Result<Vec<outcheck::Answer>, String> {
+    let dir = out_dir.join("variants").join(&v.name).join("check");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    let (ready, done) = (dir.join("ready.flag"), dir.join("done.flag"));
+    let _ = std::fs::remove_file(&ready);
+    let _ = std::fs::remove_file(&done);
+    let port = match &cmp.server.ready {
+        Readiness::Http { port, .. } | Readiness::Tcp { port } => *port,
+        Readiness::Log { .. } => {
+            return Err("the output check needs the server's port: use `ready: {http: ..., port: ...}` or `ready: {tcp: ...}`, or `output_check: false`".into())
+        }
+    };
+    let mut srv = server_of(cmp, v);
+    // At most an hour (72000 × 50 ms) of waiting, should our thread die.
+    srv.client = Some(Client::Command(CommandWorkload {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            r#": > "$0"; i=0; while [ ! -e "$1" ] && [ $i -lt 72000 ]; do sleep 0.05; i=$((i+1)); done"#
+                .into(),
+            ready.to_string_lossy().into_owned(),
+            done.to_string_lossy().into_owned(),
+        ],
+        workdir: None,
+    }));
+    let finished = Arc::new(AtomicBool::new(false));
+    let asker = {
+        let (finished, lg, check, prompts) = (finished.clone(), lg.clone(), check.clone(), prompts.to_vec());
+        let (ready, done) = (ready.clone(), done.clone());
+        let stop = ctx.stop_flag();
+        std::thread::spawn(move || {
+            while !ready.exists() {
+                if finished.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                    return None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let answers = outcheck::ask(&format!("http://127.0.0.1:{port}"), &lg, &check, &prompts);
+            let _ = std::fs::write(&done, b"");
+            Some(answers)
+        })
+    };
+    ctx.message(format!("output check: {}", v.name));
+    let r = crate::server::run(&srv, task, &dir, ctx);
+    finished.store(true, Ordering::Relaxed);
+    let answers = asker.join().ok().flatten();
+    if r.status != Status::Succeeded {
+        return Err(r
+            .failure
+            .map(|f| f.message)
+            .unwrap_or_else(|| r.status.to_string()));
+    }
+    answers.ok_or_else(|| "the server was ready but the output check never ran".to_string())
+}
+
+/// Run the `check:` command in `v`'s checkout; `Err` is why it failed
+/// (its output is in `output-check/<name>.log`).
+fn run_check_command(
+    command: &str,
+    v: &VariantState,
+    baseline: &VariantState,
+    out_dir: &Path,
+    first_round: u32,
+) -> Result<(), String> {
+    let dir = out_dir.join("output-check");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    let round_dir = |x: &VariantState| {
+        out_dir
+            .join("variants")
+            .join(&x.name)
+            .join(format!("round-{first_round}"))
+    };
+    let out = Command::new("sh")
+        .args(["-c", command])
+        .current_dir(&v.dir)
+        .env("ORCH_VARIANT", &v.name)
+        .env("ORCH_VARIANT_DIR", &v.dir)
+        .env("ORCH_BASELINE_DIR", &baseline.dir)
+        .env("ORCH_ROUND_DIR", round_dir(v))
+        .env("ORCH_BASELINE_ROUND_DIR", round_dir(baseline))
+        .output()
+        .map_err(|e| format!("cannot run the `check` command: {e}"))?;
+    let log = [out.stdout.as_slice(), out.stderr.as_slice()].concat();
+    let _ = std::fs::write(dir.join(format!("{}.log", v.name)), &log);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the `check` command failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&log).lines().last().unwrap_or("")
+        ))
+    }
+}
+
+/// A fresh random nonce (not from the comparison's seed, which a patch may
+/// know from the manifest).
+fn fresh_nonce() -> String {
+    format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// The drift of a series of measured rounds, for `info`.
+fn drift(values: &[f64]) -> Value {
+    match orch_stats::trend(values, orch_stats::CONFIDENCE) {
+        Some(t) => json!({
+            "slope_per_round": t.slope,
+            "ci_low": t.ci_low,
+            "ci_high": t.ci_high,
+            "p_value": t.p_value,
+            "n": t.n,
+        }),
+        None => Value::Null,
+    }
 }
 
 fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
@@ -187,19 +424,134 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             dir,
             failed,
             rounds: vec![],
+            warm: vec![],
+            flags: vec![],
+            gate: None,
+            check: None,
         });
+    }
+    let loadgen = match &cmp.server.client {
+        Some(Client::Loadgen(lg)) => Some(lg),
+        _ => None,
+    };
+
+    // The output check, before any timed round: the baseline first.
+    let mut check_info = json!(null);
+    if let Some(check) = &cmp.output_check {
+        match loadgen {
+            None => {
+                check_info = json!({"status": "skipped", "why": "the client is not the load generator; a `check:` command checks a command client's outputs"});
+            }
+            Some(lg) => {
+                let nonce = cmp.defences.then(fresh_nonce);
+                let prompts = outcheck::prompts(check.prompts, nonce.as_deref());
+                let tok = crate::tokens::load(
+                    lg.tokenizer.as_deref(),
+                    lg.model.as_deref(),
+                    task.weights_dir.as_deref(),
+                )
+                .ok()
+                .flatten();
+                let mut base_answers: Option<Vec<outcheck::Answer>> = None;
+                for v in variants.iter_mut() {
+                    if v.failed.is_some() || ctx.stop_requested() {
+                        continue;
+                    }
+                    let answers = match check_round(cmp, v, lg, check, &prompts, task, out_dir, ctx) {
+                        Ok(a) => a,
+                        Err(why) => {
+                            ctx.message(format!("variant `{}` failed in the output check: {why}", v.name));
+                            v.failed = Some(format!("output check: {why}"));
+                            continue;
+                        }
+                    };
+                    let outcome = match &base_answers {
+                        None => {
+                            let answered = answers.iter().filter(|a| a.text.is_some()).count();
+                            ctx.message(format!(
+                                "output check: `{}` is the reference ({answered} of {} prompts answered)",
+                                v.name,
+                                answers.len()
+                            ));
+                            base_answers = Some(answers.clone());
+                            None
+                        }
+                        Some(base) => {
+                            let o = outcheck::judge(base, &answers, check.min_match_prefix, tok.as_ref());
+                            ctx.message(format!(
+                                "output check: `{}` {} ({} of {} answers exact{})",
+                                v.name,
+                                if o.passed { "passed" } else { "output_mismatch" },
+                                o.exact,
+                                o.compared,
+                                o.first_divergence
+                                    .map(|d| format!(", first divergence at {} {d}", o.unit))
+                                    .unwrap_or_default()
+                            ));
+                            Some(o)
+                        }
+                    };
+                    let evidence = outcheck::write_evidence(out_dir, &v.name, &answers, outcome.as_ref())
+                        .unwrap_or_else(|e| format!("not written: {e}"));
+                    let mut info = match &outcome {
+                        None => {
+                            json!({"status": "reference", "answered": answers.iter().filter(|a| a.text.is_some()).count()})
+                        }
+                        Some(o) => {
+                            let mut x = serde_json::to_value(o).unwrap_or(Value::Null);
+                            x["status"] = json!(if o.passed { "passed" } else { "output_mismatch" });
+                            x
+                        }
+                    };
+                    info["evidence"] = json!(evidence);
+                    if let Some(o) = outcome.filter(|o| !o.passed) {
+                        v.gate = Some((
+                            "output_mismatch",
+                            format!(
+                                "{} of {} answers to the output check differ from the baseline's ({}; {})",
+                                o.compared - o.exact,
+                                o.compared,
+                                o.rule,
+                                evidence
+                            ),
+                        ));
+                    }
+                    v.check = Some(info);
+                }
+                check_info = json!({
+                    "status": "ran",
+                    "prompts": check.prompts,
+                    "max_tokens": check.max_tokens,
+                    "rule": match check.min_match_prefix {
+                        Some(n) => json!(n),
+                        None => json!("exact"),
+                    },
+                    "unit": if tok.is_some() { "tokens" } else { "words" },
+                    "nonce": nonce,
+                });
+            }
+        }
     }
 
     let seed = cmp.seed.unwrap_or_else(default_seed);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut orders: Vec<Vec<String>> = Vec::new();
+    let mut nonces: Vec<String> = Vec::new();
     let mut primary: Option<String> = cmp.primary_metric.clone();
     let mut primary_missing: Option<String> = None;
     let mut round_s: Vec<f64> = Vec::new();
     let mut round: u32 = 0;
+    // Warm-up rounds run so far, whether warm-up goes on, and why it ended.
+    let mut warmed: u32 = 0;
+    let mut warming = cmp.warmup_rounds > 0 || cmp.max_warmup_rounds.is_some();
+    let mut warmup_stopped_by: Option<&'static str> = None;
     let limit = match cmp.max_rounds {
         Some(m) => format!(" (auto, at most {m})"),
         None => format!("/{}", cmp.rounds),
+    };
+    let warm_limit = match cmp.max_warmup_rounds {
+        Some(m) => format!(" (auto, at most {m})"),
+        None => format!("/{}", cmp.warmup_rounds),
     };
     let stopped_by = loop {
         if ctx.stop_requested() {
@@ -214,14 +566,14 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         if primary_missing.is_some() {
             break "primary_metric_missing";
         }
-        let warm = round < cmp.warmup_rounds;
+        let warm = warming;
         if !warm {
             let mean_round = round_s.iter().sum::<f64>() / round_s.len().max(1) as f64;
             if let Some(why) = should_stop(
                 cmp,
                 &variants,
                 primary.as_deref(),
-                round - cmp.warmup_rounds,
+                round - warmed,
                 ctx.elapsed(),
                 mean_round,
                 task.measure.timeout_s,
@@ -232,10 +584,15 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         let mut order = live;
         order.shuffle(&mut rng);
         orders.push(order.iter().map(|&i| variants[i].name.clone()).collect());
+        // One nonce per round, the same for every variant: rounds stay paired.
+        let nonce = (cmp.defences && loadgen.is_some()).then(|| format!("{}-r{round}", fresh_nonce()));
+        if let Some(n) = &nonce {
+            nonces.push(n.clone());
+        }
         let label = if warm {
-            format!("warm-up round {}/{}", round + 1, cmp.warmup_rounds)
+            format!("warm-up round {}{warm_limit}", warmed + 1)
         } else {
-            format!("round {}{limit}", round - cmp.warmup_rounds + 1)
+            format!("round {}{limit}", round - warmed + 1)
         };
         let t0 = Instant::now();
         for idx in order {
@@ -251,12 +608,10 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 v.failed = Some(format!("cannot create `{}`: {e}", rdir.display()));
                 continue;
             }
-            let mut srv = cmp.server.clone();
-            srv.workdir = Some(match &srv.workdir {
-                Some(w) if Path::new(w).is_absolute() => w.clone(),
-                Some(w) => v.dir.join(w).to_string_lossy().into_owned(),
-                None => v.dir.to_string_lossy().into_owned(),
-            });
+            let mut srv = server_of(cmp, v);
+            if let (Some(n), Some(Client::Loadgen(lg))) = (&nonce, &srv.client) {
+                srv.client = Some(Client::Loadgen(with_nonce(lg, n)));
+            }
             ctx.message(format!("{label}: {}", v.name));
             let r = crate::server::run(&srv, task, &rdir, ctx);
             if r.status != Status::Succeeded {
@@ -298,33 +653,128 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                     headline.join(" ")
                 }
             ));
-            if !warm {
+            // The defences look at every round, warm-up included.
+            if cmp.defences && loadgen.is_some() {
+                for (metric, flag, raised) in FLAG_METRICS {
+                    if r.metrics.get(*metric).is_some_and(|x| raised(*x))
+                        && !v.flags.iter().any(|f| f == flag)
+                    {
+                        ctx.message(format!(
+                            "variant `{}` flagged: `{metric}` = {} in {label}",
+                            v.name, r.metrics[*metric]
+                        ));
+                        v.flags.push(flag.to_string());
+                    }
+                }
+            }
+            if warm {
+                if let Some(x) = primary.as_deref().and_then(|p| r.metrics.get(p)) {
+                    v.warm.push(*x);
+                }
+            } else {
                 v.rounds.push(r.metrics);
             }
         }
         round_s.push(t0.elapsed().as_secs_f64());
+        // The `check:` command, once every variant has run its first round.
+        if round == 0 {
+            if let Some(command) = &cmp.check {
+                let base = &variants[0];
+                let results: Vec<(usize, Result<(), String>)> = (0..variants.len())
+                    .filter(|&i| variants[i].failed.is_none() && base.failed.is_none())
+                    .map(|i| (i, run_check_command(command, &variants[i], base, out_dir, round)))
+                    .collect();
+                for (i, res) in results {
+                    let v = &mut variants[i];
+                    let log = format!("output-check/{}.log", v.name);
+                    match res {
+                        Ok(()) => v.check = Some(json!({"status": "passed", "command": command, "log": log})),
+                        Err(why) => {
+                            ctx.message(format!("variant `{}`: output_mismatch: {why}", v.name));
+                            v.check = Some(
+                                json!({"status": "output_mismatch", "command": command, "log": log, "why": why}),
+                            );
+                            v.gate = Some(("output_mismatch", format!("{why} (`{log}`)")));
+                        }
+                    }
+                }
+            }
+        }
         round += 1;
+        if warm {
+            warmed += 1;
+            warming = match cmp.max_warmup_rounds {
+                None => warmed < cmp.warmup_rounds,
+                Some(max) => {
+                    let steady = || {
+                        variants.iter().filter(|v| v.failed.is_none()).all(|v| {
+                            orch_stats::steady(&v.warm, cmp.noise / 2.0, orch_stats::CONFIDENCE)
+                                .unwrap_or(false)
+                        })
+                    };
+                    if warmed >= max {
+                        warmup_stopped_by = Some("max_warmup_rounds");
+                        false
+                    } else if warmed >= cmp.warmup_rounds && steady() {
+                        warmup_stopped_by = Some("steady");
+                        false
+                    } else {
+                        true
+                    }
+                }
+            };
+            if !warming {
+                if let Some(why) = warmup_stopped_by {
+                    ctx.message(format!("warm-up ended after {warmed} rounds: {why}"));
+                }
+            }
+        }
     };
     ctx.enter(Phase::Teardown);
-    let measured = round.saturating_sub(cmp.warmup_rounds);
+    let measured = round.saturating_sub(warmed);
     ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
+
+    // Flags gate a variant that passed its output check, where the baseline
+    // (the reference) does not show them too: a server that always answers
+    // alike, or never honours `ignore_eos`, is what is compared, not a patch.
+    for v in variants.iter_mut() {
+        v.flags.sort();
+    }
+    let base_flags = variants.first().map(|v| v.flags.clone()).unwrap_or_default();
+    for v in variants.iter_mut().skip(1) {
+        let own: Vec<&String> = v.flags.iter().filter(|f| !base_flags.contains(f)).collect();
+        if v.gate.is_none() && !own.is_empty() {
+            let own: Vec<&str> = own.iter().map(|f| f.as_str()).collect();
+            v.gate = Some((
+                "flagged",
+                format!(
+                    "its rounds were flagged by the defences (the baseline's were not): {}",
+                    own.join(", ")
+                ),
+            ));
+        }
+    }
 
     // Means per variant, and every pair compared.
     let mut result = CellResult::new(cell, Status::Succeeded);
     let mut info_variants = serde_json::Map::new();
+    let mut drifts: BTreeMap<String, Value> = BTreeMap::new();
     for v in &variants {
         let mut names: Vec<&String> = v.rounds.iter().flat_map(|r| r.keys()).collect();
         names.sort();
         names.dedup();
         let mut values = serde_json::Map::new();
+        let mut d = Value::Null;
         for k in names {
             let vals: Vec<f64> = v.rounds.iter().filter_map(|r| r.get(k).copied()).collect();
             let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
             result.metrics.insert(format!("{}.{k}", v.name), mean);
             if primary.as_deref() == Some(k.as_str()) {
+                d = drift(&vals);
                 values.insert(k.clone(), json!(vals));
             }
         }
+        drifts.insert(v.name.clone(), d.clone());
         info_variants.insert(
             v.name.clone(),
             json!({
@@ -332,10 +782,30 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 "failure": v.failed,
                 "rounds": v.rounds.len(),
                 "values": values,
+                "warmup_values": v.warm,
+                "drift": d,
+                "output_check": v.check,
+                "flags": v.flags,
+                "gate": v.gate.as_ref().map(|(kind, why)| json!({"kind": kind, "why": why})),
                 "logs": format!("variants/{}", v.name),
             }),
         );
     }
+    let gate_of = |name: &str| {
+        variants
+            .iter()
+            .find(|v| v.name == name)
+            .and_then(|v| v.gate.clone())
+    };
+    // The gate of a pair: the other's, else the base's; `output_mismatch` first.
+    let pair_gate = |a: &str, b: &str| -> Option<(&'static str, String, String)> {
+        let mut gs: Vec<(&'static str, String, String)> = [b, a]
+            .iter()
+            .filter_map(|n| gate_of(n).map(|(k, why)| (k, n.to_string(), why)))
+            .collect();
+        gs.sort_by_key(|(k, _, _)| *k != "output_mismatch");
+        gs.into_iter().next()
+    };
     let mut comparisons = Vec::new();
     let mut pairs = Vec::new();
     if let Some(p) = primary.as_deref().filter(|_| primary_missing.is_none()) {
@@ -348,23 +818,37 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
                     continue;
                 }
+                let gate = pair_gate(&a.name, &b.name);
                 for c in orch_stats::compare_pair(&paired(a, b), p, &opts) {
                     let mut v = serde_json::to_value(&c).unwrap_or(Value::Null);
                     v["base"] = json!(a.name);
                     v["other"] = json!(b.name);
+                    if let Some((kind, who, why)) = &gate {
+                        // The speed stays; the verdict is the gate's.
+                        v["speed_verdict"] = v["verdict"].clone();
+                        v["verdict"] = json!(kind);
+                        v["gate"] = json!({"kind": kind, "variant": who, "why": why});
+                    }
                     if c.role == orch_stats::Role::Primary {
-                        pairs.push(json!({
+                        let mut pair = json!({
                             "base": a.name,
                             "other": b.name,
                             "metric": c.metric,
-                            "verdict": c.verdict,
+                            "verdict": v["verdict"],
                             "speedup": c.speedup,
                             "ci_low": c.ci_low,
                             "ci_high": c.ci_high,
                             "n": c.n,
                             "mde": c.mde,
                             "method": c.method,
-                        }));
+                            "drift": {"base": drifts.get(&a.name), "other": drifts.get(&b.name)},
+                        });
+                        if gate.is_some() {
+                            pair["speed_verdict"] = v["speed_verdict"].clone();
+                            pair["gate"] = v["gate"].clone();
+                        }
+                        v["drift"] = pair["drift"].clone();
+                        pairs.push(pair);
                     }
                     comparisons.push(v);
                 }
@@ -388,9 +872,21 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         result.info.insert("max_rounds".into(), json!(m));
     }
     result.info.insert("stopped_by".into(), json!(stopped_by));
-    result
-        .info
-        .insert("warmup_rounds".into(), json!(cmp.warmup_rounds));
+    result.info.insert("warmup_rounds".into(), json!(warmed));
+    if let Some(m) = cmp.max_warmup_rounds {
+        result
+            .info
+            .insert("warmup_rounds_requested".into(), json!("auto"));
+        result.info.insert("max_warmup_rounds".into(), json!(m));
+        result
+            .info
+            .insert("warmup_stopped_by".into(), json!(warmup_stopped_by));
+    }
+    result.info.insert("output_check".into(), check_info);
+    result.info.insert("defences".into(), json!(cmp.defences));
+    if !nonces.is_empty() {
+        result.info.insert("nonces".into(), json!(nonces));
+    }
     result.info.insert("noise".into(), json!(cmp.noise));
     result.info.insert("primary_metric".into(), json!(primary));
     result

@@ -20,6 +20,12 @@
 //!
 //! `num_prompts` requests are taken in the file's order, from the start again
 //! when the file has fewer (a trace is replayed once: at most its length).
+//!
+//! Every turn of a conversation (ShareGPT's human turns, a `messages` list's
+//! user messages) is kept in [`Req::turns`] for `multi_turn`: the messages
+//! before each answer, and the length of the dataset's answer as that turn's
+//! `max_tokens` (the entry's own `max_tokens` first); the dataset's answers
+//! themselves are not sent, the server's are.
 
 use crate::tokens::Tokens;
 use rand::Rng;
@@ -36,6 +42,19 @@ pub struct Req {
     pub max_tokens: Option<u32>,
     /// When to send it, in seconds from the first (traces).
     pub at_s: Option<f64>,
+    /// Every turn of a conversation, for `multi_turn` (empty for a single
+    /// prompt).
+    pub turns: Vec<Turn>,
+}
+
+/// One turn of a conversation: the messages the dataset adds before an
+/// answer (the user's, with a system prompt before it), and how many tokens
+/// to ask for (the entry's `max_tokens`, else the length of the dataset's own
+/// answer, else `None`: `output_len`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Turn {
+    pub messages: Vec<Value>,
+    pub max_tokens: Option<u32>,
 }
 
 impl Req {
@@ -110,9 +129,9 @@ pub fn load(
                 });
                 reqs.push(Req {
                     text: make(input.max(1) as usize)?,
-                    messages: None,
                     max_tokens: Some(output.max(1)),
                     at_s,
+                    ..Default::default()
                 });
             }
             Item::Skip => {}
@@ -166,11 +185,13 @@ fn item(v: &Value, tok: Option<&Tokens>) -> Item {
             .filter_map(|m| m.get("content").and_then(Value::as_str))
             .collect::<Vec<_>>()
             .join("\n");
+        let turns = split_turns(msgs.iter().map(|m| (role(m), m.clone())), max_tokens, tok);
         return Item::Req(Req {
             text,
             messages: Some(msgs.clone()),
             max_tokens,
             at_s: None,
+            turns,
         });
     }
     let conv = v
@@ -206,13 +227,69 @@ fn item(v: &Value, tok: Option<&Tokens>) -> Item {
         if turns[q].1.trim().is_empty() || reply.1.trim().is_empty() {
             return Item::Skip;
         }
+        let all = split_turns(
+            turns.iter().map(|(who, what)| {
+                let who = match who.as_str() {
+                    "human" | "user" => "user",
+                    "system" => "system",
+                    _ => "assistant",
+                };
+                (who.to_string(), serde_json::json!({"role": who, "content": what}))
+            }),
+            None,
+            tok,
+        );
         return Item::Req(Req {
             text: turns[q].1.clone(),
             max_tokens: Some(count(tok, &reply.1).max(1)),
+            turns: all,
             ..Default::default()
         });
     }
     Item::Skip
+}
+
+/// A message's role, in lowercase (`from` in ShareGPT).
+fn role(m: &Value) -> String {
+    m.get("role")
+        .or_else(|| m.get("from"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_ascii_lowercase()
+}
+
+/// Turns of a conversation from its messages (role, message): each answer
+/// (`assistant`) closes the turn of the messages before it; a last turn
+/// without an answer is kept. Turns without a user message are left out.
+fn split_turns(
+    msgs: impl Iterator<Item = (String, Value)>,
+    max_tokens: Option<u32>,
+    tok: Option<&Tokens>,
+) -> Vec<Turn> {
+    let mut out = Vec::new();
+    let mut cur: Vec<Value> = Vec::new();
+    let has_user = |c: &[Value]| c.iter().any(|m| role(m) == "user");
+    for (who, m) in msgs {
+        if who == "assistant" {
+            if has_user(&cur) {
+                let said = m.get("content").and_then(Value::as_str).unwrap_or("");
+                out.push(Turn {
+                    messages: std::mem::take(&mut cur),
+                    max_tokens: max_tokens
+                        .or_else(|| (!said.trim().is_empty()).then(|| count(tok, said).max(1))),
+                });
+            }
+            continue;
+        }
+        cur.push(m);
+    }
+    if has_user(&cur) {
+        out.push(Turn {
+            messages: cur,
+            max_tokens,
+        });
+    }
+    out
 }
 
 /// Azure's LLM inference trace: `TIMESTAMP,ContextTokens,GeneratedTokens`,
@@ -335,6 +412,39 @@ mod tests {
         assert!(load_text("b.jsonl", "{\"prompt\": \"a\"}\nnot json\n", 1)
             .unwrap_err()
             .contains("line 2"));
+    }
+
+    #[test]
+    fn conversations_keep_every_turn() {
+        let share = r#"[{"conversations": [{"from": "system", "value": "be brief"},
+            {"from": "human", "value": "q1"}, {"from": "gpt", "value": "a b"},
+            {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a b c"},
+            {"from": "human", "value": "q3"}]}]"#;
+        let r = load_text("sg.json", share, 1).unwrap();
+        assert_eq!((r[0].text.as_str(), r[0].max_tokens), ("q1", Some(2)));
+        let t = &r[0].turns;
+        assert_eq!(t.len(), 3);
+        assert_eq!(
+            t[0].messages,
+            [
+                serde_json::json!({"role": "system", "content": "be brief"}),
+                serde_json::json!({"role": "user", "content": "q1"})
+            ]
+        );
+        assert_eq!(
+            t[1].messages,
+            [serde_json::json!({"role": "user", "content": "q2"})]
+        );
+        assert_eq!(
+            t.iter().map(|t| t.max_tokens).collect::<Vec<_>>(),
+            [Some(2), Some(3), None]
+        );
+        let jsonl = r#"{"messages": [{"role": "user", "content": "m1"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "m2"}], "max_tokens": 9}"#;
+        let r = load_text("c.jsonl", jsonl, 1).unwrap();
+        assert_eq!(r[0].turns.len(), 2);
+        assert!(r[0].turns.iter().all(|t| t.max_tokens == Some(9)));
+        // A single prompt has no turns (sent as one).
+        assert!(load_text("a.json", r#"["one"]"#, 1).unwrap()[0].turns.is_empty());
     }
 
     #[test]

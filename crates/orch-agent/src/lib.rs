@@ -15,15 +15,20 @@
 //! supervised process group, markers, metrics file, timeout/stop, exit code/signal;
 //! `server.rs`: server start, readiness (http/tcp/log) polled with the process every 50
 //! ms (a dead server fails the cell at once), client, group teardown until the port is
-//! free; `loadgen.rs`: OpenAI-compatible load (threads, gamma arrivals or a trace's
-//! times, sweeps and the saturation search, SLO goodput, latency from the intended
-//! send time, SSE) with vllm bench serve field names; `tokens.rs`: the model's
+//! free; `loadgen.rs`: OpenAI-compatible load (gamma arrivals, ramps or a trace's
+//! times, multi-turn conversations, sweeps and the saturation search, SLO goodput,
+//! latency from the intended send time, nonces and anti-gaming signals, `outputs.jsonl`)
+//! with vllm bench serve field names; `evclient.rs`: the one-thread mio HTTP/1.1 client
+//! (keep-alive, chunked, SSE lines, timeouts); `tokens.rs`: the model's
 //! `tokenizer.json` (counts, random prompts of exact lengths); `dataset.rs`: prompt
 //! files (lists, ShareGPT, JSONL, traces); `compare.rs`: variants (git checkout, the host tree's uncommitted changes, `git apply --check`
 //! with git's report in `patch.log`, install), rounds of the server workload in a seeded
 //! per-round shuffled order, `rounds: auto` (until the primary metric's interval is
 //! within the noise threshold, `max_rounds` or the cell timeout), pairwise comparisons
-//! through `orch-stats`; `capture.rs`: head+tail log capture; `ship.rs`: `--ship`, the
+//! through `orch-stats`, `warmup_rounds: auto`, the gaming defences (a nonce per
+//! round, flags), gates (`output_mismatch`, `flagged`); `outcheck.rs`: the output check
+//! before timed rounds (fixed greedy prompts, answers compared with the baseline's,
+//! evidence in `output-check/`); `capture.rs`: head+tail log capture; `ship.rs`: `--ship`, the
 //! output folder and events as numbered frames on stdout; `transformer/`: candle-core
 //! decoder-only transformer (fused by default: forward from the fused ops, backward
 //! written out op by op; `ORCH_TRANSFORMER_KERNELS=autograd|unfused` for A/B), memory
@@ -61,11 +66,13 @@ pub mod compare;
 pub mod ctx;
 pub mod dataset;
 pub mod device;
+pub mod evclient;
 pub mod files;
 pub mod fused;
 pub mod gpu;
 pub mod launch;
 pub mod loadgen;
+pub mod outcheck;
 pub mod reaper;
 pub mod run;
 pub mod secrets;

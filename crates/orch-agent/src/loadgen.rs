@@ -1,8 +1,21 @@
 //! The built-in load generator for OpenAI-compatible servers
 //! (`/v1/completions`, `/v1/chat/completions`, streaming or not).
 //!
+//! Requests go through [`crate::evclient`]: one thread with an event loop,
+//! any number in flight (`max_concurrency` caps them), kept-alive connections;
+//! this file builds the bodies and turns the answers into samples.
+//!
 //! Arrivals: all at once (`request_rate` unset), or a gamma process with the
-//! given rate and burstiness (1.0 = Poisson), as `vllm bench serve` does.
+//! given rate and burstiness (1.0 = Poisson), as `vllm bench serve` does; or
+//! `ramp_up` (`linear`/`exponential` from `start_rps` to `end_rps`): the
+//! interval before request i has the rate at its progress i / (n - 1), as
+//! `vllm bench serve --ramp-up-strategy` does.
+//!
+//! Multi-turn (`multi_turn`): each dataset entry is a conversation whose
+//! first turn starts on the schedule; turn k+1 is sent `turn_delay_ms` after
+//! turn k's answer came, with the whole history (the dataset's user turns, the
+//! server's own answers). Every turn is a request (`conversation`, `turn` in
+//! `requests.jsonl`); a failed turn fails the rest of its conversation.
 //! Per request: time to first token (TTFT), inter-token latencies (ITL),
 //! time per output token (TPOT, excluding the first) and end-to-end latency.
 //! The summary uses `vllm bench serve --save-result` field names
@@ -30,21 +43,35 @@
 //! words for input; `loadgen.json`'s `token_counts` says how many requests
 //! were counted each way. Every measured request is a line of
 //! `requests.jsonl` (times from the start of the measured phase, in seconds).
+//!
+//! Signs of a server not doing the work asked (for comparisons): `nonce`
+//! appends ` [nonce <text>-<i>]` to every prompt (i: the request's index), so
+//! answers cached from another round cannot match; each stage has
+//! `short_responses` (successful answers with fewer tokens than `max_tokens`
+//! while `ignore_eos` is sent), `token_count_disagreements` (the server's
+//! `usage.completion_tokens` off the tokenizer's count of the text by more
+//! than max(2, 10% of the server's count)) and `distinct_output_ratio`
+//! (distinct answers / successful requests). `outputs.jsonl` holds the last
+//! stage's successful answers: `{"i", "prompt_sha256", "text"}` (the SHA-256
+//! of the prompt text as sent, the text cut at 4096 characters).
 
 use crate::ctx::Ctx;
-use crate::dataset::Req;
+use crate::dataset::{Req, Turn};
+use crate::evclient;
 use crate::stats;
 use crate::tokens::Tokens;
-use orch_protocol::{CellResult, LoadGen, Phase, Status, TaskSpec};
+use orch_protocol::{CellResult, LoadGen, Phase, RampStrategy, RampUp, Status, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use sha2::Digest;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A request still unanswered this long after its send fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// One request's measurements.
 #[derive(Debug, Clone, Default)]
@@ -63,6 +90,22 @@ struct Sample {
     /// Seconds from the phase's start: when it was due, when it was sent.
     scheduled_s: f64,
     sent_s: f64,
+    /// The prompt text as sent (a chat request's message contents, one a
+    /// line), nonce included.
+    prompt: String,
+    /// The generated text.
+    text: String,
+    /// The tokens asked for (`max_tokens`).
+    max_tokens: u32,
+    /// The server's `usage` counts, when it sent them.
+    usage_output: Option<u64>,
+    usage_input: Option<u64>,
+    /// The tokenizer's count of `text`, when there is a tokenizer.
+    tokenizer_output: Option<u64>,
+    /// Chunks with text.
+    chunks: u64,
+    /// Conversation and turn (`multi_turn`).
+    conversation: Option<(usize, usize)>,
 }
 
 impl Sample {
@@ -177,18 +220,45 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
         .collect())
 }
 
-fn body(cfg: &LoadGen, req: &Req) -> Value {
-    let mut b = if cfg.endpoint.contains("chat") {
-        match &req.messages {
-            Some(m) => json!({ "messages": m }),
-            None => json!({"messages": [{"role": "user", "content": req.text}]}),
+/// The tag request `i` gets with `nonce`: ` [nonce <text>-<i>]`.
+fn nonce_tag(cfg: &LoadGen, i: usize) -> String {
+    cfg.nonce
+        .as_ref()
+        .map(|n| format!(" [nonce {n}-{i}]"))
+        .unwrap_or_default()
+}
+
+/// Appends `tag` to the text of the last user message.
+fn tag_messages(msgs: &mut [Value], tag: &str) {
+    if tag.is_empty() {
+        return;
+    }
+    let user = msgs
+        .iter_mut()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    if let Some(m) = user {
+        if let Some(c) = m.get("content").and_then(Value::as_str) {
+            m["content"] = json!(format!("{c}{tag}"));
         }
-    } else {
-        json!({"prompt": req.text})
-    };
-    b["max_tokens"] = json!(req.max_tokens.unwrap_or(cfg.output_len));
+    }
+}
+
+/// The messages' text contents, one a line (a chat request's prompt text).
+fn contents(msgs: &[Value]) -> String {
+    msgs.iter()
+        .filter_map(|m| m.get("content").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The sampling fields every request carries, as `vllm bench serve` sends them.
+fn finish_body(cfg: &LoadGen, mut b: Value, max_tokens: u32) -> Value {
+    b["max_tokens"] = json!(max_tokens);
     b["stream"] = json!(cfg.stream);
-    b["ignore_eos"] = json!(true);
+    if cfg.ignore_eos {
+        b["ignore_eos"] = json!(true);
+    }
     b["temperature"] = json!(0.0);
     if cfg.stream {
         b["stream_options"] = json!({"include_usage": true});
@@ -197,6 +267,57 @@ fn body(cfg: &LoadGen, req: &Req) -> Value {
         b["model"] = json!(m);
     }
     b
+}
+
+/// Request `i`'s body, its prompt text as sent, and the tokens asked for.
+fn body(cfg: &LoadGen, req: &Req, i: usize) -> (Value, String, u32) {
+    let tag = nonce_tag(cfg, i);
+    let max = req.max_tokens.unwrap_or(cfg.output_len);
+    if cfg.endpoint.contains("chat") {
+        let msgs = match &req.messages {
+            Some(m) => {
+                let mut m = m.clone();
+                tag_messages(&mut m, &tag);
+                m
+            }
+            None => vec![json!({"role": "user", "content": format!("{}{tag}", req.text)})],
+        };
+        let prompt = contents(&msgs);
+        (finish_body(cfg, json!({ "messages": msgs }), max), prompt, max)
+    } else {
+        let prompt = format!("{}{tag}", req.text);
+        (finish_body(cfg, json!({ "prompt": prompt }), max), prompt, max)
+    }
+}
+
+/// A conversation's turns (`multi_turn`): the dataset's, else the request as one.
+fn conv_turns(req: &Req) -> Vec<Turn> {
+    if !req.turns.is_empty() {
+        return req.turns.clone();
+    }
+    vec![Turn {
+        messages: req
+            .messages
+            .clone()
+            .unwrap_or_else(|| vec![json!({"role": "user", "content": req.text})]),
+        max_tokens: req.max_tokens,
+    }]
+}
+
+/// A turn's body after `history` (request `i`): the body, the prompt text,
+/// the tokens asked for and the turn's own messages as sent.
+fn turn_body(cfg: &LoadGen, history: &[Value], turn: &Turn, i: usize) -> (Value, String, u32, Vec<Value>) {
+    let mut own = turn.messages.clone();
+    tag_messages(&mut own, &nonce_tag(cfg, i));
+    let all: Vec<Value> = history.iter().chain(own.iter()).cloned().collect();
+    let max = turn.max_tokens.unwrap_or(cfg.output_len);
+    let prompt = contents(&all);
+    (
+        finish_body(cfg, json!({ "messages": all }), max),
+        prompt,
+        max,
+        own,
+    )
 }
 
 /// Text of one streamed or whole response chunk.
@@ -217,103 +338,90 @@ fn chunk_text(v: &Value) -> Option<String> {
         .map(String::from)
 }
 
-fn one_request(agent: &ureq::Agent, url: &str, cfg: &LoadGen, req: &Req, tok: Option<&Tokens>) -> Sample {
-    let prompt = req.text.as_str();
-    let mut s = Sample {
-        input_tokens: prompt.split_whitespace().count() as u64,
-        ..Default::default()
-    };
-    let start = Instant::now();
-    let resp = agent
-        .post(url)
-        .header("Content-Type", "application/json")
-        .send(body(cfg, req).to_string());
-    let resp = match resp {
-        Ok(r) => r,
-        Err(e) => {
-            s.error = Some(e.to_string());
-            return s;
-        }
-    };
-    let reader = BufReader::new(resp.into_body().into_reader());
-    let mut last: Option<Instant> = None;
-    let mut usage_tokens = None;
-    let mut usage_prompt = None;
-    let mut generated = String::new();
-    for line in reader.lines() {
-        let Ok(line) = line else {
-            s.error = Some("the response broke off".into());
-            return s;
-        };
-        let data = if cfg.stream {
-            match line.strip_prefix("data:") {
-                Some(d) => d.trim().to_string(),
-                None => continue,
-            }
-        } else {
-            line
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let Ok(v) = serde_json::from_str::<Value>(&data) else {
-            continue;
-        };
-        if let Some(n) = v
-            .get("usage")
-            .and_then(|u| u.get("completion_tokens"))
-            .and_then(|n| n.as_u64())
-        {
-            usage_tokens = Some(n);
-        }
-        if let Some(n) = v
-            .get("usage")
-            .and_then(|u| u.get("prompt_tokens"))
-            .and_then(|n| n.as_u64())
-        {
-            usage_prompt = Some(n);
-        }
-        if let Some(text) = chunk_text(&v) {
-            if text.is_empty() {
-                continue;
-            }
-            let now = Instant::now();
-            match last {
-                None => s.ttft_s = (now - start).as_secs_f64(),
-                Some(prev) => s.itl_s.push((now - prev).as_secs_f64()),
-            }
-            last = Some(now);
-            s.output_tokens += 1;
-            generated.push_str(&text);
-        }
+/// The fields of an answer chunk the client reads (parsed without a `Value`).
+#[derive(serde::Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Option<Vec<Choice>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(serde::Deserialize)]
+struct Choice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    delta: Option<Content>,
+    #[serde(default)]
+    message: Option<Content>,
+}
+
+#[derive(serde::Deserialize)]
+struct Content {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Usage {
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+}
+
+/// Text and usage counts of one chunk (`None`: not an answer chunk).
+fn parse_chunk(data: &[u8]) -> Option<(Option<String>, Option<u64>, Option<u64>)> {
+    if let Ok(c) = serde_json::from_slice::<Chunk>(data) {
+        let text = c.choices.and_then(|v| v.into_iter().next()).and_then(|c| {
+            c.text
+                .or_else(|| c.delta.and_then(|d| d.content))
+                .or_else(|| c.message.and_then(|d| d.content))
+        });
+        let (out, inp) = c
+            .usage
+            .map(|u| (u.completion_tokens, u.prompt_tokens))
+            .unwrap_or((None, None));
+        return Some((text, out, inp));
     }
-    s.e2e_s = start.elapsed().as_secs_f64();
-    // Input: the tokenizer, as `vllm bench serve` counts a prompt; else the
-    // server's count; else words. Output: the server's count; else the
-    // tokenizer on the text; else one a streamed chunk.
-    (s.input_tokens, s.input_from) = match (tok.and_then(|t| t.count_prompt(prompt)), usage_prompt) {
+    let v: Value = serde_json::from_slice(data).ok()?;
+    let u = |k: &str| v.get("usage").and_then(|u| u.get(k)).and_then(Value::as_u64);
+    Some((chunk_text(&v), u("completion_tokens"), u("prompt_tokens")))
+}
+
+/// A request in flight: when it was sent, its last token, a whole body.
+#[derive(Default)]
+struct Acc {
+    started: Option<Instant>,
+    last: Option<Instant>,
+    body: Vec<u8>,
+    done: bool,
+}
+
+/// Counts of a finished sample (see the module): input from the tokenizer,
+/// the server's usage or words; output from the usage, the tokenizer or chunks.
+fn count_tokens(s: &mut Sample, tok: Option<&Tokens>) {
+    if !(s.ok || s.error.is_some()) {
+        return;
+    }
+    s.tokenizer_output = tok.and_then(|t| t.count_output(&s.text));
+    (s.input_tokens, s.input_from) = match (tok.and_then(|t| t.count_prompt(&s.prompt)), s.usage_input) {
         (Some(n), _) => (n, "tokenizer"),
         (None, Some(n)) => (n, "usage"),
-        (None, None) => (s.input_tokens, "words"),
+        (None, None) => (s.prompt.split_whitespace().count() as u64, "words"),
     };
-    (s.output_tokens, s.output_from) = match (usage_tokens, tok.and_then(|t| t.count_output(&generated))) {
+    (s.output_tokens, s.output_from) = match (s.usage_output, s.tokenizer_output) {
         (Some(n), _) => (n, "usage"),
         (None, Some(n)) => (n, "tokenizer"),
-        (None, None) => (s.output_tokens, "chunks"),
+        (None, None) => (s.chunks, "chunks"),
     };
-    if last.is_none() {
-        s.error = Some("no tokens in the response".into());
-        return s;
-    }
-    if !cfg.stream {
-        s.ttft_s = s.e2e_s;
-    }
-    s.ok = true;
-    s
 }
 
 /// Intended send times (seconds from the start): gamma intervals (shape =
-/// burstiness, mean = 1 / rate) summed; all at 0 without a rate.
+/// burstiness, mean = 1 / rate) summed; all at 0 without a rate. With
+/// `ramp_up`, the interval before request i has the rate at its progress
+/// i / (n - 1) (`vllm bench serve --ramp-up-strategy`).
 fn schedule(cfg: &LoadGen, reqs: &[Req], rate: Option<f64>) -> Vec<f64> {
     // A trace's own times.
     if !reqs.is_empty() && reqs.iter().all(|r| r.at_s.is_some()) {
@@ -321,22 +429,215 @@ fn schedule(cfg: &LoadGen, reqs: &[Req], rate: Option<f64>) -> Vec<f64> {
     }
     let n = reqs.len();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
-    let gamma = rate.and_then(|r| {
-        rand_distr::Gamma::new(cfg.burstiness.max(1e-3), 1.0 / (r * cfg.burstiness.max(1e-3))).ok()
-    });
+    let b = cfg.burstiness.max(1e-3);
+    let draw = |rng: &mut rand::rngs::StdRng, r: f64| -> f64 {
+        rand_distr::Gamma::new(b, 1.0 / (r.max(1e-9) * b))
+            .map(|g| g.sample(rng))
+            .unwrap_or(1.0 / r.max(1e-9))
+    };
+    if let Some(ramp) = &cfg.ramp_up {
+        let mut t = 0.0;
+        return (0..n)
+            .map(|i| {
+                if i > 0 {
+                    t += draw(&mut rng, ramp_rate(ramp, i, n));
+                }
+                t
+            })
+            .collect();
+    }
     let mut t = 0.0;
     (0..n)
         .map(|_| {
             let at = t;
-            if let Some(g) = &gamma {
-                t += g.sample(&mut rng);
+            if let Some(r) = rate {
+                t += draw(&mut rng, r);
             }
             at
         })
         .collect()
 }
 
-/// Send `prompts` with the configured arrivals and concurrency.
+/// The ramp's rate for request `i` of `n`.
+fn ramp_rate(r: &RampUp, i: usize, n: usize) -> f64 {
+    let p = i as f64 / n.saturating_sub(1).max(1) as f64;
+    match r.strategy {
+        RampStrategy::Linear => r.start_rps + (r.end_rps - r.start_rps) * p,
+        RampStrategy::Exponential => r.start_rps * (r.end_rps / r.start_rps.max(1e-9)).powf(p),
+    }
+}
+
+/// One conversation (or single request) of a stage.
+struct Conv {
+    req: Req,
+    /// Its turns (`multi_turn`; else empty).
+    turns: Vec<Turn>,
+    /// The index of its first request.
+    first: usize,
+    /// The messages so far, answers as the server gave them.
+    history: Vec<Value>,
+}
+
+/// The event loop's handler: samples from the answers, next turns.
+struct Driver<'a> {
+    cfg: &'a LoadGen,
+    start: Instant,
+    convs: Vec<Conv>,
+    /// Request index → (conversation, turn).
+    owner: Vec<(usize, usize)>,
+    /// The turn's own messages as sent (multi-turn), by request index.
+    sent_msgs: Vec<Vec<Value>>,
+    samples: Vec<Sample>,
+    accs: Vec<Acc>,
+    done: u64,
+    ctx: &'a mut Ctx,
+    phase: Phase,
+    shown: Instant,
+}
+
+impl Driver<'_> {
+    fn secs(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.start).as_secs_f64()
+    }
+
+    /// The job of turn `k` of conversation `c`, due at `due_s`.
+    fn job(&mut self, c: usize, k: usize, due_s: f64) -> evclient::Job {
+        let i = self.convs[c].first + k;
+        let (b, prompt, max) = if self.cfg.multi_turn {
+            let conv = &self.convs[c];
+            let (b, prompt, max, own) = turn_body(self.cfg, &conv.history, &conv.turns[k], i);
+            self.sent_msgs[i] = own;
+            (b, prompt, max)
+        } else {
+            body(self.cfg, &self.convs[c].req, i)
+        };
+        let s = &mut self.samples[i];
+        s.prompt = prompt;
+        s.max_tokens = max;
+        s.scheduled_s = due_s;
+        if self.cfg.multi_turn {
+            s.conversation = Some((c, k));
+        }
+        evclient::Job {
+            id: i,
+            due: Duration::from_secs_f64(due_s.max(0.0)),
+            body: b.to_string().into_bytes(),
+        }
+    }
+
+    fn progress(&mut self) {
+        let total = self.samples.len() as u64;
+        if self.done >= total || self.shown.elapsed() >= Duration::from_millis(200) {
+            self.ctx.progress(self.phase, self.done, total);
+            self.shown = Instant::now();
+        }
+    }
+}
+
+impl evclient::Handler for Driver<'_> {
+    fn sent(&mut self, id: usize, at: Instant) {
+        self.samples[id].sent_s = self.secs(at);
+        self.accs[id].started = Some(at);
+    }
+
+    fn line(&mut self, id: usize, at: Instant, line: &[u8]) {
+        let (acc, s) = (&mut self.accs[id], &mut self.samples[id]);
+        if !self.cfg.stream {
+            acc.body.extend_from_slice(line);
+            acc.body.push(b'\n');
+            return;
+        }
+        if acc.done {
+            return;
+        }
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let data = data.trim_ascii();
+        if data == b"[DONE]" {
+            acc.done = true;
+            return;
+        }
+        let Some((text, out, inp)) = parse_chunk(data) else {
+            return;
+        };
+        s.usage_output = out.or(s.usage_output);
+        s.usage_input = inp.or(s.usage_input);
+        if let Some(text) = text.filter(|t| !t.is_empty()) {
+            match acc.last {
+                None => s.ttft_s = acc.started.map(|t0| (at - t0).as_secs_f64()).unwrap_or(0.0),
+                Some(prev) => s.itl_s.push((at - prev).as_secs_f64()),
+            }
+            acc.last = Some(at);
+            s.chunks += 1;
+            s.text.push_str(&text);
+        }
+    }
+
+    fn end(&mut self, id: usize, at: Instant, result: Result<(), String>) -> Vec<evclient::Job> {
+        let acc = std::mem::take(&mut self.accs[id]);
+        let s = &mut self.samples[id];
+        s.e2e_s = acc.started.map(|t0| (at - t0).as_secs_f64()).unwrap_or(0.0);
+        match result {
+            Err(e) => s.error = Some(e),
+            Ok(()) => {
+                if !self.cfg.stream {
+                    // The whole body, else line by line (JSON lines).
+                    let parts: Vec<&[u8]> = match parse_chunk(&acc.body) {
+                        Some(_) => vec![&acc.body[..]],
+                        None => acc.body.split(|b| *b == b'\n').collect(),
+                    };
+                    for p in parts {
+                        if let Some((text, out, inp)) = parse_chunk(p) {
+                            s.usage_output = out.or(s.usage_output);
+                            s.usage_input = inp.or(s.usage_input);
+                            if let Some(t) = text.filter(|t| !t.is_empty()) {
+                                s.chunks += 1;
+                                s.text.push_str(&t);
+                            }
+                        }
+                    }
+                    s.ttft_s = s.e2e_s;
+                }
+                if s.chunks == 0 {
+                    s.error = Some("no tokens in the response".into());
+                } else {
+                    s.ok = true;
+                }
+            }
+        }
+        self.done += 1;
+        let (c, k) = self.owner[id];
+        let mut next = Vec::new();
+        if self.cfg.multi_turn && k + 1 < self.convs[c].turns.len() {
+            if self.samples[id].ok {
+                let answer = json!({"role": "assistant", "content": self.samples[id].text});
+                let own = std::mem::take(&mut self.sent_msgs[id]);
+                self.convs[c].history.extend(own);
+                self.convs[c].history.push(answer);
+                let due = self.secs(at) + self.cfg.turn_delay_ms.max(0.0) / 1000.0;
+                next.push(self.job(c, k + 1, due));
+            } else {
+                // The rest of the conversation is not sent: those turns failed.
+                let t = self.secs(at);
+                for j in k + 1..self.convs[c].turns.len() {
+                    let i = self.convs[c].first + j;
+                    let s = &mut self.samples[i];
+                    s.error = Some(format!("not sent: turn {k} of the conversation failed"));
+                    s.conversation = Some((c, j));
+                    s.scheduled_s = t;
+                    s.sent_s = t;
+                    self.done += 1;
+                }
+            }
+        }
+        self.progress();
+        next
+    }
+}
+
+/// Send `prompts` (conversations with `multi_turn`) with the configured
+/// arrivals and concurrency through the event-loop client.
 fn drive(
     cfg: &LoadGen,
     url: &str,
@@ -346,80 +647,67 @@ fn drive(
     ctx: &mut Ctx,
     phase: Phase,
 ) -> (Vec<Sample>, f64) {
-    let n = prompts.len();
-    let workers = cfg
-        .max_concurrency
-        .map(|c| c as usize)
-        .unwrap_or(n)
-        .clamp(1, 512)
-        .min(n.max(1));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(3600)))
-        .http_status_as_error(true)
-        .build()
-        .into();
-    let start = Instant::now();
-    let (job_tx, job_rx) = mpsc::channel::<(usize, Req, f64)>();
-    let job_rx = Arc::new(Mutex::new(job_rx));
-    let (res_tx, res_rx) = mpsc::channel::<(usize, Sample)>();
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let job_rx = job_rx.clone();
-        let res_tx = res_tx.clone();
-        let agent = agent.clone();
-        let url = url.to_string();
-        let cfg = cfg.clone();
-        let tok = tok.clone();
-        handles.push(thread::spawn(move || loop {
-            let job = match job_rx.lock() {
-                Ok(rx) => rx.recv(),
-                Err(_) => return,
-            };
-            let Ok((i, prompt, due)) = job else { return };
-            let sent = start.elapsed().as_secs_f64();
-            let mut sample = one_request(&agent, &url, &cfg, &prompt, tok.as_deref());
-            sample.scheduled_s = due;
-            sample.sent_s = sent;
-            let _ = res_tx.send((i, sample));
-        }));
-    }
-    drop(res_tx);
     let due = schedule(cfg, &prompts, rate);
-    let dispatcher = {
-        let stop = ctx.stop_flag();
-        thread::spawn(move || {
-            for ((i, p), at) in prompts.into_iter().enumerate().zip(due) {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                // Absolute times: a late wake-up is not carried into the next.
-                let wait = at - start.elapsed().as_secs_f64();
-                if wait > 0.0 {
-                    thread::sleep(crate::command::secs(wait));
-                }
-                if job_tx.send((i, p, at)).is_err() {
-                    break;
-                }
-            }
-        })
+    let mut convs = Vec::new();
+    let mut owner = Vec::new();
+    for (c, req) in prompts.into_iter().enumerate() {
+        let turns = if cfg.multi_turn {
+            conv_turns(&req)
+        } else {
+            Vec::new()
+        };
+        let first = owner.len();
+        for k in 0..turns.len().max(1) {
+            owner.push((c, k));
+        }
+        convs.push(Conv {
+            req,
+            turns,
+            first,
+            history: Vec::new(),
+        });
+    }
+    let n = owner.len();
+    let start = Instant::now();
+    let mut d = Driver {
+        cfg,
+        start,
+        convs,
+        owner,
+        sent_msgs: vec![Vec::new(); if cfg.multi_turn { n } else { 0 }],
+        samples: vec![Sample::default(); n],
+        accs: (0..n).map(|_| Acc::default()).collect(),
+        done: 0,
+        ctx,
+        phase,
+        shown: start,
     };
-    let mut samples = vec![Sample::default(); n];
-    let mut done = 0;
-    for (i, s) in res_rx.iter() {
-        samples[i] = s;
-        done += 1;
-        ctx.progress(phase, done, n as u64);
+    let jobs: Vec<evclient::Job> = (0..d.convs.len()).map(|c| d.job(c, 0, due[c])).collect();
+    let stop = d.ctx.stop_flag();
+    let opts = evclient::Options {
+        max_concurrency: cfg.max_concurrency.map(|c| c as usize),
+        timeout: REQUEST_TIMEOUT,
+    };
+    let res = evclient::Target::parse(url)
+        .and_then(|target| evclient::run(&target, jobs, &opts, &stop, start, &mut d));
+    if let Err(e) = res {
+        for s in d.samples.iter_mut().filter(|s| !s.ok && s.error.is_none()) {
+            s.error = Some(e.clone());
+        }
     }
-    let _ = dispatcher.join();
-    for h in handles {
-        let _ = h.join();
+    let duration = start.elapsed().as_secs_f64();
+    let mut samples = d.samples;
+    for s in &mut samples {
+        count_tokens(s, tok.as_deref());
     }
-    (samples, start.elapsed().as_secs_f64())
+    (samples, duration)
 }
 
 /// Whether the client sent late (see the module), and why in words.
 fn client_behind(cfg: &LoadGen, rate: Option<f64>, lags_ms: &[f64]) -> Option<String> {
-    rate?;
+    if rate.is_none() && cfg.ramp_up.is_none() {
+        return None;
+    }
     let mut sorted = lags_ms.to_vec();
     sorted.sort_by(|a, b| a.total_cmp(b));
     let p50 = stats::percentile(&sorted, 50.0);
@@ -458,6 +746,10 @@ fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value
     }
     if let Some(e) = &s.error {
         v["error"] = json!(e);
+    }
+    if let Some((c, t)) = s.conversation {
+        v["conversation"] = json!(c);
+        v["turn"] = json!(t);
     }
     if let Some(slo) = slo {
         v["slo_met"] = json!(s.meets(slo));
@@ -542,6 +834,27 @@ fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<Stri
             lags.iter().copied().fold(0.0, f64::max),
         );
     }
+    // Signs of answers that were not generated as asked (see the module).
+    let short = ok
+        .iter()
+        .filter(|s| cfg.ignore_eos && s.output_tokens < s.max_tokens as u64)
+        .count();
+    m.insert("short_responses".into(), short as f64);
+    let disagree = ok
+        .iter()
+        .filter(|s| match (s.usage_output, s.tokenizer_output) {
+            (Some(u), Some(t)) => u.abs_diff(t) as f64 > (u as f64 * 0.1).max(2.0),
+            _ => false,
+        })
+        .count();
+    m.insert("token_count_disagreements".into(), disagree as f64);
+    if !ok.is_empty() {
+        let distinct: BTreeSet<&str> = ok.iter().map(|s| s.text.as_str()).collect();
+        m.insert(
+            "distinct_output_ratio".into(),
+            distinct.len() as f64 / ok.len() as f64,
+        );
+    }
     if let Some(slo) = &cfg.slo {
         let good: Vec<&Sample> = samples.iter().filter(|s| s.meets(slo)).collect();
         let good_out: u64 = good.iter().map(|s| s.output_tokens).sum();
@@ -553,6 +866,18 @@ fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<Stri
         );
     }
     (m, lags)
+}
+
+/// CPU seconds (user + system) this process has used: the client's own cost
+/// (`client_cpu_s` of a stage; the agent's other threads are idle meanwhile).
+fn process_cpu_s() -> Option<f64> {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Some(t(ru.ru_utime) + t(ru.ru_stime))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -575,8 +900,12 @@ fn run_stage(
             .map(|c| c.to_string())
             .unwrap_or_else(|| "unlimited".into())
     ));
+    let cpu0 = process_cpu_s();
     let (samples, duration) = drive(&c, url, prompts.to_vec(), load.rate, tok, ctx, Phase::Measure);
-    let (metrics, lags) = summarize(&c, &samples, duration);
+    let (mut metrics, lags) = summarize(&c, &samples, duration);
+    if let (Some(a), Some(b)) = (cpu0, process_cpu_s()) {
+        metrics.insert("client_cpu_s".into(), b - a);
+    }
     let behind = client_behind(&c, load.rate, &lags);
     StageOut {
         name,
@@ -619,7 +948,11 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
     if !warm.is_empty() {
         ctx.enter(Phase::Warmup);
-        drive(cfg, &url, warm.to_vec(), None, &tok, ctx, Phase::Warmup);
+        // All at once, one turn each, whatever the measured load.
+        let mut w = cfg.clone();
+        w.ramp_up = None;
+        w.multi_turn = false;
+        drive(&w, &url, warm.to_vec(), None, &tok, ctx, Phase::Warmup);
     }
     ctx.enter(Phase::Measure);
     let base = Load {
@@ -767,6 +1100,19 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         }
     }
     let _ = std::fs::write(out_dir.join("requests.jsonl"), lines);
+    // The answers of the last stage, for comparisons across variants.
+    let mut outs: Vec<u8> = Vec::new();
+    if let Some(st) = stages.last() {
+        for (i, s) in st.samples.iter().enumerate().filter(|(_, s)| s.ok) {
+            let text: String = s.text.chars().take(4096).collect();
+            let sha = sha2::Sha256::digest(s.prompt.as_bytes());
+            let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+            let v = json!({"i": i, "prompt_sha256": hex, "text": text});
+            outs.extend(v.to_string().into_bytes());
+            outs.push(b'\n');
+        }
+    }
+    let _ = std::fs::write(out_dir.join("outputs.jsonl"), outs);
 
     // The cell's metrics: the last stage's (the heaviest load of a sweep, the
     // last step of a search) unprefixed, and every stage's under its name.
@@ -827,6 +1173,18 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
             .unwrap_or_else(|| "inf".into())),
     );
     saved.insert("burstiness".into(), json!(cfg.burstiness));
+    if let Some(r) = &cfg.ramp_up {
+        saved.insert("ramp_up_strategy".into(), json!(r.strategy));
+        saved.insert("ramp_up_start_rps".into(), json!(r.start_rps));
+        saved.insert("ramp_up_end_rps".into(), json!(r.end_rps));
+    }
+    if cfg.multi_turn {
+        saved.insert("multi_turn".into(), json!(true));
+        saved.insert("turn_delay_ms".into(), json!(cfg.turn_delay_ms));
+    }
+    if let Some(n) = &cfg.nonce {
+        saved.insert("nonce".into(), json!(n));
+    }
     saved.insert("max_concurrency".into(), json!(cfg.max_concurrency));
     saved.insert("errors".into(), json!(errors));
     if let Some(slo) = &cfg.slo {
@@ -908,6 +1266,103 @@ mod tests {
             v[k] = x.clone();
         }
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn ramps_change_the_rate_with_progress_as_vllm_does() {
+        let reqs = vec![Req::text("x".into()); 101];
+        for (strategy, mid) in [("linear", 55.0), ("exponential", 10.0 * 10f64.sqrt())] {
+            let c = cfg(json!({
+                "burstiness": 1e6,
+                "ramp_up": {"strategy": strategy, "start_rps": 10.0, "end_rps": 100.0}
+            }));
+            let r = c.ramp_up.as_ref().unwrap();
+            assert_eq!(ramp_rate(r, 0, 101), 10.0);
+            assert!((ramp_rate(r, 50, 101) - mid).abs() < 1e-9, "{strategy}");
+            assert!((ramp_rate(r, 100, 101) - 100.0).abs() < 1e-9);
+            // Burstiness 1e6: intervals are 1 / rate, the rate at each request's progress.
+            let at = schedule(&c, &reqs, None);
+            assert_eq!(at[0], 0.0);
+            for i in 1..101 {
+                let want = 1.0 / ramp_rate(r, i, 101);
+                let got = at[i] - at[i - 1];
+                assert!(
+                    (got - want).abs() < want * 0.01,
+                    "{strategy} {i}: {got} vs {want}"
+                );
+            }
+        }
+        // Poisson intervals (burstiness 1): the last tenth is much denser than the first.
+        let c =
+            cfg(json!({"ramp_up": {"strategy": "linear", "start_rps": 5.0, "end_rps": 500.0}, "seed": 3}));
+        let reqs = vec![Req::text("x".into()); 1000];
+        let at = schedule(&c, &reqs, None);
+        let (first, last) = (at[100] - at[0], at[999] - at[899]);
+        assert!(first > 5.0 * last, "{first} {last}");
+        assert!(at.windows(2).all(|w| w[1] >= w[0]));
+    }
+
+    fn sample(
+        ok: bool,
+        text: &str,
+        max: u32,
+        out: u64,
+        usage: Option<u64>,
+        tokenizer: Option<u64>,
+    ) -> Sample {
+        Sample {
+            ok,
+            error: (!ok).then(|| "x".to_string()),
+            text: text.into(),
+            max_tokens: max,
+            output_tokens: out,
+            usage_output: usage,
+            tokenizer_output: tokenizer,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn anti_gaming_signals_count_short_miscounted_and_repeated_answers() {
+        let samples = vec![
+            sample(true, "a b c", 3, 3, Some(3), Some(3)),
+            // Stopped early under ignore_eos.
+            sample(true, "a", 3, 1, Some(1), Some(1)),
+            // The server claims 3 tokens for text of 10: a disagreement (> max(2, 10%)).
+            sample(true, "a b c", 3, 3, Some(3), Some(10)),
+            // Off by 2 of 3: within max(2, 10%).
+            sample(true, "d", 3, 3, Some(3), Some(1)),
+            sample(false, "", 3, 0, None, None),
+        ];
+        let (m, _) = summarize(&cfg(json!({})), &samples, 1.0);
+        assert_eq!(m["short_responses"], 1.0);
+        assert_eq!(m["token_count_disagreements"], 1.0);
+        assert_eq!(m["distinct_output_ratio"], 3.0 / 4.0);
+        let (m, _) = summarize(&cfg(json!({"ignore_eos": false})), &samples, 1.0);
+        assert_eq!(m["short_responses"], 0.0);
+    }
+
+    #[test]
+    fn the_nonce_tags_every_prompt_and_ignore_eos_is_sent_as_vllm_does() {
+        let c = cfg(json!({"nonce": "r2"}));
+        let (b, prompt, max) = body(&c, &Req::text("hello".into()), 7);
+        assert_eq!(b["prompt"], "hello [nonce r2-7]");
+        assert_eq!(prompt, "hello [nonce r2-7]");
+        assert_eq!((max, &b["ignore_eos"]), (128, &json!(true)));
+        let c = cfg(json!({"endpoint": "/v1/chat/completions", "nonce": "r2", "ignore_eos": false}));
+        let req = Req {
+            text: "s\nq".into(),
+            messages: Some(vec![
+                json!({"role": "system", "content": "s"}),
+                json!({"role": "user", "content": "q"}),
+            ]),
+            ..Default::default()
+        };
+        let (b, prompt, _) = body(&c, &req, 0);
+        assert_eq!(b["messages"][1]["content"], "q [nonce r2-0]");
+        assert_eq!(b["messages"][0]["content"], "s");
+        assert_eq!(prompt, "s\nq [nonce r2-0]");
+        assert!(b.get("ignore_eos").is_none());
     }
 
     #[test]

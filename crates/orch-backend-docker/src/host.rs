@@ -5,7 +5,7 @@
 
 use crate::{weights_volume_dir, DockerBackend, WEIGHTS_VOLUME};
 use async_trait::async_trait;
-use orch_backend::host::{Flags, Host, Images, Kind, Weights};
+use orch_backend::host::{static_agent_check, Check, Flags, Host, Images, Kind, Weights};
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{ImageDef, Plan};
 use std::sync::Arc;
@@ -44,6 +44,115 @@ impl Host for DockerHost {
     fn shares_host_gpus(&self) -> bool {
         true
     }
+
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        doctor(plan).await
+    }
+}
+
+/// `orch doctor --backend docker`: the engine answering, the NVIDIA
+/// runtime, the static agent, the weights volume and the suite's images.
+async fn doctor(plan: Option<&Plan>) -> Vec<Check> {
+    let start_docker = "start Docker (`docker info` answers), or set `DOCKER_HOST`";
+    let socket = std::path::Path::new("/var/run/docker.sock");
+    if std::env::var_os("DOCKER_HOST").is_none_or(|h| h.is_empty()) && !socket.exists() {
+        return vec![Check::skipped(
+            "engine",
+            "no Docker engine here (no `DOCKER_HOST`, no `/var/run/docker.sock`)",
+            "install Docker and its NVIDIA container toolkit, or set `DOCKER_HOST`",
+        )];
+    }
+    let docker = match bollard::Docker::connect_with_local_defaults() {
+        Ok(d) => d,
+        Err(e) => {
+            return vec![Check::fail(
+                "engine",
+                format!("cannot connect: {e}"),
+                start_docker,
+            )]
+        }
+    };
+    let limit = std::time::Duration::from_secs(10);
+    let version = match tokio::time::timeout(limit, docker.version()).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            return vec![Check::fail(
+                "engine",
+                format!("the engine did not answer: {e}"),
+                start_docker,
+            )]
+        }
+        Err(_) => {
+            return vec![Check::fail(
+                "engine",
+                "the engine did not answer within 10 s",
+                start_docker,
+            )]
+        }
+    };
+    let mut out = vec![Check::ok(
+        "engine",
+        format!(
+            "Docker {} (API {})",
+            version.version.unwrap_or_default(),
+            version.api_version.unwrap_or_default()
+        ),
+    )];
+    match tokio::time::timeout(limit, docker.info()).await {
+        Ok(Ok(info)) => {
+            let runtimes: Vec<String> = info.runtimes.map(|r| r.into_keys().collect()).unwrap_or_default();
+            if runtimes.iter().any(|r| r == "nvidia") {
+                out.push(Check::ok(
+                    "nvidia runtime",
+                    "the engine lists the `nvidia` runtime",
+                ));
+            } else {
+                out.push(Check::warn(
+                    "nvidia runtime",
+                    format!(
+                        "the engine lists no `nvidia` runtime (runtimes: {}): GPU cells ask for GPUs by device request and fail where the engine has no GPU driver",
+                        if runtimes.is_empty() { "none".to_string() } else { runtimes.join(", ") }
+                    ),
+                    "install the NVIDIA container toolkit and run `nvidia-ctk runtime configure --runtime=docker` (CPU cells run without it)",
+                ));
+            }
+        }
+        Ok(Err(e)) => out.push(Check::warn(
+            "nvidia runtime",
+            format!("`docker info` failed: {e}"),
+            start_docker,
+        )),
+        Err(_) => out.push(Check::warn(
+            "nvidia runtime",
+            "`docker info` did not answer within 10 s",
+            start_docker,
+        )),
+    }
+    out.push(static_agent_check());
+    out.push(match docker.inspect_volume(WEIGHTS_VOLUME).await {
+        Ok(_) => Check::ok("weights", format!("docker volume `{WEIGHTS_VOLUME}`")),
+        Err(_) => Check::ok(
+            "weights",
+            format!("docker volume `{WEIGHTS_VOLUME}` (made by the first `orch setup --backend docker`)"),
+        ),
+    });
+    if let Some(plan) = plan {
+        let built = plan
+            .cells
+            .iter()
+            .any(|c| matches!(c.image, Some(ImageDef::Build(_))));
+        if built {
+            out.push(match resolve_images(plan, &docker).await {
+                Ok(_) => Check::ok("images", "every image the suite builds is in the engine"),
+                Err(e) => Check::warn(
+                    "images",
+                    orch_backend::host::first_line(&e.to_string()),
+                    format!("`orch build -f {}`", plan.manifest.display()),
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// An images error: the user's to fix, or the engine's.

@@ -7,7 +7,8 @@ use crate::weights::WeightsQuery;
 use crate::{spec, KubeError, KubeSettings, KubernetesBackend, Toleration};
 use async_trait::async_trait;
 use orch_backend::host::{
-    model_requests, Flags, Host, Images, Kind, ModelCheck, OnLine, SetupPlace, SetupRequest, Weights,
+    first_line, model_requests, static_agent_check, Check, Flags, Host, Images, Kind, ModelCheck, OnLine,
+    SetupPlace, SetupRequest, Weights,
 };
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{ImageDef, KubernetesDef, Plan};
@@ -512,6 +513,371 @@ impl Host for KubernetesHost {
             self.flags.namespace.as_deref(),
             self.flags.context.as_deref(),
         )
+    }
+
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        doctor(&self.flags, plan).await
+    }
+}
+
+/// What the shipped Role (`deploy/kubernetes/orch-role.yaml`) grants in a
+/// namespace: (API group, resource, verbs). `orch doctor` asks the cluster
+/// for each verb (a `SelfSubjectAccessReview`); a test keeps it equal to
+/// the Role file.
+pub const ROLE_RULES: &[(&str, &str, &[&str])] = &[
+    ("batch", "jobs", &["create", "get", "delete", "deletecollection"]),
+    (
+        "",
+        "pods",
+        &["get", "list", "watch", "delete", "deletecollection"],
+    ),
+    ("", "pods/log", &["get"]),
+    ("", "secrets", &["create", "delete", "deletecollection"]),
+    ("", "configmaps", &["create", "deletecollection"]),
+    ("", "events", &["list"]),
+    (
+        "",
+        "services",
+        &["create", "get", "list", "delete", "deletecollection"],
+    ),
+];
+
+/// Can the kubeconfig's user do `verb` on `resource` (`pods/log`) of
+/// `group` in `namespace` (`None`: cluster-scoped)? The API server's
+/// answer to a `SelfSubjectAccessReview`.
+pub async fn can_i(
+    client: &kube::Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let (resource, sub) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_string())),
+        None => (resource, None),
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                subresource: sub,
+                namespace: namespace.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
+    let answer = api.create(&kube::api::PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Is a cluster configured here at all (a kubeconfig, a context asked
+/// for, or a pod's service account)?
+fn configured(context: Option<&str>) -> bool {
+    let home_config = std::env::var_os("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".kube/config"))
+        .is_some_and(|p| p.is_file());
+    context.is_some()
+        || std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+        || home_config
+        || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+}
+
+/// `orch doctor --backend kubernetes`: the kubeconfig's context and
+/// namespace, the API server answering, each verb of the shipped Role
+/// (`SelfSubjectAccessReview`), the GPU nodes and their labels (where the
+/// optional ClusterRole lets orch list them), the agent image and the
+/// static agent for `orch build --agent`.
+async fn doctor(flags: &Flags, plan: Option<&Plan>) -> Vec<Check> {
+    let def = plan.and_then(|p| p.kubernetes.clone()).unwrap_or_default();
+    let context = flags.context.clone().or(def.context.clone());
+    if !configured(context.as_deref()) {
+        return vec![Check::skipped(
+            "kubeconfig",
+            "no kubeconfig (`KUBECONFIG` unset, no `~/.kube/config`) and not in a cluster",
+            "point `KUBECONFIG` at your cluster's kubeconfig, or pass `--context`",
+        )];
+    }
+    let ns_flag = flags.namespace.clone().or(def.namespace.clone());
+    if let Some(ns) = ns_flag
+        .as_deref()
+        .filter(|n| !orch_manifest::k8s::is_dns_label(n))
+    {
+        return vec![Check::fail(
+            "kubeconfig",
+            format!("`{ns}` is not a namespace name"),
+            "namespaces are lowercase letters, digits and `-` (at most 63)",
+        )];
+    }
+    let (client, ns) = match crate::connect(context.as_deref(), ns_flag.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            let text = e.to_string();
+            let next = text
+                .lines()
+                .find_map(|l| l.strip_prefix("hint: "))
+                .unwrap_or("check the kubeconfig (`kubectl config view`)")
+                .to_string();
+            return vec![Check::fail("kubeconfig", first_line(&text), next)];
+        }
+    };
+    let context_name = context.clone().or_else(|| {
+        kube::config::Kubeconfig::read()
+            .ok()
+            .and_then(|k| k.current_context)
+    });
+    let mut out = vec![Check::ok(
+        "kubeconfig",
+        format!(
+            "context `{}`, namespace `{ns}`",
+            context_name.as_deref().unwrap_or("(in-cluster)")
+        ),
+    )];
+    let limit = Duration::from_secs(15);
+    match tokio::time::timeout(limit, client.apiserver_version()).await {
+        Ok(Ok(v)) => out.push(Check::ok("api server", format!("Kubernetes {}", v.git_version))),
+        Ok(Err(e)) => {
+            out.push(Check::fail(
+                "api server",
+                format!("the API server did not answer: {e}"),
+                "check the cluster and your credentials (`kubectl version`)",
+            ));
+            return out;
+        }
+        Err(_) => {
+            out.push(Check::fail(
+                "api server",
+                "the API server did not answer within 15 s",
+                "check the network and the kubeconfig's server URL (`kubectl version`)",
+            ));
+            return out;
+        }
+    }
+    // Every verb of the shipped Role, in the namespace.
+    let mut missing = Vec::new();
+    let mut asked = 0;
+    for (group, resource, verbs) in ROLE_RULES {
+        for verb in *verbs {
+            asked += 1;
+            match tokio::time::timeout(limit, can_i(&client, verb, group, resource, Some(&ns))).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => missing.push(format!(
+                    "`{verb}` on `{resource}`{}",
+                    if group.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({group})")
+                    }
+                )),
+                Ok(Err(e)) => {
+                    out.push(Check::warn(
+                        "rbac",
+                        format!("cannot ask the cluster what orch may do (SelfSubjectAccessReview): {e}"),
+                        format!("check by hand: `kubectl auth can-i --list -n {ns}`"),
+                    ));
+                    missing.clear();
+                    asked = 0;
+                    break;
+                }
+                Err(_) => {
+                    out.push(Check::warn(
+                        "rbac",
+                        "the SelfSubjectAccessReview did not answer within 15 s",
+                        format!("check by hand: `kubectl auth can-i --list -n {ns}`"),
+                    ));
+                    missing.clear();
+                    asked = 0;
+                    break;
+                }
+            }
+        }
+        if asked == 0 {
+            break;
+        }
+    }
+    if asked > 0 {
+        out.push(if missing.is_empty() {
+            Check::ok("rbac", format!("all {asked} verbs of orch's Role granted in namespace `{ns}`"))
+        } else {
+            Check::fail(
+                "rbac",
+                format!("not granted in namespace `{ns}`: {}", missing.join(", ")),
+                format!(
+                    "apply orch's Role: `sed 's/namespace: bench/namespace: {ns}/' deploy/kubernetes/orch-role.yaml | kubectl apply -f -`"
+                ),
+            )
+        });
+    }
+    out.push(gpu_nodes_check(&client, plan, &ns).await);
+    let image = agent_image(&def);
+    out.push(if image.is_empty() {
+        Check::warn(
+            "agent image",
+            "no agent image (`kubernetes.agent_image` in the suite, or `ORCH_AGENT_IMAGE`)",
+            "`orch build --agent --push REGISTRY`, then set `ORCH_AGENT_IMAGE` to the tag it prints",
+        )
+    } else {
+        Check::ok("agent image", format!("`{image}`"))
+    });
+    if image.is_empty() {
+        out.push(static_agent_check());
+    }
+    if let Some(plan) = plan {
+        if let Err(e) = images(plan) {
+            let text = e.to_string();
+            let next = text
+                .lines()
+                .find_map(|l| l.strip_prefix("hint: "))
+                .unwrap_or("check the suite's images")
+                .to_string();
+            out.push(Check::fail("images", first_line(&text), next));
+        }
+    }
+    out
+}
+
+/// The GPU nodes and whether their labels show the GPU type (nodes are
+/// cluster-scoped: listed only where the optional ClusterRole allows).
+async fn gpu_nodes_check(client: &kube::Client, plan: Option<&Plan>, ns: &str) -> Check {
+    use k8s_openapi::api::core::v1::Node;
+    match can_i(client, "list", "", "nodes", None).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Check::warn(
+                "gpu nodes",
+                "orch may not list nodes (the optional ClusterRole `orch-nodes`): an impossible GPU request waits `unschedulable_grace` before it fails",
+                "apply the ClusterRole and ClusterRoleBinding at the end of `deploy/kubernetes/orch-role.yaml`",
+            )
+        }
+        Err(e) => return Check::warn("gpu nodes", format!("cannot ask whether orch may list nodes: {e}"), "`kubectl auth can-i list nodes`"),
+    }
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    let list = match tokio::time::timeout(
+        Duration::from_secs(15),
+        api.list(&kube::api::ListParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => {
+            return Check::warn(
+                "gpu nodes",
+                format!("cannot list nodes: {e}"),
+                "`kubectl get nodes`",
+            )
+        }
+        Err(_) => return Check::warn("gpu nodes", "listing nodes took over 15 s", "`kubectl get nodes`"),
+    };
+    let s = plan
+        .map(|p| settings(p, ns))
+        .unwrap_or_else(|| KubeSettings::new(ns, ""));
+    let mut gpu_nodes = Vec::new();
+    for n in &list.items {
+        let status = n.status.as_ref();
+        let count = [
+            status.and_then(|s| s.allocatable.as_ref()),
+            status.and_then(|s| s.capacity.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|m| m.get("nvidia.com/gpu"))
+        .map(|q| q.0.trim().to_string())
+        .filter(|q| !q.is_empty() && q != "0");
+        let Some(count) = count else { continue };
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let label = labels
+            .iter()
+            .find(|(k, _)| {
+                k.contains("gpu.product")
+                    || k.contains("accelerator")
+                    || k.contains("gpu-type")
+                    || k.contains("gpu.name")
+            })
+            .map(|(k, v)| format!("{k}={v}"));
+        gpu_nodes.push((
+            n.metadata.name.clone().unwrap_or_default(),
+            count,
+            label,
+            spec::node_shows_gpu_type(&labels, &s),
+        ));
+    }
+    let gpu_cells = plan.is_some_and(|p| p.cells.iter().any(|c| c.task.gpu.type_name().is_some()));
+    if gpu_nodes.is_empty() {
+        let detail = format!(
+            "{} node(s), none with allocatable `nvidia.com/gpu`",
+            list.items.len()
+        );
+        let next = "install the NVIDIA device plugin (or GPU operator), or add GPU nodes; an autoscaler adds them on demand";
+        return if gpu_cells {
+            Check::warn("gpu nodes", detail, next)
+        } else {
+            Check::ok("gpu nodes", format!("{detail} (the suite's cells need none)"))
+        };
+    }
+    let shown = gpu_nodes.iter().filter(|g| g.3).count();
+    let listing = gpu_nodes
+        .iter()
+        .take(5)
+        .map(|(n, c, l, _)| {
+            format!(
+                "{n} ({c} GPU{})",
+                l.as_ref().map(|l| format!(", {l}")).unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if shown == 0 {
+        Check::warn(
+            "gpu nodes",
+            format!("{} GPU node(s), none labelled with its GPU type: {listing}", gpu_nodes.len()),
+            "install GPU Feature Discovery, or set `kubernetes.gpu_label` and `gpu_types` to your nodes' label",
+        )
+    } else {
+        Check::ok("gpu nodes", format!("{} GPU node(s): {listing}", gpu_nodes.len()))
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::*;
+
+    /// `ROLE_RULES` is what `deploy/kubernetes/orch-role.yaml`'s Role grants.
+    #[test]
+    fn the_doctor_asks_for_every_verb_of_the_shipped_role() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/orch-role.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        let role = docs.iter().find(|d| d["kind"] == "Role").unwrap();
+        let mut from_file = Vec::new();
+        for r in role["rules"].as_array().unwrap() {
+            for g in r["apiGroups"].as_array().unwrap() {
+                for res in r["resources"].as_array().unwrap() {
+                    for v in r["verbs"].as_array().unwrap() {
+                        from_file.push(format!(
+                            "{} {} {}",
+                            g.as_str().unwrap(),
+                            res.as_str().unwrap(),
+                            v.as_str().unwrap()
+                        ));
+                    }
+                }
+            }
+        }
+        let mut ours: Vec<String> = ROLE_RULES
+            .iter()
+            .flat_map(|(g, r, vs)| vs.iter().map(move |v| format!("{g} {r} {v}")))
+            .collect();
+        from_file.sort();
+        ours.sort();
+        assert_eq!(ours, from_file);
     }
 }
 

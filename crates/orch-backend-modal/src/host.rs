@@ -6,7 +6,8 @@ use crate::ops::ImageSpec;
 use crate::{Credentials, Modal, ModalBackend};
 use async_trait::async_trait;
 use orch_backend::host::{
-    model_requests, Flags, Host, Images, Kind, ModelCheck, OnLine, SetupPlace, SetupRequest, Weights,
+    first_line, model_requests, static_agent_check, Check, Flags, Host, Images, Kind, ModelCheck, OnLine,
+    SetupPlace, SetupRequest, Weights,
 };
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{ImageDef, Plan};
@@ -233,4 +234,121 @@ impl Host for ModalHost {
         backend.cleanup(run_id).await?;
         Ok(format!("terminated every sandbox of run {run_id} on modal"))
     }
+
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        doctor(plan).await
+    }
+}
+
+/// `orch doctor --backend modal`: the token, the workspace answering (a
+/// lookup of the weights volume, which creates nothing), the static agent
+/// and `orch` a setup sandbox runs, the suite's models on the volume.
+async fn doctor(plan: Option<&Plan>) -> Vec<Check> {
+    let token_next =
+        "run `modal token new` (or `modal token set`), or set `MODAL_TOKEN_ID` and `MODAL_TOKEN_SECRET`";
+    let creds = match Credentials::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            let configured = std::env::var_os("MODAL_TOKEN_ID").is_some()
+                || crate::config::config_path().is_some_and(|p| p.is_file());
+            let detail = first_line(&e.to_string());
+            return vec![if configured {
+                Check::fail("token", detail, token_next)
+            } else {
+                Check::skipped("token", detail, token_next)
+            }];
+        }
+    };
+    let mut out = vec![Check::ok("token", format!("from {}", creds.source))];
+    let server = creds.server_url.clone();
+    let modal = match Modal::connect(creds) {
+        Ok(m) => m,
+        Err(e) => {
+            out.push(Check::fail(
+                "workspace",
+                first_line(&e.to_string()),
+                "check `MODAL_SERVER_URL`",
+            ));
+            return out;
+        }
+    };
+    let volume = volume_name();
+    let looked = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        crate::ops::volume(&modal, &volume, false),
+    )
+    .await;
+    match looked {
+        Ok(Ok(found)) => {
+            out.push(Check::ok(
+                "workspace",
+                format!(
+                    "{server} answers{}",
+                    if modal.environment().is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (environment `{}`)", modal.environment())
+                    }
+                ),
+            ));
+            out.push(match found {
+                Some(_) => Check::ok("weights", format!("modal volume `{volume}`")),
+                None => Check::ok(
+                    "weights",
+                    format!("modal volume `{volume}` (made by the first `orch setup --backend modal`)"),
+                ),
+            });
+            if let Some(plan) = plan.filter(|p| !p.models.is_empty()) {
+                out.push(match check_models(plan).await {
+                    Ok(models) => {
+                        let missing: Vec<String> = models
+                            .iter()
+                            .filter(|m| !m.complete)
+                            .map(|m| format!("{}@{}", m.repo, m.revision))
+                            .collect();
+                        if missing.is_empty() {
+                            Check::ok(
+                                "models",
+                                format!("{} model(s) of the suite on the volume", models.len()),
+                            )
+                        } else {
+                            Check::warn(
+                                "models",
+                                format!("not on the volume: {}", missing.join(", ")),
+                                format!("`orch setup --backend modal -f {}`", plan.manifest.display()),
+                            )
+                        }
+                    }
+                    Err(e) => Check::warn(
+                        "models",
+                        first_line(&e.to_string()),
+                        "check the volume in Modal's dashboard",
+                    ),
+                });
+            }
+        }
+        Ok(Err(e)) => out.push(Check::fail(
+            "workspace",
+            first_line(&e.to_string()),
+            "check the token's workspace (`modal profile current`, `modal token new`)",
+        )),
+        Err(_) => out.push(Check::fail(
+            "workspace",
+            format!("{server} did not answer within 20 s"),
+            "check the network, or `MODAL_SERVER_URL`",
+        )),
+    }
+    out.push(static_agent_check());
+    out.push(match orch_backend::find_static_orch() {
+        Ok(p) => Check::ok(
+            "static orch",
+            format!("`{}` (runs `orch setup` in a sandbox)", p.display()),
+        ),
+        Err(e) => Check::warn(
+            "static orch",
+            first_line(&e.to_string()),
+            "install orch from its wheel or release archive (a static `orch`), or set `ORCH_STATIC`",
+        ),
+    });
+    out
 }

@@ -5,7 +5,7 @@
 
 use crate::{GpuRequest, SlurmBackend, SlurmConfig};
 use async_trait::async_trait;
-use orch_backend::host::{Flags, Host, Images, Kind, OnLine, SetupPlace, SetupRequest, Weights};
+use orch_backend::host::{Check, Flags, Host, Images, Kind, OnLine, SetupPlace, SetupRequest, Weights};
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{Plan, SlurmDef};
 use std::collections::BTreeMap;
@@ -183,5 +183,241 @@ impl Host for SlurmHost {
 
     fn price_partition<'p>(&self, plan: &'p Plan) -> Option<&'p str> {
         plan.slurm.as_ref().and_then(|s| s.partition.as_deref())
+    }
+
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        doctor(plan, self.flags.weights_dir.as_ref()).await
+    }
+}
+
+/// A program on `PATH`.
+fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// One partition as `sinfo` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partition {
+    pub name: String,
+    pub default: bool,
+    pub up: bool,
+    /// The GRES of its nodes (`gpu:h100:8`, or empty).
+    pub gres: Vec<String>,
+}
+
+/// `sinfo -h -o '%P|%a|%G'` lines into partitions (one line per node
+/// group: GRES of the groups of one partition are merged).
+pub fn parse_sinfo(text: &str) -> Vec<Partition> {
+    let mut out: Vec<Partition> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut f = line.trim().split('|');
+        let (Some(name), Some(avail), Some(gres)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let default = name.ends_with('*');
+        let name = name.trim_end_matches('*').to_string();
+        let gres: Vec<String> = gres
+            .split(',')
+            .map(str::trim)
+            .filter(|g| !g.is_empty() && *g != "(null)")
+            .map(String::from)
+            .collect();
+        match out.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                for g in gres {
+                    if !p.gres.contains(&g) {
+                        p.gres.push(g);
+                    }
+                }
+            }
+            None => out.push(Partition {
+                name,
+                default,
+                up: avail == "up",
+                gres,
+            }),
+        }
+    }
+    out
+}
+
+/// `orch doctor --backend slurm`: the commands, the partitions and their
+/// GPUs (GRES), the suite's partition, the weights folder.
+async fn doctor(plan: Option<&Plan>, weights_flag: Option<&PathBuf>) -> Vec<Check> {
+    if on_path("sbatch").is_none() {
+        return vec![Check::skipped(
+            "commands",
+            "no `sbatch` on `PATH`: no Slurm cluster here",
+            "run orch on a login node of the cluster, with Slurm's client commands on `PATH`",
+        )];
+    }
+    let mut out = Vec::new();
+    let missing: Vec<&str> = ["sbatch", "squeue", "scontrol", "scancel", "sinfo"]
+        .into_iter()
+        .filter(|c| on_path(c).is_none())
+        .collect();
+    if missing.is_empty() {
+        out.push(Check::ok(
+            "commands",
+            "sbatch, squeue, scontrol, scancel and sinfo on `PATH`",
+        ));
+    } else {
+        out.push(Check::fail(
+            "commands",
+            format!("not on `PATH`: {}", missing.join(", ")),
+            "install Slurm's client commands (Debian: `slurm-client`) or add them to `PATH`",
+        ));
+        if missing.contains(&"sinfo") {
+            return out;
+        }
+    }
+    let sinfo = tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::process::Command::new("sinfo")
+            .args(["-h", "-o", "%P|%a|%G"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await;
+    let text = match sinfo {
+        Ok(Ok(o)) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(Ok(o)) => {
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            // The last line is the one that says why (`fatal: ...`).
+            let why = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim();
+            let conf = std::env::var_os("SLURM_CONF").is_some()
+                || ["/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"]
+                    .iter()
+                    .any(|p| std::path::Path::new(p).is_file());
+            out.push(if conf {
+                Check::fail(
+                    "partitions",
+                    format!("`sinfo` failed: {why}"),
+                    "check that slurmctld answers (`scontrol ping`)",
+                )
+            } else {
+                Check::skipped(
+                    "partitions",
+                    format!("Slurm's commands are here but no cluster is configured (no `slurm.conf`, `SLURM_CONF` unset): {why}"),
+                    "run orch on a login node of the cluster, or set `SLURM_CONF`",
+                )
+            });
+            return out;
+        }
+        Ok(Err(e)) => {
+            out.push(Check::fail(
+                "partitions",
+                format!("cannot run `sinfo`: {e}"),
+                "check Slurm's client commands",
+            ));
+            return out;
+        }
+        Err(_) => {
+            out.push(Check::fail(
+                "partitions",
+                "`sinfo` did not answer within 15 s",
+                "check that slurmctld answers (`scontrol ping`)",
+            ));
+            return out;
+        }
+    };
+    let parts = parse_sinfo(&text);
+    let describe = |p: &Partition| {
+        format!(
+            "{}{}{}",
+            p.name,
+            if p.default { " (default)" } else { "" },
+            if p.gres.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", p.gres.join(","))
+            }
+        )
+    };
+    if parts.is_empty() {
+        out.push(Check::fail(
+            "partitions",
+            "`sinfo` lists no partition",
+            "ask the cluster's admins",
+        ));
+        return out;
+    }
+    out.push(Check::ok(
+        "partitions",
+        parts.iter().map(describe).collect::<Vec<_>>().join(", "),
+    ));
+    let def = plan.and_then(|p| p.slurm.as_ref());
+    let wanted = def.and_then(|d| d.partition.clone());
+    let chosen = match &wanted {
+        Some(w) => parts.iter().find(|p| &p.name == w),
+        None => parts.iter().find(|p| p.default),
+    };
+    let gpu_cells = plan.is_some_and(|p| p.cells.iter().any(|c| !c.gpu.is_cpu()));
+    match (chosen, &wanted) {
+        (None, Some(w)) => out.push(Check::fail(
+            "partition",
+            format!("the suite's partition `{w}` is not one of the cluster's"),
+            "set `slurm.partition` to one `sinfo` lists",
+        )),
+        (None, None) => out.push(Check::warn(
+            "partition",
+            "the cluster has no default partition and the suite names none",
+            "set `slurm.partition` in the suite",
+        )),
+        (Some(p), _) => {
+            let gpus = p.gres.iter().any(|g| g.starts_with("gpu"));
+            let what = format!("`{}`{}", p.name, if p.up { "" } else { " (down)" });
+            if !p.up {
+                out.push(Check::fail(
+                    "partition",
+                    format!("{what} is not up"),
+                    "ask the cluster's admins, or set `slurm.partition` to one that is up",
+                ));
+            } else if gpu_cells && !gpus {
+                out.push(Check::fail(
+                    "gres",
+                    format!("{what} has no GPU GRES, and the suite asks for GPUs"),
+                    "set `slurm.partition` to a partition whose nodes list `gpu` GRES (`sinfo -o '%P %G'`)",
+                ));
+            } else if !gpus {
+                out.push(Check::warn(
+                    "gres",
+                    format!("{what} has no GPU GRES: CPU cells only"),
+                    "set `slurm.partition` to a GPU partition for GPU cells",
+                ));
+            } else {
+                out.push(Check::ok("gres", format!("{what}: {}", p.gres.join(","))));
+            }
+        }
+    }
+    out.push(orch_backend::host::weights_folder_check(&weights_dir(
+        def,
+        weights_flag,
+    )));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinfo_lines_become_partitions_with_their_gres_merged() {
+        let p = parse_sinfo("debug*|up|(null)\ngpu|up|gpu:h100:8(S:0-1)\ngpu|up|gpu:a100:4\nold|down|\n");
+        assert_eq!(p.len(), 3);
+        assert!(p[0].default && p[0].up && p[0].gres.is_empty());
+        assert_eq!(p[1].name, "gpu");
+        assert_eq!(p[1].gres, vec!["gpu:h100:8(S:0-1)", "gpu:a100:4"]);
+        assert!(!p[2].up && !p[2].default);
     }
 }

@@ -12,7 +12,9 @@
 //!   in a Job, a sandbox or a batch job, which it runs);
 //! - [`Host::down`], [`Host::dry_run`], prices ([`Host::price_partition`]),
 //!   who assigns GPUs ([`Host::shares_host_gpus`]), multi-node cells
-//!   ([`Host::max_nodes`]).
+//!   ([`Host::max_nodes`]);
+//! - [`Host::doctor`]: what `orch doctor` checks of a backend ([`Check`]:
+//!   ok, warn, fail or skipped, with the next step), cheaply and spending nothing.
 
 use crate::{Backend, BackendError, LocalBackend};
 use async_trait::async_trait;
@@ -202,6 +204,87 @@ pub type OnLine<'a> = &'a (dyn Fn(bool, &str) + Send + Sync);
 /// Each cell's image (container backends), by cell id.
 pub type Images = BTreeMap<String, String>;
 
+/// How one check of `orch doctor` came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    Ok,
+    Warn,
+    Fail,
+    /// Not configured here: nothing to check.
+    Skipped,
+}
+
+impl CheckStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckStatus::Ok => "ok",
+            CheckStatus::Warn => "warn",
+            CheckStatus::Fail => "fail",
+            CheckStatus::Skipped => "skipped",
+        }
+    }
+}
+
+/// One check of `orch doctor`: what was looked at, what was found, and
+/// the one thing to do next (none when all is well).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Check {
+    /// What was checked (`engine`, `rbac`, `gpu nodes`).
+    pub name: String,
+    pub status: CheckStatus,
+    /// What was found, in one line.
+    pub detail: String,
+    /// The one action that fixes or completes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+impl Check {
+    pub fn new(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.to_string(),
+            status,
+            detail: detail.into(),
+            next: None,
+        }
+    }
+    pub fn ok(name: &str, detail: impl Into<String>) -> Check {
+        Check::new(name, CheckStatus::Ok, detail)
+    }
+    pub fn warn(name: &str, detail: impl Into<String>, next: impl Into<String>) -> Check {
+        Check::new(name, CheckStatus::Warn, detail).with_next(next)
+    }
+    pub fn fail(name: &str, detail: impl Into<String>, next: impl Into<String>) -> Check {
+        Check::new(name, CheckStatus::Fail, detail).with_next(next)
+    }
+    pub fn skipped(name: &str, detail: impl Into<String>, next: impl Into<String>) -> Check {
+        Check::new(name, CheckStatus::Skipped, detail).with_next(next)
+    }
+    pub fn with_next(mut self, next: impl Into<String>) -> Check {
+        self.next = Some(next.into());
+        self
+    }
+}
+
+/// The static agent for containers, as `orch doctor` sees it (the backends
+/// that ship it: docker, kubernetes, modal).
+pub fn static_agent_check() -> Check {
+    match crate::find_static_agent() {
+        Ok(p) => Check::ok("static agent", format!("`{}`", p.display())),
+        Err(e) => Check::fail(
+            "static agent",
+            first_line(&e.to_string()),
+            "install orch from its wheel or release archive (they carry `orch-agent-static`), run `bash scripts/prepare-docker.sh` in a checkout, or set `ORCH_AGENT_STATIC`",
+        ),
+    }
+}
+
+/// The first line of an error's text (its `hint:` goes to `next`).
+pub fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}
+
 /// A backend's host side.
 #[async_trait]
 pub trait Host: Send + Sync {
@@ -284,6 +367,15 @@ pub trait Host: Send + Sync {
     /// per partition (slurm).
     fn price_partition<'p>(&self, _plan: &'p Plan) -> Option<&'p str> {
         None
+    }
+
+    /// `orch doctor`: what is configured for this backend, what works and
+    /// what to do next, checked for real but cheaply (reads, no cell, no
+    /// spend); the suite, when one was given, narrows what is asked. A
+    /// backend with nothing configured here answers `skipped` checks.
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        let _ = plan;
+        Vec::new()
     }
 }
 
@@ -421,6 +513,68 @@ impl Host for LocalHost {
     fn shares_host_gpus(&self) -> bool {
         true
     }
+
+    async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {
+        let mut out = Vec::new();
+        out.push(match crate::local::AgentCommand::from_env_or_self(&["agent"]) {
+            Ok(_) => Check::ok("agent", "the agent built into `orch` (cells are child processes)"),
+            Err(e) => Check::fail(
+                "agent",
+                first_line(&e.to_string()),
+                "reinstall orch, or set `ORCH_AGENT` to an `orch-agent` binary",
+            ),
+        });
+        let dir = self
+            .flags
+            .weights_dir
+            .clone()
+            .unwrap_or_else(orch_hub::default_weights_dir);
+        out.push(weights_folder_check(&dir));
+        if let Some(plan) = plan {
+            let checks = check_folder(plan, &dir);
+            let missing: Vec<String> = checks
+                .iter()
+                .filter(|c| !c.complete)
+                .map(|c| format!("{}@{}", c.repo, c.revision))
+                .collect();
+            if !checks.is_empty() && missing.is_empty() {
+                out.push(Check::ok(
+                    "models",
+                    format!("{} model(s) of the suite set up", checks.len()),
+                ));
+            } else if !missing.is_empty() {
+                out.push(Check::warn(
+                    "models",
+                    format!("not set up: {}", missing.join(", ")),
+                    format!("`orch setup -f {}`", plan.manifest.display()),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// A weights folder: there and writable, or makeable.
+pub fn weights_folder_check(dir: &Path) -> Check {
+    if dir.is_dir() {
+        let probe = dir.join(format!(".orch-doctor-{}", std::process::id()));
+        match std::fs::write(&probe, b"") {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&probe);
+                Check::ok("weights", format!("`{}` (writable)", dir.display()))
+            }
+            Err(e) => Check::warn(
+                "weights",
+                format!("`{}` is not writable: {e}", dir.display()),
+                "pass `--weights-dir DIR` (or `ORCH_WEIGHTS_DIR`) to a folder you can write",
+            ),
+        }
+    } else {
+        Check::ok(
+            "weights",
+            format!("`{}` (made by the first `orch setup`)", dir.display()),
+        )
+    }
 }
 
 /// What travels with the cells of `plan` (`--dry-run`): each distinct set
@@ -482,6 +636,37 @@ mod tests {
             e.to_string()
                 .contains("local, docker, kubernetes, modal and slurm"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn checks_serialize_with_their_status_and_next_step() {
+        let c = serde_json::to_value(Check::fail(
+            "rbac",
+            "not granted: `get` on `pods`",
+            "apply the Role",
+        ))
+        .unwrap();
+        assert_eq!(
+            c,
+            serde_json::json!({"name": "rbac", "status": "fail", "detail": "not granted: `get` on `pods`", "next": "apply the Role"})
+        );
+        let c = serde_json::to_value(Check::ok("engine", "Docker 27")).unwrap();
+        assert_eq!(c["status"], "ok");
+        assert!(c.get("next").is_none(), "{c}");
+        assert_eq!(CheckStatus::Skipped.as_str(), "skipped");
+    }
+
+    #[test]
+    fn a_weights_folder_is_checked_writable() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(weights_folder_check(tmp.path()).status, CheckStatus::Ok);
+        let later = weights_folder_check(&tmp.path().join("not-yet"));
+        assert_eq!(later.status, CheckStatus::Ok);
+        assert!(
+            later.detail.contains("made by the first `orch setup`"),
+            "{}",
+            later.detail
         );
     }
 

@@ -35,7 +35,7 @@ pub mod lifecycle;
 pub mod local;
 pub mod secrets;
 
-pub use host::{Host, Kind};
+pub use host::{Check, CheckStatus, Host, Kind};
 pub use local::LocalBackend;
 pub use secrets::host_masker;
 
@@ -326,9 +326,14 @@ pub fn find_static_agent() -> Result<std::path::PathBuf, BackendError> {
         })
 }
 
+/// Is this build of orch static (`+crt-static`, as the wheel and the
+/// release archive ship it, and `scripts/prepare-modal.sh` builds it)?
+pub const IS_STATIC: bool = cfg!(target_feature = "crt-static");
+
 /// The static `orch` that remote setups run (a Modal sandbox, the agent
-/// image's Job): `ORCH_STATIC`, else
-/// `orch-static` beside `orch`, else the static build in the target folder
+/// image's Job): `ORCH_STATIC`, else the running `orch` when it is static
+/// (an installed wheel or release archive), else `orch-static` beside
+/// `orch`, else the static build in the target folder
 /// (`scripts/prepare-modal.sh` makes it).
 pub fn find_static_orch() -> Result<PathBuf, BackendError> {
     let mut candidates = Vec::new();
@@ -336,6 +341,9 @@ pub fn find_static_orch() -> Result<PathBuf, BackendError> {
         candidates.push(PathBuf::from(p));
     }
     if let Ok(exe) = std::env::current_exe() {
+        if IS_STATIC {
+            candidates.push(exe.clone());
+        }
         if let Some(dir) = exe.parent() {
             candidates.push(dir.join("orch-static"));
             for up in [dir.parent(), dir.parent().and_then(|d| d.parent())]
@@ -355,6 +363,15 @@ pub fn find_static_orch() -> Result<PathBuf, BackendError> {
             candidates.iter().map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ")
         ))
     })
+}
+
+/// The SHA-256 of a file, in hex (`orch --version` names the agent it ships).
+pub fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    use sha2::Digest as _;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl orch_protocol::ErrorClass for BackendError {

@@ -89,6 +89,10 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
         primary_metric: None,
         seed: None,
         worktree_patch: None,
+        max_warmup_rounds: None,
+        output_check: None,
+        check: None,
+        defences: false,
         server: ServerWorkload {
             argv: vec!["python3".into(), "server.py".into()],
             workdir: None,
@@ -114,6 +118,11 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
                 prefix_groups: 0,
                 sweep: None,
                 saturation: None,
+                ramp_up: None,
+                multi_turn: false,
+                turn_delay_ms: 0.0,
+                nonce: None,
+                ignore_eos: true,
             })),
         },
     })

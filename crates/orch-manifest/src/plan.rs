@@ -9,8 +9,8 @@ use crate::suite::{
     WorkloadDef,
 };
 use orch_protocol::{
-    BuiltinWorkload, Client, CommandWorkload, CompareWorkload, LoadGen, LogLimits, Measure, Readiness,
-    ServerWorkload, TaskSpec, TransformerConfig, Variant, Workload, PROTOCOL_VERSION,
+    BuiltinWorkload, Client, CommandWorkload, CompareWorkload, LoadGen, LogLimits, Measure, OutputCheck,
+    Readiness, ServerWorkload, TaskSpec, TransformerConfig, Variant, Workload, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -824,8 +824,100 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                     })
                 }
             };
+            let ramp_up = match &l.ramp_up {
+                None => None,
+                Some(d) => {
+                    const RAMP_HINT: &str =
+                        "e.g. `ramp_up: {strategy: linear, start_rps: 1, end_rps: 32}` (without `request_rate`)";
+                    if rate.is_some() || l.request_rate.is_some() {
+                        return Err((
+                            "`loadgen.ramp_up` and `loadgen.request_rate` do not go together".to_string(),
+                            "the ramp sets the rate: remove `request_rate`, or remove `ramp_up`",
+                        ));
+                    }
+                    if sweep.as_ref().is_some_and(|s| !s.request_rate.is_empty()) || saturation.is_some() {
+                        return Err((
+                            "`loadgen.ramp_up` does not go with a `sweep` of rates or `saturation`"
+                                .to_string(),
+                            RAMP_HINT,
+                        ));
+                    }
+                    let strategy =
+                        match d.strategy.as_deref() {
+                            Some("linear") => orch_protocol::RampStrategy::Linear,
+                            Some("exponential") => orch_protocol::RampStrategy::Exponential,
+                            other => {
+                                return Err((
+                                    format!(
+                                    "`loadgen.ramp_up.strategy` must be `linear` or `exponential`, not {}",
+                                    other.map(|o| format!("`{o}`")).unwrap_or_else(|| "missing".into())
+                                ),
+                                    RAMP_HINT,
+                                ))
+                            }
+                        };
+                    let (Some(start_rps), Some(end_rps)) = (d.start_rps, d.end_rps) else {
+                        return Err((
+                            "`loadgen.ramp_up` needs `start_rps` and `end_rps`".to_string(),
+                            RAMP_HINT,
+                        ));
+                    };
+                    let min = if strategy == orch_protocol::RampStrategy::Exponential {
+                        f64::MIN_POSITIVE
+                    } else {
+                        0.0
+                    };
+                    if !(start_rps.is_finite()
+                        && end_rps.is_finite()
+                        && start_rps >= min
+                        && end_rps > 0.0
+                        && start_rps <= end_rps)
+                    {
+                        return Err((
+                            format!("`loadgen.ramp_up` needs 0 <= `start_rps` <= `end_rps` (0 < `start_rps` when exponential) and `end_rps` > 0, not {start_rps} and {end_rps}"),
+                            RAMP_HINT,
+                        ));
+                    }
+                    Some(orch_protocol::RampUp {
+                        strategy,
+                        start_rps,
+                        end_rps,
+                    })
+                }
+            };
+            let endpoint = l.endpoint.unwrap_or_else(|| "/v1/completions".into());
+            let multi_turn = l.multi_turn.unwrap_or(false);
+            if multi_turn && !endpoint.contains("chat") {
+                return Err((
+                    format!(
+                        "`loadgen.multi_turn` replays conversations on a chat endpoint, not `{endpoint}`"
+                    ),
+                    "use `endpoint: /v1/chat/completions` with `multi_turn: true`",
+                ));
+            }
+            let turn_delay_ms = l.turn_delay_ms.unwrap_or(0.0);
+            if !(turn_delay_ms.is_finite() && turn_delay_ms >= 0.0) {
+                return Err((
+                    format!(
+                        "`loadgen.turn_delay_ms` must be a number of milliseconds >= 0, not {turn_delay_ms}"
+                    ),
+                    "e.g. `turn_delay_ms: 500` (the user's think time between an answer and the next turn)",
+                ));
+            }
+            if l.turn_delay_ms.is_some() && !multi_turn {
+                return Err((
+                    "`loadgen.turn_delay_ms` needs `multi_turn: true`".to_string(),
+                    "add `multi_turn: true`, or remove `turn_delay_ms`",
+                ));
+            }
+            if l.nonce.as_deref().is_some_and(str::is_empty) {
+                return Err((
+                    "`loadgen.nonce` is empty".to_string(),
+                    "e.g. `nonce: run-2`, or remove it",
+                ));
+            }
             Some(Client::Loadgen(LoadGen {
-                endpoint: l.endpoint.unwrap_or_else(|| "/v1/completions".into()),
+                endpoint,
                 model: l.model,
                 num_prompts: l.num_prompts,
                 request_rate: rate,
@@ -844,6 +936,11 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
                 prefix_groups: l.prefix_groups.unwrap_or(1),
                 sweep,
                 saturation,
+                ramp_up,
+                multi_turn,
+                turn_delay_ms,
+                nonce: l.nonce,
+                ignore_eos: l.ignore_eos.unwrap_or(true),
             }))
         }
         Some(c) => Some(Client::Command(CommandWorkload {
@@ -871,6 +968,10 @@ fn server_workload(w: &WorkloadDef, base_dir: &Path) -> Result<Workload, Msg> {
 const AUTO_MIN_ROUNDS: u32 = 3;
 /// `rounds: auto` stops at this many unless `max_rounds` says otherwise.
 const DEFAULT_MAX_ROUNDS: u32 = 12;
+/// `warmup_rounds: auto` stops at this many unless `max_warmup_rounds` says otherwise.
+const DEFAULT_MAX_WARMUP_ROUNDS: u32 = 6;
+/// Warm-up rounds the steadiness test looks back over (`orch_stats::STEADY_WINDOW`).
+const STEADY_WINDOW: u32 = 4;
 
 fn compare_workload(
     c: &crate::suite::CompareDef,
@@ -937,6 +1038,64 @@ fn compare_workload(
             "name a metric the rounds report, e.g. `output_throughput`",
         ));
     }
+    let (warmup_rounds, max_warmup_rounds) = match (c.warmup_rounds, c.max_warmup_rounds) {
+        (Some(crate::suite::WarmupRounds::Auto), max) => {
+            let max = max.unwrap_or(DEFAULT_MAX_WARMUP_ROUNDS);
+            if max < STEADY_WINDOW {
+                return Err((
+                    format!("`max_warmup_rounds` must be at least {STEADY_WINDOW}"),
+                    "`warmup_rounds: auto` looks for a trend over the last 4 warm-up rounds; the default is 6",
+                ));
+            }
+            (STEADY_WINDOW, Some(max))
+        }
+        (_, Some(_)) => return Err((
+            "`max_warmup_rounds` is only for `warmup_rounds: auto`".into(),
+            "write `warmup_rounds: auto` to warm up until the rounds are steady, or drop `max_warmup_rounds`",
+        )),
+        (Some(crate::suite::WarmupRounds::Fixed(n)), None) => (n, None),
+        (None, None) => (1, None),
+    };
+    let output_check = match &c.output_check {
+        Some(crate::suite::OutputCheckDef::Off) => None,
+        Some(crate::suite::OutputCheckDef::On(s)) => Some(s.clone()),
+        None => Some(crate::suite::OutputCheckSettings::default()),
+    };
+    let output_check = match output_check {
+        None => None,
+        Some(s) => {
+            let max_tokens = s.max_tokens.unwrap_or(32);
+            let prompts = s.prompts.unwrap_or(8);
+            if prompts == 0 || max_tokens == 0 {
+                return Err((
+                    "`output_check` needs at least one prompt and one token".into(),
+                    "e.g. `output_check: {prompts: 8, max_tokens: 32}`, or `output_check: false` to turn it off",
+                ));
+            }
+            let min_match_prefix =
+                match s.min_match_prefix {
+                    None | Some(crate::suite::MatchPrefix::Exact) => None,
+                    Some(crate::suite::MatchPrefix::Tokens(n)) if n == 0 || n > max_tokens => return Err((
+                        format!(
+                            "`min_match_prefix` must be between 1 and `max_tokens` ({max_tokens}), not {n}"
+                        ),
+                        "a count of leading tokens every answer must share with the baseline's, or `exact`",
+                    )),
+                    Some(crate::suite::MatchPrefix::Tokens(n)) => Some(n),
+                };
+            Some(OutputCheck {
+                prompts,
+                max_tokens,
+                min_match_prefix,
+            })
+        }
+    };
+    if c.check.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        return Err((
+            "`check` is empty".into(),
+            "a shell command run in each variant's checkout after its first round, e.g. `python3 check.py`",
+        ));
+    }
     Ok(Workload::Compare(CompareWorkload {
         repo: c.repo.as_ref().map(abs),
         variants: c
@@ -950,14 +1109,102 @@ fn compare_workload(
             })
             .collect(),
         rounds,
-        warmup_rounds: c.warmup_rounds.unwrap_or(1),
+        warmup_rounds,
         noise: c.noise.unwrap_or(0.02),
         max_rounds,
         primary_metric: c.primary_metric.clone(),
         seed: c.seed,
         server,
         worktree_patch: None,
+        max_warmup_rounds,
+        output_check,
+        check: c.check.clone(),
+        defences: c.defences.unwrap_or(true),
     }))
+}
+
+#[cfg(test)]
+mod compare_tests {
+    use super::*;
+
+    fn plan(yaml: &str) -> Result<CompareWorkload, String> {
+        let base = "variants: [{name: a}, {name: b}]\n";
+        let c: crate::suite::CompareDef =
+            serde_saphyr::from_str(&format!("{base}{yaml}")).map_err(|e| e.to_string())?;
+        let server = Workload::Server(ServerWorkload {
+            argv: vec!["true".into()],
+            workdir: None,
+            ready: Readiness::Tcp { port: 8000 },
+            startup_timeout_s: 1.0,
+            client: None,
+        });
+        match compare_workload(&c, server, Path::new("/m")) {
+            Ok(Workload::Compare(c)) => Ok(c),
+            Ok(w) => Err(format!("{w:?}")),
+            Err((m, h)) => Err(format!("{m}; hint: {h}")),
+        }
+    }
+
+    #[test]
+    fn checks_and_defences_are_on_by_default() {
+        let c = plan("").unwrap();
+        let check = OutputCheck {
+            prompts: 8,
+            max_tokens: 32,
+            min_match_prefix: None,
+        };
+        assert_eq!(c.output_check, Some(check));
+        assert!(c.defences);
+        assert_eq!((c.warmup_rounds, c.max_warmup_rounds, c.check), (1, None, None));
+        let c = plan("output_check: false\ndefences: false\ncheck: python3 check.py").unwrap();
+        assert_eq!((c.output_check, c.defences), (None, false));
+        assert_eq!(c.check.as_deref(), Some("python3 check.py"));
+        let c = plan("output_check: {prompts: 3, max_tokens: 16, min_match_prefix: 12}").unwrap();
+        assert_eq!(
+            c.output_check,
+            Some(OutputCheck {
+                prompts: 3,
+                max_tokens: 16,
+                min_match_prefix: Some(12)
+            })
+        );
+        let c = plan("output_check: {min_match_prefix: exact}").unwrap();
+        assert_eq!(c.output_check.unwrap().min_match_prefix, None);
+    }
+
+    #[test]
+    fn warmup_auto_is_bounded() {
+        let c = plan("warmup_rounds: auto").unwrap();
+        assert_eq!((c.warmup_rounds, c.max_warmup_rounds), (4, Some(6)));
+        let c = plan("warmup_rounds: auto\nmax_warmup_rounds: 9").unwrap();
+        assert_eq!(c.max_warmup_rounds, Some(9));
+        assert_eq!(plan("warmup_rounds: 2").unwrap().warmup_rounds, 2);
+    }
+
+    #[test]
+    fn bad_settings_name_the_field() {
+        for (yaml, want) in [
+            (
+                "warmup_rounds: auto\nmax_warmup_rounds: 3",
+                "`max_warmup_rounds` must be at least 4",
+            ),
+            (
+                "warmup_rounds: 2\nmax_warmup_rounds: 6",
+                "only for `warmup_rounds: auto`",
+            ),
+            ("warmup_rounds: soon", "invalid `warmup_rounds`"),
+            (
+                "output_check: {min_match_prefix: 40}",
+                "between 1 and `max_tokens` (32), not 40",
+            ),
+            ("output_check: {min_match_prefix: most}", "invalid `output_check`"),
+            ("output_check: {prompts: 0}", "at least one prompt"),
+            ("check: \" \"", "`check` is empty"),
+        ] {
+            let e = plan(yaml).unwrap_err();
+            assert!(e.contains(want), "{yaml}: {e}");
+        }
+    }
 }
 
 /// `command: [...]` or `shell: "..."` (exactly one) as an argv.

@@ -208,12 +208,114 @@ pub struct CompareDef {
     /// time and recorded).
     #[serde(default)]
     pub seed: Option<u64>,
-    /// Rounds run first and not measured (default 1).
+    /// Rounds run first and not measured (default 1), or `auto`: warm-up
+    /// goes on until the primary metric shows no trend over the last 4
+    /// rounds, up to `max_warmup_rounds`.
     #[serde(default)]
-    pub warmup_rounds: Option<u32>,
+    pub warmup_rounds: Option<WarmupRounds>,
+    /// With `warmup_rounds: auto`: the most warm-up rounds (default 6).
+    #[serde(default)]
+    pub max_warmup_rounds: Option<u32>,
     /// Relative difference under which a comparison is `same` (default 0.02).
     #[serde(default)]
     pub noise: Option<f64>,
+    /// The output check before the timed rounds (load generator clients):
+    /// on by default (8 prompts, 32 tokens, exact); `false` turns it off.
+    #[serde(default)]
+    pub output_check: Option<OutputCheckDef>,
+    /// A shell command run in each variant's checkout after its first
+    /// round (`ORCH_VARIANT`, `ORCH_VARIANT_DIR`, `ORCH_BASELINE_DIR`,
+    /// `ORCH_ROUND_DIR`); a non-zero exit is `output_mismatch`.
+    #[serde(default)]
+    pub check: Option<String>,
+    /// Defences against timer gaming (default `true`).
+    #[serde(default)]
+    pub defences: Option<bool>,
+}
+
+/// `warmup_rounds:` of a comparison: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmupRounds {
+    Fixed(u32),
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for WarmupRounds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Rounds::deserialize(d) {
+            Ok(Rounds::Fixed(n)) => Ok(WarmupRounds::Fixed(n)),
+            Ok(Rounds::Auto) => Ok(WarmupRounds::Auto),
+            Err(_) => Err(serde::de::Error::custom(
+                "invalid `warmup_rounds`: write a number of rounds (`1`) or `auto`",
+            )),
+        }
+    }
+}
+
+/// `output_check:` of a comparison: `false`/`true`, or its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputCheckDef {
+    Off,
+    On(OutputCheckSettings),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputCheckSettings {
+    /// Fixed prompts every variant answers (default 8).
+    #[serde(default)]
+    pub prompts: Option<u32>,
+    /// Tokens per answer (default 32).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// `exact` (the default) or the leading tokens an answer must share
+    /// with the baseline's (for patches that change numerics).
+    #[serde(default)]
+    pub min_match_prefix: Option<MatchPrefix>,
+}
+
+/// `min_match_prefix:` a count of tokens, or `exact`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchPrefix {
+    Exact,
+    Tokens(u32),
+}
+
+impl<'de> Deserialize<'de> for MatchPrefix {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(u32),
+            Text(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Num(n)) => Ok(MatchPrefix::Tokens(n)),
+            Ok(Raw::Text(t)) if t.trim() == "exact" => Ok(MatchPrefix::Exact),
+            _ => Err(serde::de::Error::custom(
+                "invalid `min_match_prefix`: write a number of tokens (`16`) or `exact`",
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OutputCheckDef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Settings(OutputCheckSettings),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Flag(false)) => Ok(OutputCheckDef::Off),
+            Ok(Raw::Flag(true)) => Ok(OutputCheckDef::On(OutputCheckSettings::default())),
+            Ok(Raw::Settings(s)) => Ok(OutputCheckDef::On(s)),
+            Err(_) => Err(serde::de::Error::custom(
+                "invalid `output_check`: write `false`, or `{prompts: 8, max_tokens: 32, min_match_prefix: exact}` (each optional)",
+            )),
+        }
+    }
 }
 
 /// `rounds:` of a comparison: a count, or `auto`.
@@ -377,6 +479,33 @@ pub struct LoadGenDef {
     /// `saturation: {start_rate, max_rate, steps}` (needs `slo`).
     #[serde(default)]
     pub saturation: Option<SaturationDef>,
+    /// `ramp_up: {strategy: linear|exponential, start_rps, end_rps}` (instead
+    /// of `request_rate`).
+    #[serde(default)]
+    pub ramp_up: Option<RampUpDef>,
+    /// Replay conversations turn by turn (chat endpoint).
+    #[serde(default)]
+    pub multi_turn: Option<bool>,
+    /// Milliseconds between an answer and the next turn.
+    #[serde(default)]
+    pub turn_delay_ms: Option<f64>,
+    /// Text tagged onto every prompt with the request's index.
+    #[serde(default)]
+    pub nonce: Option<String>,
+    /// Send `ignore_eos: true` (default true).
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampUpDef {
+    #[serde(default)]
+    pub strategy: Option<String>,
+    #[serde(default)]
+    pub start_rps: Option<f64>,
+    #[serde(default)]
+    pub end_rps: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

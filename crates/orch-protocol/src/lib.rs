@@ -171,6 +171,37 @@ pub struct CompareWorkload {
     /// the variant's own patch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree_patch: Option<String>,
+    /// `warmup_rounds: auto`: warm-up rounds go on (at least `warmup_rounds`)
+    /// until every variant's primary metric shows no trend, up to this many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_warmup_rounds: Option<u32>,
+    /// Every variant answers fixed prompts before the timed rounds; answers
+    /// unlike the first variant's are `output_mismatch` (load generator
+    /// clients only; `None`: no check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_check: Option<OutputCheck>,
+    /// Run (`sh -c`) in each variant's checkout after the first round;
+    /// a non-zero exit is `output_mismatch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
+    /// Defences against timer gaming: a fresh nonce on every prompt each
+    /// round, flags for short responses, token counts that disagree with the
+    /// text, and identical outputs across different prompts.
+    #[serde(default)]
+    pub defences: bool,
+}
+
+/// The output check of a comparison: greedy, seeded, non-streaming answers
+/// to fixed prompts, compared with the first variant's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputCheck {
+    pub prompts: u32,
+    pub max_tokens: u32,
+    /// Leading tokens every answer must share with the baseline's; `None`:
+    /// the whole answer (exact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_match_prefix: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -269,6 +300,26 @@ pub struct LoadGen {
     /// The highest rate whose p99 latencies meet `slo`, searched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saturation: Option<Saturation>,
+    /// A rate that changes with the requests' progress (instead of
+    /// `request_rate`), as `vllm bench serve --ramp-up-strategy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp_up: Option<RampUp>,
+    /// Conversations replayed turn by turn on `/v1/chat/completions`, each
+    /// turn with the history as the server answered it; `false`: the first
+    /// turn of each entry only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_turn: bool,
+    /// Milliseconds between an answer and the conversation's next turn.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub turn_delay_ms: f64,
+    /// Appended to every prompt as ` [nonce <text>-<i>]` (i: the request's
+    /// index), so that answers cached from another round cannot match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// Sends `ignore_eos: true` (as `vllm bench serve` does by default), so
+    /// that every answer has `max_tokens` tokens.
+    #[serde(default = "yes")]
+    pub ignore_eos: bool,
 }
 
 /// A list of loads for one cell: request rates (`None`: all at once) or
@@ -289,6 +340,31 @@ pub struct Saturation {
     pub start_rate: f64,
     pub max_rate: f64,
     pub steps: u32,
+}
+
+/// A request rate ramped from `start_rps` to `end_rps` over the requests:
+/// request i of n is sent at the rate for progress i / (n - 1), its interval
+/// from the one before drawn from the gamma distribution of `burstiness`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampUp {
+    pub strategy: RampStrategy,
+    pub start_rps: f64,
+    pub end_rps: f64,
+}
+
+/// How a ramp goes from its start rate to its end rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RampStrategy {
+    /// `start + (end - start) * progress`.
+    Linear,
+    /// `start * (end / start) ^ progress`.
+    Exponential,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Per-request latency bounds, in milliseconds (TTFT, TPOT and end-to-end

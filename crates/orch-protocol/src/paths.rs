@@ -136,6 +136,10 @@ mod tests {
             primary_metric: None,
             seed: None,
             worktree_patch: None,
+            max_warmup_rounds: None,
+            output_check: None,
+            check: None,
+            defences: false,
             server: ServerWorkload {
                 argv: vec!["python3".into(), "serve.py".into()],
                 workdir: None,
@@ -161,6 +165,11 @@ mod tests {
                     prefix_groups: 0,
                     sweep: None,
                     saturation: None,
+                    ramp_up: None,
+                    multi_turn: false,
+                    turn_delay_ms: 0.0,
+                    nonce: None,
+                    ignore_eos: true,
                 })),
             },
         })

@@ -687,7 +687,14 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
                     ratio(x.speedup),
                     x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
                     x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
-                    format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
+                    match &x.speed_verdict {
+                        Some(sv) => format!(
+                            "<span class=\"verdict-{0}\">{0}</span> (speed: {1})",
+                            h(&x.verdict),
+                            h(sv)
+                        ),
+                        None => format!("<span class=\"verdict-{0}\">{0}</span>", h(&x.verdict)),
+                    },
                 ],
             );
         }
@@ -696,9 +703,13 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
         if let Some(m) = &cmp.primary_metric {
             for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
                 let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
+                let drift = v
+                    .drift
+                    .map(|d| format!(" (drift {})", h(&d.text())))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     o,
-                    "<p class=\"note\">{} per round, {}: {}</p>",
+                    "<p class=\"note\">{} per round, {}: {}{drift}</p>",
                     code(m),
                     code(&v.name),
                     vals.join(", ")
@@ -707,6 +718,15 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
         }
     } else {
         o.push_str("<p class=\"note\">No pair of variants was compared (a variant failed or measured nothing).</p>\n");
+    }
+    for v in cmp.variants.iter().filter(|v| v.gate.is_some()) {
+        let _ = writeln!(
+            o,
+            "<p>variant {} <strong>{}</strong>, no verdict on speed: {}</p>",
+            code(&v.name),
+            h(v.gate.as_deref().unwrap_or("")),
+            h(v.gate_why.as_deref().unwrap_or(""))
+        );
     }
     for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
         let _ = write!(

@@ -378,10 +378,16 @@ fn comparison(out: &mut String, cmp: &CompareCell) {
                 ratio(x.speedup),
                 x.mde.map(|m| format!("{}%", num(m * 100.0))).unwrap_or_default(),
                 x.p.map(|p| format!("{p:.3}")).unwrap_or_default(),
-                if x.primary || !any_primary {
-                    format!("**{}**", esc(&x.verdict))
-                } else {
-                    esc(&x.verdict)
+                {
+                    let v = if x.primary || !any_primary {
+                        format!("**{}**", esc(&x.verdict))
+                    } else {
+                        esc(&x.verdict)
+                    };
+                    match &x.speed_verdict {
+                        Some(sv) => format!("{v} (speed: {})", esc(sv)),
+                        None => v,
+                    }
                 },
             ]
         })
@@ -402,12 +408,28 @@ fn comparison(out: &mut String, cmp: &CompareCell) {
         if let Some(m) = &cmp.primary_metric {
             for v in cmp.variants.iter().filter(|v| !v.values.is_empty()) {
                 let vals: Vec<String> = v.values.iter().map(|x| num(*x)).collect();
-                let _ = writeln!(out, "- `{m}` per round, `{}`: {}", v.name, vals.join(", "));
+                let drift = v
+                    .drift
+                    .map(|d| format!(" (drift {})", d.text()))
+                    .unwrap_or_default();
+                let _ = writeln!(out, "- `{m}` per round, `{}`: {}{drift}", v.name, vals.join(", "));
             }
             if cmp.variants.iter().any(|v| !v.values.is_empty()) {
                 out.push('\n');
             }
         }
+    }
+    for v in cmp.variants.iter().filter(|v| v.gate.is_some()) {
+        let _ = writeln!(
+            out,
+            "- variant `{}` **{}**, no verdict on speed: {}",
+            v.name,
+            esc(v.gate.as_deref().unwrap_or("")),
+            esc(v.gate_why.as_deref().unwrap_or(""))
+        );
+    }
+    if cmp.variants.iter().any(|v| v.gate.is_some()) {
+        out.push('\n');
     }
     for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
         let _ = writeln!(

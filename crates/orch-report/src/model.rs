@@ -216,6 +216,9 @@ pub struct CompareCell {
     /// Seed of the per-round variant order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// The warm-up: `3 warm-up rounds (auto: steady)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<String>,
     pub rows: Vec<CompareRow>,
     pub variants: Vec<VariantRow>,
 }
@@ -247,6 +250,10 @@ pub struct CompareRow {
     /// p-value (Holm-adjusted for secondary metrics).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p: Option<f64>,
+    /// The verdict on speed alone, where a gate (`output_mismatch`,
+    /// `flagged`) took the verdict's place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_verdict: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -259,6 +266,40 @@ pub struct VariantRow {
     /// The primary metric's value in each measured round.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<f64>,
+    /// Why the variant gets no verdict on speed: `output_mismatch` or
+    /// `flagged`, with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_why: Option<String>,
+    /// The defences' flags (`short_responses`, `token_count_disagreements`,
+    /// `identical_outputs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    /// The drift of the primary metric over the measured rounds: slope per
+    /// round as a fraction of the mean, with its 95% interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<Drift>,
+}
+
+/// A slope per round (fraction of the mean) with its interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Drift {
+    pub slope: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+}
+
+impl Drift {
+    /// `+1.2%/round [-0.3, +2.7]`.
+    pub fn text(&self) -> String {
+        format!(
+            "{:+.1}%/round [{:+.1}, {:+.1}]",
+            self.slope * 100.0,
+            self.ci_low * 100.0,
+            self.ci_high * 100.0
+        )
+    }
 }
 
 /// A cell that did not succeed, with its named cause.
@@ -367,6 +408,9 @@ pub fn compare_facts(c: &CompareCell) -> Vec<String> {
     }
     if c.rounds_requested.as_deref() == Some("auto") {
         f.push("rounds: auto".into());
+    }
+    if let Some(w) = &c.warmup {
+        f.push(w.clone());
     }
     if let Some(s) = &c.stopped_by {
         f.push(format!("stopped by {s}"));
@@ -933,6 +977,7 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
                 ci_high: f(x, "ci_high"),
                 speedup: f(x, "speedup"),
                 verdict: s(x, "verdict"),
+                speed_verdict: x["speed_verdict"].as_str().map(String::from),
                 metric,
             }
         })
@@ -983,6 +1028,24 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
                         .and_then(|m| v["values"][m].as_array())
                         .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
                         .unwrap_or_default(),
+                    gate: v["gate"]["kind"].as_str().map(String::from),
+                    gate_why: v["gate"]["why"].as_str().map(String::from),
+                    flags: v["flags"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                        .unwrap_or_default(),
+                    drift: match (
+                        v["drift"]["slope_per_round"].as_f64(),
+                        v["drift"]["ci_low"].as_f64(),
+                        v["drift"]["ci_high"].as_f64(),
+                    ) {
+                        (Some(slope), Some(ci_low), Some(ci_high)) => Some(Drift {
+                            slope,
+                            ci_low,
+                            ci_high,
+                        }),
+                        _ => None,
+                    },
                 })
                 .collect()
         })
@@ -1004,6 +1067,10 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
             .and_then(|v| v.as_str())
             .map(String::from),
         seed: c.info.get("seed").and_then(|v| v.as_u64()),
+        warmup: c.info.get("warmup_stopped_by").map(|why| {
+            let n = c.info.get("warmup_rounds").and_then(|v| v.as_u64()).unwrap_or(0);
+            format!("{n} warm-up rounds (auto: {})", why.as_str().unwrap_or("?"))
+        }),
         primary_metric,
         rows,
         variants,

@@ -450,6 +450,92 @@ pub fn precision(base: &[f64], other: &[f64], confidence: f64) -> Option<f64> {
     Some((iv.high / iv.ratio).max(iv.ratio / iv.low) - 1.0)
 }
 
+/// The linear trend of a series of rounds: the least-squares slope of the
+/// values against the round index, as a fraction of the series' mean per
+/// round, with its Student-t interval (`n - 2` degrees of freedom).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Trend {
+    /// Slope per round as a fraction of the mean (0.01 = +1% per round).
+    pub slope: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub p_value: f64,
+    /// Rounds fitted.
+    pub n: usize,
+    pub confidence: f64,
+}
+
+impl Trend {
+    /// Whether the interval holds 0 (no trend this series can show).
+    pub fn holds_zero(&self) -> bool {
+        self.ci_low <= 0.0 && 0.0 <= self.ci_high
+    }
+}
+
+/// The trend of `values` (in round order) at `confidence`. `None` below 3
+/// values, or with a mean of 0 or a value that is not finite.
+pub fn trend(values: &[f64], confidence: f64) -> Option<Trend> {
+    let n = values.len();
+    if n < 3 || values.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let my = mean(values);
+    if my == 0.0 {
+        return None;
+    }
+    let mx = (n - 1) as f64 / 2.0;
+    let sxx: f64 = (0..n).map(|i| (i as f64 - mx).powi(2)).sum();
+    let sxy: f64 = values
+        .iter()
+        .enumerate()
+        .map(|(i, y)| (i as f64 - mx) * (y - my))
+        .sum();
+    let b = sxy / sxx;
+    let sse: f64 = values
+        .iter()
+        .enumerate()
+        .map(|(i, y)| (y - (my + b * (i as f64 - mx))).powi(2))
+        .sum();
+    let df = (n - 2) as f64;
+    let se = (sse / df / sxx).sqrt();
+    let (half, p) = if se > 0.0 {
+        (
+            t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * se,
+            t_two_sided_p(b / se, df),
+        )
+    } else {
+        // A perfect line: no spread to speak of.
+        (0.0, if b == 0.0 { 1.0 } else { 0.0 })
+    };
+    let scale = my.abs();
+    Some(Trend {
+        slope: b / scale,
+        ci_low: (b - half) / scale,
+        ci_high: (b + half) / scale,
+        p_value: p,
+        n,
+        confidence,
+    })
+}
+
+/// Rounds the steadiness test looks back over (`warmup_rounds: auto`).
+pub const STEADY_WINDOW: usize = 4;
+
+/// Whether warm-up may end: over the last [`STEADY_WINDOW`] values the
+/// trend's interval holds 0 and its slope is within `tolerance` per round
+/// (a fraction of the mean), or the whole interval is within `±tolerance`
+/// (a trend too small to matter). `None` with fewer values than the window
+/// (not decided yet).
+pub fn steady(values: &[f64], tolerance: f64, confidence: f64) -> Option<bool> {
+    if values.len() < STEADY_WINDOW {
+        return None;
+    }
+    let t = trend(&values[values.len() - STEADY_WINDOW..], confidence)?;
+    let small = t.slope.abs() <= tolerance;
+    let negligible = t.ci_low >= -tolerance && t.ci_high <= tolerance;
+    Some((t.holds_zero() && small) || negligible)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,5 +718,62 @@ mod tests {
                 }
             }
         }
+    }
+    #[test]
+    fn trend_of_a_line_and_of_noise() {
+        // 100, 102, 104, 106, 108: slope 2 per round, mean 104.
+        let t = trend(&[100.0, 102.0, 104.0, 106.0, 108.0], CONFIDENCE).unwrap();
+        assert!((t.slope - 2.0 / 104.0).abs() < 1e-12, "{t:?}");
+        assert!(
+            (t.ci_low - t.slope).abs() < 1e-9 && (t.ci_high - t.slope).abs() < 1e-9,
+            "{t:?}"
+        );
+        assert_eq!(t.n, 5);
+        assert!(!t.holds_zero());
+        // Hand-computed: 10, 12, 11, 13 → slope 0.8, sse 1.8, se √(1.8 / 2 / 5), t(0.975, 2) 4.303.
+        let t = trend(&[10.0, 12.0, 11.0, 13.0], CONFIDENCE).unwrap();
+        let m = 11.5;
+        assert!((t.slope - 0.8 / m).abs() < 1e-12);
+        assert!(
+            (t.ci_high - (0.8 + 4.302653 * 0.18f64.sqrt()) / m).abs() < 1e-5,
+            "{t:?}"
+        );
+        assert!(t.holds_zero());
+        assert!(trend(&[1.0, 2.0], CONFIDENCE).is_none());
+        assert!(trend(&[0.0, 0.0, 0.0], CONFIDENCE).is_none());
+    }
+    #[test]
+    fn steady_series_are_steady_and_trends_are_not() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let normal = rand_distr::Normal::new(0.0, 0.01).unwrap();
+        let (mut steady_called, mut trend_called) = (0, 0);
+        for _ in 0..200 {
+            // Flat with 1% noise.
+            let flat: Vec<f64> = (0..6).map(|_| 100.0 * (1.0 + normal.sample(&mut rng))).collect();
+            if steady(&flat, 0.01, CONFIDENCE) == Some(true) {
+                steady_called += 1;
+            }
+            // Warming up: +8% per round, 1% noise.
+            let warming: Vec<f64> = (0..6)
+                .map(|i| 100.0 * (1.0 + 0.08 * i as f64) * (1.0 + normal.sample(&mut rng)))
+                .collect();
+            if steady(&warming, 0.01, CONFIDENCE) == Some(true) {
+                trend_called += 1;
+            }
+        }
+        assert!(
+            steady_called >= 170,
+            "flat series called steady {steady_called}/200"
+        );
+        assert!(
+            trend_called <= 10,
+            "trending series called steady {trend_called}/200"
+        );
+        // Too few rounds: not decided.
+        assert_eq!(steady(&[1.0, 2.0, 3.0], 0.01, CONFIDENCE), None);
+        // A warm-up that levels off: steady once the window is past the climb.
+        let levels = [50.0, 80.0, 95.0, 100.0, 100.5, 99.8, 100.2, 100.1];
+        assert_eq!(steady(&levels[..5], 0.01, CONFIDENCE), Some(false));
+        assert_eq!(steady(&levels, 0.01, CONFIDENCE), Some(true));
     }
 }

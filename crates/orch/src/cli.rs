@@ -53,6 +53,14 @@ pub enum Command {
     Push(PushArgs),
     /// Copy a run from a bucket (`--from s3://bucket/prefix`) into the store, verified
     Pull(PullArgs),
+    /// A suite's metrics across the store's runs: series per GPU and backend, change points, failures
+    History(HistoryArgs),
+    /// Check each backend and the store: what is configured, what works, what to do next; spends nothing
+    Doctor(DoctorArgs),
+    /// Write a starter suite that runs at once on this machine (`NAME/orch.yaml`, or `./orch.yaml`)
+    Init(InitArgs),
+    /// Print a shell completion script (`orch completions bash > ~/.local/share/bash-completion/completions/orch`)
+    Completions(CompletionsArgs),
     /// The agent built into `orch` (used by the local backend)
     #[command(hide = true, disable_help_flag = true)]
     Agent {
@@ -238,6 +246,34 @@ pub struct LsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// The suite's name (as `orch ls` lists it)
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    pub suite: Option<String>,
+    /// The suite's manifest (its `name:` is the suite)
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Only this benchmark
+    #[arg(long)]
+    pub benchmark: Option<String>,
+    /// Only this metric (e.g. `output_throughput`)
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Only runs of the last `30d`, `12h`, `2w`...
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Print the history as JSON
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print one CSV row per point
+    #[arg(long)]
+    pub csv: bool,
+    /// Also write the charts as one HTML page to this file
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub struct ShowArgs {
     /// Run id, id prefix, or `latest`
     pub run: String,
@@ -329,4 +365,49 @@ pub struct PullArgs {
     /// The bucket: `s3://bucket/prefix`
     #[arg(long, value_name = "URL")]
     pub from: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Only this backend (default: every backend)
+    #[arg(long)]
+    pub backend: Option<Kind>,
+    /// A suite: its backend sections, models and GPUs narrow what is checked
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Weights volume of the local and slurm backends
+    #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// Kubernetes: the kubeconfig context (default: the suite's, else the current one)
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Kubernetes: the namespace (default: the suite's, else the context's)
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Folder to create the suite in (default: the current folder)
+    pub name: Option<PathBuf>,
+    /// Also write a `containers/<name>/Dockerfile` skeleton for container backends
+    #[arg(long)]
+    pub containers: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell
+    #[arg(value_enum)]
+    pub shell: Shell,
 }

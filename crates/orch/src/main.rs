@@ -4,7 +4,8 @@
 //!
 //! `cli.rs` (clap types only), `hosts.rs` (the backends' host sides, one
 //! line each), `commands/` (setup, build, plan, run, down, ls, show, logs, diagnose,
-//! report, compare, cost, prices, push: each a straight script over `Host`/`Backend`),
+//! report, compare, cost, prices, push, doctor, init, completions: each a straight
+//! script over `Host`/`Backend`), `build.rs` (the commit `--version` names),
 //! `output.rs` (progress bar or plain lines, tables), `error.rs` (exit codes from
 //! `ErrorClass`; the soft open-file limit raised to the hard one at start), and the hidden `orch agent` subcommand that is the agent library. It
 //! does not: hold logic another crate could own.
@@ -34,6 +35,38 @@ fn raise_open_files() {
     }
 }
 
+/// What `orch --version` prints: the version and commit, how it was
+/// built, and the agents it can find (the one built in, the static agent
+/// container backends ship, the static `orch` remote setups run).
+fn version_text() -> String {
+    let mut out = format!(
+        "orch {} (commit {}, {} build, {}-linux)\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("ORCH_COMMIT"),
+        if orch_backend::IS_STATIC {
+            "static"
+        } else {
+            "dynamic"
+        },
+        std::env::consts::ARCH
+    );
+    out.push_str("agent (local backend): built in (`orch agent`)\n");
+    match orch_backend::find_static_agent() {
+        Ok(p) => {
+            let sha = orch_backend::sha256_file(&p)
+                .map(|s| s.chars().take(12).collect::<String>())
+                .unwrap_or_else(|e| format!("unreadable: {e}"));
+            out.push_str(&format!("agent (containers): {} (sha256 {sha})\n", p.display()));
+        }
+        Err(_) => out.push_str("agent (containers): none\n"),
+    }
+    match orch_backend::find_static_orch() {
+        Ok(p) => out.push_str(&format!("static orch (remote setups): {}\n", p.display())),
+        Err(_) => out.push_str("static orch (remote setups): none\n"),
+    }
+    out
+}
+
 fn main() {
     // `orch cell-init -- PROGRAM ...`: the agent's cell launcher, re-executed
     // from `orch agent` (hidden; returns at once otherwise).
@@ -44,6 +77,13 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     raise_open_files();
+    // `orch --version`: the version, commit and the agents this `orch` can find.
+    if let Some(flag) = std::env::args().nth(1) {
+        if flag == "--version" || flag == "-V" {
+            print!("{}", version_text());
+            std::process::exit(0);
+        }
+    }
     let cli = cli::Cli::parse();
     if let cli::Command::Agent { args } = &cli.command {
         std::process::exit(orch_agent::run::main_with_args(args));

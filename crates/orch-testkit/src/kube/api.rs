@@ -1,4 +1,5 @@
-//! The HTTP API: routing, CRUD, list and watch, pod logs.
+//! The HTTP API: routing, CRUD, list and watch, pod logs, and
+//! `SelfSubjectAccessReview` (`kubectl auth can-i`) answered from the Role.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -94,6 +95,10 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
     if auth != format!("Bearer {}", inner.token) {
         return Ok(err_resp(&ApiError::new(401, "Unauthorized", "Unauthorized")));
     }
+    // Every authenticated user may ask what it may do (`system:basic-user`).
+    if *req.method() == Method::POST && path == SSAR_PATH {
+        return Ok(self_subject_access_review(&inner, req).await);
+    }
     if let Some(rbac) = &inner.rbac {
         let q: BTreeMap<String, String> = query
             .split('&')
@@ -114,6 +119,140 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
         Ok(r) => r,
         Err(e) => err_resp(&e),
     })
+}
+
+const SSAR_PATH: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+
+/// `POST selfsubjectaccessreviews` (what `kubectl auth can-i` asks): the
+/// review's resource attributes against the shipped Role, answered in
+/// `status.allowed` (every verb is allowed on a cluster without a Role).
+async fn self_subject_access_review(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+    let bytes = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return err_resp(&ApiError::bad_request(format!("reading the body: {e}"))),
+    };
+    // kubectl sends the review as protobuf, orch (kube-rs) as JSON.
+    let review: Value = match ssar_from_protobuf(&bytes) {
+        Some(v) => v,
+        None => match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => return err_resp(&ApiError::bad_request(format!("the body is not JSON: {e}"))),
+        },
+    };
+    let ra = &review["spec"]["resourceAttributes"];
+    if !ra.is_object() {
+        return err_resp(&ApiError::new(
+            422,
+            "Invalid",
+            "SelfSubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: Required value (the fake answers resource attributes only)",
+        ));
+    }
+    let text = |k: &str| ra[k].as_str().unwrap_or_default().to_string();
+    let (verb, group, resource, sub, name, ns) = (
+        text("verb"),
+        text("group"),
+        text("resource"),
+        text("subresource"),
+        text("name"),
+        text("namespace"),
+    );
+    let allowed = match &inner.rbac {
+        None => Ok(()),
+        Some(rbac) => rbac.authorize(&super::rbac::Attributes {
+            verb: &verb,
+            group: &group,
+            resource: if sub.is_empty() {
+                resource.clone()
+            } else {
+                format!("{resource}/{sub}")
+            },
+            name: &name,
+            namespace: (!ns.is_empty()).then_some(ns.as_str()),
+        }),
+    };
+    let status = match &allowed {
+        Ok(()) => json!({"allowed": true, "reason": "allowed by the Role"}),
+        Err(_) => json!({"allowed": false}),
+    };
+    json_resp(
+        201,
+        &json!({
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "spec": review["spec"],
+            "status": status,
+        }),
+    )
+}
+
+/// The length-delimited fields of one protobuf message: (number, bytes);
+/// `None` when it does not parse.
+fn proto_fields(mut buf: &[u8]) -> Option<Vec<(u64, &[u8])>> {
+    fn varint(buf: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (b, rest) = buf.split_first()?;
+            *buf = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        let key = varint(&mut buf)?;
+        match key & 7 {
+            0 => {
+                varint(&mut buf)?;
+            }
+            1 => buf = buf.get(8..)?,
+            5 => buf = buf.get(4..)?,
+            2 => {
+                let n = usize::try_from(varint(&mut buf)?).ok()?;
+                out.push((key >> 3, buf.get(..n)?));
+                buf = &buf[n..];
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// A `SelfSubjectAccessReview` in Kubernetes' protobuf envelope (`k8s\0`,
+/// then `runtime.Unknown` whose field 2 is the object) as the JSON the
+/// review's handler reads: `spec.resourceAttributes` (fields 1 to 7:
+/// namespace, verb, group, version, resource, subresource, name).
+fn ssar_from_protobuf(body: &[u8]) -> Option<Value> {
+    let unknown = body.strip_prefix(b"k8s\0")?;
+    fn field<'a>(fields: &[(u64, &'a [u8])], n: u64) -> Option<&'a [u8]> {
+        fields.iter().find(|f| f.0 == n).map(|f| f.1)
+    }
+    let raw = field(&proto_fields(unknown)?, 2)?;
+    let spec = field(&proto_fields(raw)?, 2)?;
+    let ra = field(&proto_fields(spec)?, 1)?;
+    let ra = proto_fields(ra)?;
+    let names = [
+        "namespace",
+        "verb",
+        "group",
+        "version",
+        "resource",
+        "subresource",
+        "name",
+    ];
+    let mut attrs = serde_json::Map::new();
+    for (n, bytes) in ra {
+        if let Some(name) = usize::try_from(n).ok().and_then(|n| names.get(n.wrapping_sub(1))) {
+            attrs.insert(
+                (*name).to_string(),
+                Value::String(String::from_utf8_lossy(bytes).into_owned()),
+            );
+        }
+    }
+    Some(json!({"spec": {"resourceAttributes": attrs}}))
 }
 
 /// A resource request as RBAC sees it (`None`: discovery, allowed to all).
@@ -1108,4 +1247,36 @@ fn parse_bool(v: &str) -> bool {
 
 fn query_bool(q: &BTreeMap<String, String>, key: &str) -> bool {
     q.get(key).map(String::as_str).is_some_and(parse_bool)
+}
+
+#[cfg(test)]
+mod ssar_tests {
+    use super::*;
+
+    /// A length-delimited protobuf field.
+    fn ld(field: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![(field << 3) | 2, u8::try_from(bytes.len()).unwrap()];
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    #[test]
+    fn a_protobuf_review_reads_as_its_resource_attributes() {
+        let ra = [ld(1, b"bench"), ld(2, b"get"), ld(5, b"pods"), ld(6, b"log")].concat();
+        let review = [ld(1, b""), ld(2, &ld(1, &ra))].concat();
+        // runtime.Unknown: typeMeta (1), raw (2), a varint field (5) skipped.
+        let unknown = [
+            ld(1, &ld(1, b"authorization.k8s.io/v1")),
+            ld(2, &review),
+            vec![5 << 3, 1],
+        ]
+        .concat();
+        let body = [b"k8s\0".as_slice(), &unknown].concat();
+        let v = ssar_from_protobuf(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"spec": {"resourceAttributes": {"namespace": "bench", "verb": "get", "resource": "pods", "subresource": "log"}}})
+        );
+        assert!(ssar_from_protobuf(b"{\"spec\": {}}").is_none());
+    }
 }

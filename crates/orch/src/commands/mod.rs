@@ -1,8 +1,12 @@
 mod build;
 mod compare;
+mod completions;
 pub(crate) mod cost;
 pub(crate) mod diagnose;
+mod doctor;
 mod down;
+mod history;
+mod init;
 mod logs;
 mod ls;
 mod plan;
@@ -19,14 +23,22 @@ use crate::cli::{Cli, Command};
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let store = match &cli.command {
         // Neither reads the store; opening a bucket would cost a request.
-        Command::Diagnose(_) | Command::Prices(_) | Command::Setup(_) | Command::Build(_) => {
-            orch_store::Store::new(&cli.store)
-        }
+        Command::Diagnose(_)
+        | Command::Prices(_)
+        | Command::Setup(_)
+        | Command::Build(_)
+        | Command::Doctor(_)
+        | Command::Init(_)
+        | Command::Completions(_) => orch_store::Store::new(&cli.store),
         _ => open_store(&cli.store)?,
     };
     let prices = cli.prices.clone();
     let prices = prices.as_deref();
-    let result = command(&store, prices, cli.command).await;
+    let result = match cli.command {
+        // The store is one of what it checks: by its location, never opened first.
+        Command::Doctor(args) => doctor::doctor(&cli.store, prices, args).await,
+        command_ => command(&store, prices, command_).await,
+    };
     // What reading skipped (a damaged record, an unreadable run): named,
     // each costing only its own cell or run.
     for w in store.take_warnings() {
@@ -48,6 +60,7 @@ async fn command(
         Command::Down(args) => down::down(store, args).await,
         Command::Diagnose(args) => diagnose::diagnose(args),
         Command::Ls(args) => ls::ls(store, args),
+        Command::History(args) => history::history(store, args),
         Command::Show(args) => show::show(store, args),
         Command::Logs(args) => logs::logs(store, args),
         Command::Report(args) => report::report(store, args),
@@ -56,6 +69,9 @@ async fn command(
         Command::Cost(args) => cost::cost(store, args),
         Command::Push(args) => push::push(store, args),
         Command::Pull(args) => push::pull(store, args),
+        Command::Init(args) => init::init(args),
+        Command::Completions(args) => completions::completions(args),
+        Command::Doctor(_) => unreachable!("handled in dispatch: it opens the store itself"),
         Command::Agent { .. } => unreachable!("handled in main before the runtime starts"),
     }
 }

@@ -41,12 +41,15 @@ fn containers_ready(what: &str) -> bool {
 }
 
 mod cli;
+mod compare_check;
 mod cost;
 mod docker;
 mod faults;
 mod files;
 mod gpu_images;
 mod hardware;
+mod history;
+mod install;
 mod kubernetes;
 mod modal;
 mod registry;

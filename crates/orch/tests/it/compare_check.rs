@@ -1,0 +1,283 @@
+//! Comparisons that cannot be fooled (issue 32), end to end through the
+//! `orch` binary: a toy server (`scripts/bench-compare/toy_server.py`) with
+//! planted variants — a true speedup, a wrong answer that is faster, an
+//! answer cache, an early stop, an A/A copy — compared in one cell. Only the
+//! true speedup may come out `faster`; the gamed ones are `output_mismatch`
+//! or `flagged` (or, for the cache that the per-round nonce defeats, no
+//! faster at all); the A/A pair is `same` with no alarm. Also the `check:`
+//! command of command clients and `warmup_rounds: auto`.
+
+use crate::repo;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(["-c", "user.email=t@t", "-c", "user.name=t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A repository whose `main` is the honest toy server, with a branch per
+/// planted variant (`sed`-like edits of its constants).
+fn toy_repo(dir: &Path) -> std::path::PathBuf {
+    let repo_dir = dir.join("toy");
+    std::fs::create_dir_all(&repo_dir).unwrap();
+    let src = std::fs::read_to_string(repo().join("scripts/bench-compare/toy_server.py")).unwrap();
+    // Fewer host-side loops than the benchmark's: the test's load is small.
+    let base = src.replacen("WORK = 200 ", "WORK = 50 ", 1);
+    assert_ne!(base, src);
+    std::fs::write(repo_dir.join("server.py"), &base).unwrap();
+    git(&repo_dir, &["init", "-q", "-b", "main"]);
+    git(&repo_dir, &["add", "."]);
+    git(&repo_dir, &["commit", "-q", "-m", "toy"]);
+    let branch = |name: &str, from: &str, to: &str| {
+        git(&repo_dir, &["checkout", "-q", "-b", name, "main"]);
+        let s = base.replacen(from, to, 1);
+        assert_ne!(s, base, "{name}");
+        std::fs::write(repo_dir.join("server.py"), s).unwrap();
+        git(&repo_dir, &["commit", "-q", "-am", name]);
+    };
+    branch("fast", "STEP_MS = 4.0 ", "STEP_MS = 2.0 ");
+    branch("wrong", "MODE = \"honest\"", "MODE = \"wrong\"");
+    branch("cache", "MODE = \"honest\"", "MODE = \"cache\"");
+    branch("early", "MODE = \"honest\"", "MODE = \"early\"");
+    git(&repo_dir, &["checkout", "-q", "main"]);
+    repo_dir
+}
+
+fn run(dir: &Path, manifest: &str) -> Value {
+    let m = dir.join("suite.yaml");
+    std::fs::write(&m, manifest).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .env_remove("ORCH_STORE")
+        .env_remove("ORCH_AGENT")
+        .stdin(Stdio::null())
+        .args(["run", "-f", m.to_str().unwrap(), "--store"])
+        .arg(dir.join("store"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn pair<'a>(info: &'a Value, other: &str) -> &'a Value {
+    info["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["base"] == "baseline" && p["other"] == other)
+        .unwrap_or_else(|| panic!("no pair baseline vs {other}: {}", info["pairs"]))
+}
+
+#[test]
+fn only_the_true_speedup_is_faster_and_gamed_variants_are_caught() {
+    let tmp = tempfile::tempdir().unwrap();
+    let toy = toy_repo(tmp.path());
+    let port = port();
+    let rec = run(
+        tmp.path(),
+        &format!(
+            r#"
+name: gaming
+benchmarks:
+  - name: cmp
+    compare:
+      repo: {toy}
+      rounds: 4
+      warmup_rounds: 1
+      noise: 0.05
+      seed: 3
+      output_check: {{prompts: 4, max_tokens: 8}}
+      variants:
+        - {{name: baseline, ref: main}}
+        - {{name: aa, ref: main}}
+        - {{name: fast, ref: fast}}
+        - {{name: wrong, ref: wrong}}
+        - {{name: cache, ref: cache}}
+        - {{name: early, ref: early}}
+    workload:
+      server:
+        command: [python3, server.py, "{port}"]
+        ready: {{http: /health, port: {port}}}
+        startup_timeout: 30s
+      client:
+        loadgen: {{num_prompts: 8, max_concurrency: 4, input_len: 8, output_len: 12, seed: 5}}
+"#,
+            toy = toy.display()
+        ),
+    );
+    let c = &rec["cells"][0];
+    let info = &c["info"];
+    assert_eq!(c["status"], "succeeded", "{c}");
+    let v = &info["variants"];
+    // The output check ran for every variant; the evidence is in the cell folder.
+    assert_eq!(info["output_check"]["status"], "ran", "{}", info["output_check"]);
+    assert_eq!(v["baseline"]["output_check"]["status"], "reference");
+    for ok in ["aa", "fast", "cache"] {
+        assert_eq!(v[ok]["output_check"]["status"], "passed", "{ok}: {}", v[ok]);
+        assert_eq!(v[ok]["output_check"]["exact_match_rate"], 1.0);
+    }
+    for bad in ["wrong", "early"] {
+        let chk = &v[bad]["output_check"];
+        assert_eq!(chk["status"], "output_mismatch", "{bad}: {chk}");
+        assert!(chk["first_difference"]["baseline"].is_string(), "{chk}");
+        assert_eq!(v[bad]["gate"]["kind"], "output_mismatch", "{bad}: {}", v[bad]);
+        // Its speed is still measured and shown.
+        let p = pair(info, bad);
+        assert_eq!(p["verdict"], "output_mismatch", "{p}");
+        assert!(
+            p["speed_verdict"].is_string() && p["speedup"].as_f64().unwrap() > 1.2,
+            "{p}"
+        );
+    }
+    let cell_dir = tmp
+        .path()
+        .join("store")
+        .join(rec["id"].as_str().unwrap())
+        .join("cells")
+        .join(c["id"].as_str().unwrap());
+    let evidence: Value =
+        serde_json::from_str(&std::fs::read_to_string(cell_dir.join("output-check/wrong.json")).unwrap())
+            .unwrap();
+    assert_eq!(evidence["answers"].as_array().unwrap().len(), 4);
+    assert_eq!(evidence["outcome"]["passed"], false);
+    // Only the true speedup is faster; A/A is same with no alarm.
+    assert_eq!(pair(info, "fast")["verdict"], "faster", "{}", pair(info, "fast"));
+    assert_eq!(pair(info, "aa")["verdict"], "same", "{}", pair(info, "aa"));
+    for quiet in ["baseline", "aa", "fast"] {
+        assert!(v[quiet]["gate"].is_null(), "{quiet}: {}", v[quiet]);
+    }
+    for p in info["pairs"].as_array().unwrap() {
+        if p["verdict"] == "faster" {
+            assert_eq!(p["other"], "fast", "{p}");
+        }
+        if p["verdict"] == "slower" {
+            assert_eq!(p["base"], "fast", "{p}");
+        }
+    }
+    // The cache never hits: every round's prompts carry a fresh nonce.
+    let nonces = info["nonces"].as_array().unwrap();
+    assert_eq!(nonces.len(), 5, "{nonces:?}");
+    assert_ne!(nonces[1], nonces[2]);
+    assert_ne!(pair(info, "cache")["verdict"], "faster");
+    // The drift of the measured rounds is recorded per variant.
+    assert_eq!(v["fast"]["drift"]["n"], 4, "{}", v["fast"]);
+    // The report shows the gate.
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["report", rec["id"].as_str().unwrap(), "--format", "md", "--store"])
+        .arg(tmp.path().join("store"))
+        .args(["--output"])
+        .arg(tmp.path().join("report"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let md = std::fs::read_dir(tmp.path().join("report"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().extension().is_some_and(|x| x == "md"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .unwrap();
+    assert!(md.contains("variant `wrong` **output_mismatch**"), "{md}");
+    assert!(md.contains("drift"), "{md}");
+}
+
+#[test]
+fn a_check_command_gates_command_clients_and_warm_up_can_wait_for_steady_rounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let toy = toy_repo(tmp.path());
+    let port = port();
+    // The client writes what the server answers beside its metrics file;
+    // the check compares it with the baseline's.
+    let client = tmp.path().join("client.py");
+    std::fs::write(
+        &client,
+        r#"import json, os, urllib.request
+req = urllib.request.Request(os.environ["ORCH_SERVER_URL"] + "/v1/completions",
+                             data=json.dumps({"prompt": "the same question", "max_tokens": 6}).encode())
+text = json.load(urllib.request.urlopen(req))["choices"][0]["text"]
+with open(os.path.join(os.path.dirname(os.environ["ORCH_METRICS_FILE"]), "answer.txt"), "w") as f:
+    f.write(text)
+print("ORCH_METRIC answer_tokens_per_s=%f" % (100.0 + len(text)))
+"#,
+    )
+    .unwrap();
+    let rec = run(
+        tmp.path(),
+        &format!(
+            r#"
+name: checked
+benchmarks:
+  - name: cmp
+    compare:
+      repo: {toy}
+      rounds: 2
+      warmup_rounds: auto
+      max_warmup_rounds: 5
+      check: 'cmp "$ORCH_ROUND_DIR/answer.txt" "$ORCH_BASELINE_ROUND_DIR/answer.txt"'
+      variants:
+        - {{name: baseline, ref: main}}
+        - {{name: wrong, ref: wrong}}
+        - {{name: fast, ref: fast}}
+    workload:
+      server:
+        command: [python3, server.py, "{port}"]
+        ready: {{http: /health, port: {port}}}
+        startup_timeout: 30s
+      client:
+        command: [python3, "{client}"]
+"#,
+            toy = toy.display(),
+            client = client.display()
+        ),
+    );
+    let c = &rec["cells"][0];
+    let info = &c["info"];
+    let v = &info["variants"];
+    assert_eq!(
+        info["output_check"]["status"], "skipped",
+        "{}",
+        info["output_check"]
+    );
+    assert_eq!(
+        v["wrong"]["output_check"]["status"], "output_mismatch",
+        "{}",
+        v["wrong"]
+    );
+    assert_eq!(v["wrong"]["gate"]["kind"], "output_mismatch");
+    assert_eq!(v["fast"]["output_check"]["status"], "passed", "{}", v["fast"]);
+    assert!(v["fast"]["gate"].is_null());
+    // Auto warm-up: at least the steadiness window, at most the bound.
+    let warmed = info["warmup_rounds"].as_u64().unwrap();
+    assert!((4..=5).contains(&warmed), "{info}");
+    assert!(
+        ["steady", "max_warmup_rounds"].contains(&info["warmup_stopped_by"].as_str().unwrap()),
+        "{info}"
+    );
+    assert_eq!(
+        v["baseline"]["warmup_values"].as_array().unwrap().len() as u64,
+        warmed
+    );
+}

@@ -1,0 +1,581 @@
+//! orch as a user installs it: `orch init` then `orch run` in a folder with
+//! no checkout, shell completions, `orch --version`, `orch doctor` (the
+//! local backend as JSON; the fake cluster with and without a verb of the
+//! shipped Role; a bucket whose credentials may read but not write), and
+//! the wheel (`maturin build`) installed into a fresh virtual environment.
+
+use orch_testkit::kube::{FakeKube, FakeNode};
+use orch_testkit::s3::{require, S3Server};
+use orch_testkit::slurm::SlurmCluster;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use crate::repo;
+
+/// `orch` with nothing of this machine's setup: its own HOME and store.
+fn orch(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
+    c.env_remove("ORCH_STORE")
+        .env_remove("ORCH_AGENT")
+        .env_remove("ORCH_WEIGHTS_DIR")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("MODAL_TOKEN_ID")
+        .env_remove("MODAL_TOKEN_SECRET")
+        .env_remove("DOCKER_HOST")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_TOKEN_PATH")
+        .env_remove("ORCH_PRICES")
+        .env_remove("ORCH_AGENT_IMAGE")
+        .env("HF_HOME", home.join("hf"))
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("HOME", home)
+        .current_dir(home)
+        .stdin(Stdio::null());
+    c
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `orch init NAME` then `orch run` there, and the run's two cells ok.
+fn init_and_run(orch_cmd: impl Fn() -> Command, work: &Path) {
+    let out = orch_cmd()
+        .current_dir(work)
+        .args(["init", "demo"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let dir = work.join("demo");
+    assert!(dir.join("orch.yaml").is_file());
+    let out = orch_cmd()
+        .current_dir(&dir)
+        .args(["run", "-f", "orch.yaml", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let cells = record["cells"].as_array().unwrap_or_else(|| panic!("{record}"));
+    assert_eq!(cells.len(), 2, "{record}");
+    for c in cells {
+        assert_eq!(c["status"], "succeeded", "{c}");
+    }
+    assert!(dir.join("results").is_dir());
+}
+
+#[test]
+fn init_then_run_in_a_folder_without_a_checkout() {
+    let tmp = tempfile::tempdir().unwrap();
+    init_and_run(|| orch(tmp.path()), tmp.path());
+    // A second init refuses to overwrite, as a user error with a hint.
+    let out = orch(tmp.path())
+        .current_dir(tmp.path())
+        .args(["init", "demo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already exists") && err.contains("hint:"), "{err}");
+    // `--containers` adds the Dockerfile skeleton beside a suite that uses it.
+    let out = orch(tmp.path())
+        .current_dir(tmp.path())
+        .args(["init", "boxed", "--containers"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(tmp.path().join("boxed/containers/boxed/Dockerfile").is_file());
+    let suite = std::fs::read_to_string(tmp.path().join("boxed/orch.yaml")).unwrap();
+    assert!(suite.contains("image: {build: boxed}"), "{suite}");
+}
+
+#[test]
+fn completions_for_each_shell() {
+    let tmp = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = orch(tmp.path()).args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {}", text(&out));
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.len() > 200 && script.contains("doctor"),
+            "{shell}: {script}"
+        );
+    }
+    let out = orch(tmp.path()).args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn version_names_the_version_commit_and_agents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = tmp.path().join("orch-agent-static");
+    std::fs::write(&agent, b"not really an agent\n").unwrap();
+    let out = orch(tmp.path())
+        .env("ORCH_AGENT_STATIC", &agent)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        v.starts_with(&format!("orch {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{v}"
+    );
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(repo())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if let Some(c) = commit {
+        assert!(v.contains(&format!("commit {c}")), "{v}");
+    }
+    let sha = Command::new("sha256sum").arg(&agent).output().unwrap();
+    let sha = String::from_utf8_lossy(&sha.stdout)[..12].to_string();
+    assert!(
+        v.contains(&format!("agent (containers): {} (sha256 {sha})", agent.display())),
+        "{v}"
+    );
+    assert!(v.contains("static orch (remote setups): "), "{v}");
+}
+
+/// `orch doctor ... --json`: its exit code and the checks of one section by name.
+fn doctor(mut c: Command, args: &[&str]) -> (Option<i32>, Value, String) {
+    let out = c.arg("doctor").args(args).arg("--json").output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    (out.status.code(), v, text(&out))
+}
+
+fn check<'a>(v: &'a Value, section: &str, name: &str) -> &'a Value {
+    v["sections"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == section))
+        .and_then(|s| s["checks"].as_array())
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no check `{name}` in `{section}`: {v:#}"))
+}
+
+#[test]
+fn doctor_on_the_local_backend_as_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = tmp.path().join("orch.yaml");
+    let out = orch(tmp.path())
+        .current_dir(tmp.path())
+        .arg("init")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut c = orch(tmp.path());
+    c.current_dir(tmp.path());
+    let (code, v, all) = doctor(c, &["--backend", "local", "-f", suite.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(v["ok"], true, "{all}");
+    assert_eq!(check(&v, "local", "agent")["status"], "ok", "{all}");
+    assert_eq!(check(&v, "store", "folder")["status"], "ok", "{all}");
+    assert_eq!(check(&v, "hub", "token")["status"], "skipped", "{all}");
+    assert_eq!(check(&v, "prices", "gpus")["status"], "ok", "{all}");
+    // Only the backend asked for.
+    let names: Vec<&str> = v["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["local", "store", "hub", "prices"], "{all}");
+    // A store that cannot be written fails, and says what to do.
+    let ro = tmp.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mut c = orch(tmp.path());
+    c.arg("--store").arg(ro.join("results"));
+    let blocked = Command::new("chattr")
+        .arg("+i")
+        .arg(&ro)
+        .status()
+        .is_ok_and(|s| s.success());
+    if blocked {
+        let (code, v, all) = doctor(c, &["--backend", "local"]);
+        let _ = Command::new("chattr").arg("-i").arg(&ro).status();
+        assert_eq!(code, Some(1), "{all}");
+        let f = check(&v, "store", "folder");
+        assert_eq!(f["status"], "fail", "{all}");
+        assert!(f["next"].as_str().unwrap().contains("--store"), "{all}");
+    }
+}
+
+/// A fake cluster enforcing `role`, with one H100 node: `orch doctor
+/// --backend kubernetes` against it, and what `kubectl auth can-i
+/// deletecollection jobs.batch` answers there (where kubectl is installed:
+/// the same `SelfSubjectAccessReview` of the same fake).
+fn kube_doctor(role: &Path) -> (Option<i32>, Value, String, Option<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeKube::builder()
+        .role(role)
+        .node(FakeNode::h100("gpu-1", 8))
+        .start()
+        .unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig, "bench").unwrap();
+    let kubectl = ["/usr/bin/kubectl", "/usr/local/bin/kubectl"]
+        .iter()
+        .find(|p| Path::new(p).is_file())
+        .map(|k| {
+            // kubectl sends no bearer token over plain HTTP: a proxy adds it.
+            let text = std::fs::read_to_string(&kubeconfig).unwrap();
+            let url = fake.url().trim_end_matches('/').to_string();
+            let proxied = tmp.path().join("kubeconfig-kubectl");
+            std::fs::write(&proxied, text.replace(&url, &token_proxy(&url, "fake-token"))).unwrap();
+            let out = Command::new(k)
+                .args(["auth", "can-i", "deletecollection", "jobs.batch", "-n", "bench"])
+                .env("KUBECONFIG", &proxied)
+                .env("HOME", tmp.path())
+                .output()
+                .unwrap();
+            format!(
+                "{} ({})",
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        });
+    let mut c = orch(tmp.path());
+    c.env("KUBECONFIG", &kubeconfig)
+        .env("ORCH_AGENT_IMAGE", "registry.local/orch/orch-agent:test");
+    let (code, v, all) = doctor(c, &["--backend", "kubernetes"]);
+    (code, v, all, kubectl)
+}
+
+#[test]
+fn doctor_names_a_verb_the_cluster_does_not_grant() {
+    let shipped = repo().join("deploy/kubernetes/orch-role.yaml");
+    let (code, v, all, kubectl) = kube_doctor(&shipped);
+    assert_eq!(check(&v, "kubernetes", "kubeconfig")["status"], "ok", "{all}");
+    assert!(
+        check(&v, "kubernetes", "kubeconfig")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("namespace `bench`"),
+        "{all}"
+    );
+    assert_eq!(check(&v, "kubernetes", "rbac")["status"], "ok", "{all}");
+    let nodes = check(&v, "kubernetes", "gpu nodes");
+    assert_eq!(nodes["status"], "ok", "{all}");
+    assert!(
+        nodes["detail"].as_str().unwrap().contains("gpu-1 (8 GPU"),
+        "{all}"
+    );
+    assert_eq!(code, Some(0), "{all}");
+    if let Some(answer) = kubectl {
+        assert!(answer.starts_with("yes ("), "{answer}");
+    }
+
+    // The same Role less `deletecollection` of Jobs.
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let cut = text.replacen(
+        "verbs: [\"create\", \"get\", \"delete\", \"deletecollection\"]",
+        "verbs: [\"create\", \"get\", \"delete\"]",
+        1,
+    );
+    assert_ne!(
+        cut, text,
+        "the shipped Role's jobs rule changed: update this test"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let role = tmp.path().join("role.yaml");
+    std::fs::write(&role, cut).unwrap();
+    let (code, v, all, kubectl) = kube_doctor(&role);
+    assert_eq!(code, Some(1), "{all}");
+    let rbac = check(&v, "kubernetes", "rbac");
+    assert_eq!(rbac["status"], "fail", "{all}");
+    let detail = rbac["detail"].as_str().unwrap();
+    assert!(detail.contains("`deletecollection` on `jobs` (batch)"), "{all}");
+    assert!(!detail.contains("`create` on `jobs`"), "{all}");
+    assert!(rbac["next"].as_str().unwrap().contains("orch-role.yaml"), "{all}");
+    if let Some(answer) = kubectl {
+        assert!(answer.starts_with("no ("), "{answer}");
+    }
+}
+
+/// A proxy that adds `Authorization: Bearer TOKEN` to each request (one
+/// per connection), for kubectl, which sends no token over plain HTTP.
+fn token_proxy(upstream: &str, token: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    let header = format!("Authorization: Bearer {token}\r\n");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(client) = conn else { continue };
+            let (up, header) = (upstream.clone(), header.clone());
+            std::thread::spawn(move || {
+                let _ = relay(client, &up, |_| None, &header);
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+/// One request from `client` to `upstream` and its answer back, with
+/// `extra` headers added; `refuse` may answer it here instead.
+fn relay(
+    mut client: TcpStream,
+    upstream: &str,
+    refuse: impl Fn(&str) -> Option<String>,
+    extra: &str,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 8192];
+    let end = loop {
+        let n = client.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let text = String::from_utf8_lossy(&head[..end]).into_owned();
+    if let Some(answer) = refuse(&text) {
+        client.write_all(answer.as_bytes())?;
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        return Ok(());
+    }
+    let mut out = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        if line.to_ascii_lowercase().starts_with("connection:") {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str(extra);
+    out.push_str("Connection: close\r\n\r\n");
+    let mut server = TcpStream::connect(upstream)?;
+    server.write_all(out.as_bytes())?;
+    server.write_all(&head[end..])?;
+    let mut c2 = client.try_clone()?;
+    let mut s2 = server.try_clone()?;
+    let up = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut c2, &mut s2);
+    });
+    let _ = std::io::copy(&mut server, &mut client);
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    drop(up);
+    Ok(())
+}
+
+/// A proxy that lets reads through and refuses every write (`PUT`,
+/// `POST`, `DELETE`) with S3's `403 AccessDenied`: credentials that may
+/// read a bucket but not write it. One request per connection.
+fn read_only_proxy(upstream: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(client) = conn else { continue };
+            let up = upstream.clone();
+            std::thread::spawn(move || {
+                let _ = relay_read_only(client, &up);
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Writes answered `403 AccessDenied` here, reads relayed.
+fn relay_read_only(client: TcpStream, upstream: &str) -> std::io::Result<()> {
+    let refuse = |head: &str| {
+        let method = head.split(' ').next().unwrap_or_default();
+        matches!(method, "PUT" | "POST" | "DELETE").then(|| {
+            let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>";
+            format!(
+                "HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        })
+    };
+    relay(client, upstream, refuse, "")
+}
+
+#[test]
+fn doctor_names_a_bucket_without_write_access() {
+    let Some(server) = require(S3Server::moto()) else {
+        return;
+    };
+    server.create_bucket("team").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = |endpoint: &str| {
+        let mut c = orch(tmp.path());
+        c.env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("ORCH_S3_UNCONDITIONAL")
+            .envs(server.env())
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("ORCH_S3_WORKDIR", tmp.path().join("s3"))
+            .env("ORCH_S3_ATTEMPT_TIMEOUT_S", "5")
+            .args(["--store", "s3://team/bench"]);
+        c
+    };
+    // Read and write: both ok, and the probe key is gone.
+    let (code, v, all) = doctor(s3(&server.endpoint), &["--backend", "local"]);
+    assert_eq!(check(&v, "store", "read")["status"], "ok", "{all}");
+    assert_eq!(check(&v, "store", "write")["status"], "ok", "{all}");
+    assert_eq!(code, Some(0), "{all}");
+    // Read only: the write check fails and says what to grant.
+    let proxy = read_only_proxy(&server.endpoint);
+    let (code, v, all) = doctor(s3(&proxy), &["--backend", "local"]);
+    assert_eq!(code, Some(1), "{all}");
+    assert_eq!(check(&v, "store", "read")["status"], "ok", "{all}");
+    let write = check(&v, "store", "write");
+    assert_eq!(write["status"], "fail", "{all}");
+    assert!(
+        write["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot write to `s3://team/bench`"),
+        "{all}"
+    );
+    assert!(write["next"].as_str().unwrap().contains("s3:PutObject"), "{all}");
+}
+
+#[test]
+fn doctor_on_the_local_slurm_names_its_partition_and_gres() {
+    if let Some(why) = orch_testkit::slurm::unavailable() {
+        orch_testkit::skip::skip_or_fail(
+            &orch_testkit::skip::current_test(),
+            &format!("the slurm tests need a Slurm cluster here: {why}"),
+        );
+        return;
+    }
+    let cluster = SlurmCluster::start().unwrap_or_else(|e| panic!("cannot start the test cluster: {e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = orch(tmp.path());
+    c.envs(cluster.env());
+    let (code, v, all) = doctor(c, &["--backend", "slurm"]);
+    assert_eq!(check(&v, "slurm", "commands")["status"], "ok", "{all}");
+    let parts = check(&v, "slurm", "partitions");
+    assert_eq!(parts["status"], "ok", "{all}");
+    assert!(parts["detail"].as_str().unwrap().contains("(default)"), "{all}");
+    let gres = check(&v, "slurm", "gres");
+    assert_eq!(gres["status"], "ok", "{all}");
+    assert!(gres["detail"].as_str().unwrap().contains("gpu:h100"), "{all}");
+    assert_eq!(code, Some(0), "{all}");
+    // A suite whose partition the cluster does not have.
+    let suite = tmp.path().join("orch.yaml");
+    std::fs::write(
+        &suite,
+        "name: s\ngpus: [H100]\nslurm: {partition: nowhere}\nbenchmarks:\n  - name: b\n    workload: {shell: 'true'}\n",
+    )
+    .unwrap();
+    let mut c = orch(tmp.path());
+    c.envs(cluster.env());
+    let (code, v, all) = doctor(c, &["--backend", "slurm", "-f", suite.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{all}");
+    let p = check(&v, "slurm", "partition");
+    assert_eq!(p["status"], "fail", "{all}");
+    assert!(p["detail"].as_str().unwrap().contains("`nowhere`"), "{all}");
+}
+
+/// The wheel as `pip install` gets it: built by maturin (the dev profile,
+/// reusing this debug build; the static agent of `scripts/build-agent.sh`
+/// when it is there), installed into a fresh virtual environment, then
+/// `orch init` and `orch run` from the venv's `bin/`, with no checkout.
+#[test]
+fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
+    let test = "install::the_wheel_installs_into_a_fresh_venv_and_runs_a_suite";
+    let maturin = std::env::var_os("MATURIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let home = std::env::var_os("HOME").map(PathBuf::from)?;
+            Some(home.join(".cache/orch-tools/maturin-venv/bin/maturin")).filter(|p| p.is_file())
+        })
+        .or_else(|| {
+            Command::new("maturin")
+                .arg("--version")
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|_| PathBuf::from("maturin"))
+        });
+    let Some(maturin) = maturin else {
+        orch_testkit::skip::skip_or_fail(
+            test,
+            "`maturin` is missing: `python3 -m pip install 'maturin>=1.7,<2'` (or `bash scripts/release.sh`, which installs it under ~/.cache/orch-tools)",
+        );
+        return;
+    };
+    // The wheel's data `scripts/` (pyproject.toml's `data`): the static
+    // agent, when scripts/build-agent.sh made one.
+    let data = repo().join("target/wheel-data/scripts");
+    std::fs::create_dir_all(&data).unwrap();
+    let agent = crate::container_agent();
+    if orch_testkit::container::is_static_elf(&agent) {
+        std::fs::copy(&agent, data.join("orch-agent-static")).unwrap();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wheels = tmp.path().join("wheels");
+    let out = Command::new(&maturin)
+        .args(["build", "--profile", "dev", "--compatibility", "linux", "--out"])
+        .arg(&wheels)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let wheel = std::fs::read_dir(&wheels)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .unwrap_or_else(|| panic!("no wheel in {}", wheels.display()));
+    let venv = tmp.path().join("venv");
+    let out = Command::new("python3")
+        .arg("-m")
+        .arg("venv")
+        .arg(&venv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new(venv.join("bin/pip"))
+        .args(["install", "--no-index", "--disable-pip-version-check", "-q"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let installed = venv.join("bin/orch");
+    assert!(installed.is_file(), "no orch in {}", venv.join("bin").display());
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    init_and_run(
+        || {
+            let mut c = Command::new(&installed);
+            c.env_remove("ORCH_STORE")
+                .env_remove("ORCH_AGENT")
+                .env_remove("ORCH_AGENT_STATIC")
+                .env("HOME", tmp.path())
+                .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+                .stdin(Stdio::null());
+            c
+        },
+        &work,
+    );
+    // The static agent lands beside `orch`, where `--version` finds it.
+    let agent = venv.join("bin/orch-agent-static");
+    if agent.is_file() {
+        let out = Command::new(&installed).arg("--version").output().unwrap();
+        let v = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            v.contains(&format!("agent (containers): {}", agent.display())),
+            "{v}"
+        );
+    }
+}
