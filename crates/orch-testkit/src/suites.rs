@@ -64,17 +64,17 @@ pub fn standin_toy(dir: &Path, image: &str) -> PathBuf {
     let t = rewrite(&t, "port: 8000}", &format!("port: {port}}}"));
     let t = rewrite(
         &t,
-        "rounds: 3\n      warmup_rounds: 1",
+        "rounds: auto\n      max_rounds: 5\n      warmup_rounds: auto\n      max_warmup_rounds: 4",
         "rounds: 2\n      warmup_rounds: 0",
     );
     let t = rewrite(
         &t,
-        r#"--d-model, "1024", --layers, "8", --heads, "16""#,
+        r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "64""#,
         r#"--d-model, "32", --layers, "1", --heads, "2", --vocab, "256", --max-len, "256""#,
     );
     let t = rewrite(
         &t,
-        "num_prompts: 64, max_concurrency: 16, input_len: 64, output_len: 64, warmup_requests: 4",
+        "num_prompts: 96, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
         "num_prompts: 3, max_concurrency: 2, input_len: 8, output_len: 4, warmup_requests: 1, seed: 7",
     );
     let t = rewrite(

@@ -490,7 +490,11 @@ fn doctor_on_the_local_slurm_names_its_partition_and_gres() {
 /// reusing this debug build; the static agent of `scripts/build-agent.sh`
 /// when it is there), installed into a fresh virtual environment, then
 /// `orch init` and `orch run` from the venv's `bin/`, with no checkout.
+/// Ignored in the main run: maturin relinks `target/debug/orch`, which the
+/// other tests spawn meanwhile (`No such file or directory`); `.ci/run`
+/// runs it alone after the suite.
 #[test]
+#[ignore = "relinks target/debug/orch; run alone: cargo test -p orch --test it install::the_wheel -- --ignored"]
 fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     let test = "install::the_wheel_installs_into_a_fresh_venv_and_runs_a_suite";
     let maturin = std::env::var_os("MATURIN")
