@@ -56,8 +56,12 @@ pub fn history(store: &orch_store::Store, args: HistoryArgs) -> anyhow::Result<i
     }
     let h = analyze(&suite, loaded.records.len(), series, &AnalysisOptions::default());
     if let Some(path) = &args.html {
-        std::fs::write(path, render::html(&h))
-            .map_err(|e| anyhow::anyhow!("cannot write `{}`: {e}", path.display()))?;
+        std::fs::write(path, render::html(&h)).map_err(|e| {
+            user(format!(
+                "cannot write `--html {}`: {e}\nhint: name a file in a folder that exists and that you can write",
+                path.display()
+            ))
+        })?;
         eprintln!("wrote {}", path.display());
     }
     if args.json {
