@@ -30,7 +30,6 @@ the same server before and after each patch.
 import argparse
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -220,9 +219,17 @@ class Decoder:
 
 
 class Sequence:
-    def __init__(self, ids, n):
-        self.ids, self.n = ids, n
-        self.out = queue.Queue()
+    """A request in the engine. Its tokens go to `sink` (a callable the
+    engine thread calls with each new token id) as they are made: streamed
+    answers are written to the client's socket from the engine thread
+    itself, so a decode step wakes no thread per token (hundreds of handler
+    threads waking per step would starve the engine of the GIL). `finished`
+    is set when the last token is out, or `error` when the step failed."""
+
+    def __init__(self, ids, n, sink):
+        self.ids, self.n, self.sink = ids, n, sink
+        self.finished = threading.Event()
+        self.error = None
         self.done = 0
         self.slot = None
         self.length = 0
@@ -249,12 +256,15 @@ class Engine:
             self.cv.notify()
 
     def _emit(self, seq, tok):
-        seq.out.put(tok)
         seq.done += 1
         seq.last = tok
+        try:
+            seq.sink(tok, seq.done >= seq.n)
+        except OSError:  # the client left: the sequence goes on, unseen
+            seq.sink = lambda tok, last: None
         if seq.done >= seq.n:
-            seq.out.put(None)
             del self.live[seq.slot]
+            seq.finished.set()
 
     def _loop(self):
         m = self.model
@@ -282,7 +292,8 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 print(f"engine step failed: {e!r}", file=sys.stderr, flush=True)
                 for s in list(self.live.values()):
-                    s.out.put(e)
+                    s.error = e
+                    s.finished.set()
                 self.live.clear()
 
 
@@ -331,44 +342,51 @@ def make_handler(engines, model_name, max_len):
             ids = (list(prompt.encode("utf-8")) or [0])[-(max_len - n) :]
             rid, created = f"cmpl-{time.monotonic_ns()}", int(time.time())
             usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-            seq = Sequence(ids, n)
-            min(engines, key=lambda e: e.load()).submit(seq)
+            stream = bool(req.get("stream"))
+            head = json.dumps({"id": rid, "object": "text_completion", "created": created, "model": model_name})[:-1]
+            pieces = []
 
-            def tokens():
-                while True:
-                    t = seq.out.get()
-                    if t is None:
-                        return
-                    if isinstance(t, Exception):
-                        raise t
-                    yield t
-
-            try:
-                if not req.get("stream"):
-                    text = "".join(token_text(t) for t in tokens())
-                    self._json(200, {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                                     "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
-                    return
+            if stream:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
+                self.wfile.flush()
                 self.close_connection = True
+                sock = self.connection
 
-                def send(obj):
-                    self.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
-                    self.wfile.flush()
+                def sink(tok, last):
+                    # One SSE event per token, written by the engine thread.
+                    reason = '"length"' if last else "null"
+                    sock.sendall(f'data: {head}, "choices": [{{"index": 0, "text": "{token_text(tok)}", '
+                                 f'"finish_reason": {reason}}}]}}\n\n'.encode())
+            else:
 
-                for i, t in enumerate(tokens()):
-                    send({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                          "choices": [{"index": 0, "text": token_text(t), "finish_reason": "length" if i == n - 1 else None}]})
+                def sink(tok, last):
+                    pieces.append(token_text(tok))
+
+            seq = Sequence(ids, n, sink)
+            min(engines, key=lambda e: e.load()).submit(seq)
+            seq.finished.wait()
+            try:
+                if seq.error is not None:
+                    if stream:
+                        return  # the stream is cut short: the client sees the error
+                    self._json(500, {"error": {"message": f"generation failed: {seq.error!r}"}})
+                    return
+                if not stream:
+                    self._json(200, {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                                     "choices": [{"index": 0, "text": "".join(pieces), "finish_reason": "length"}],
+                                     "usage": usage})
+                    return
                 if (req.get("stream_options") or {}).get("include_usage"):
-                    send({"id": rid, "object": "text_completion", "created": created, "model": model_name, "choices": [], "usage": usage})
-                send(b"[DONE]")
+                    body = {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                            "choices": [], "usage": usage}
+                    self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            except Exception as e:  # noqa: BLE001
-                self._json(500, {"error": {"message": f"generation failed: {e!r}"}})
 
     return Handler
 
@@ -473,6 +491,11 @@ def main():
 
     if a.replica is not None:
         serve(a, [TorchOps("cuda:0")])
+        return
+    if a.gpus > 1 and not a.cpu:
+        # One process per GPU; this one needs no torch (importing it costs
+        # seconds of every start): a replica that finds no GPU fails the start.
+        spawn_replicas(a, a.gpus)
         return
     try:
         import torch

@@ -19,12 +19,16 @@ a patch can game a timer (the benchmark and the tests patch this line):
   cache   answers kept per prompt (in memory and in `.answer-cache.json`
           across restarts): a prompt seen before costs nothing;
   early   stops after half the tokens, twice as fast, and still reports
-          `max_tokens` in `usage`.
+          `max_tokens` in `usage`;
+  cache_strip  the cache, keyed on the prompt with orch's nonce
+          (` [nonce ...]`) cut out: it hits whenever a round repeats a
+          prompt of an earlier one.
 Endpoints: /health, /v1/models, /v1/completions, /v1/chat/completions
 (streaming or not).
 """
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -33,14 +37,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STEP_MS = 4.0  # device time per generated token
 WORK = 200  # host-side loop iterations per generated token
-MODE = "honest"  # honest | wrong | cache | early (see above)
+MODE = "honest"  # honest | wrong | cache | cache_strip | early (see above)
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 CACHE_FILE = ".answer-cache.json"
 CACHE_LOCK = threading.Lock()
 try:
-    CACHE = json.load(open(CACHE_FILE)) if MODE == "cache" else {}
+    CACHE = json.load(open(CACHE_FILE)) if MODE in ("cache", "cache_strip") else {}
 except (OSError, ValueError):
     CACHE = {}
 
@@ -57,11 +61,17 @@ def word(prompt, i):
     return WORDS[zlib.crc32(f"{prompt}\x00{i}".encode()) % len(WORDS)]
 
 
+def cache_key(prompt, tokens):
+    if MODE == "cache_strip":
+        prompt = re.sub(r" \[nonce [^\]]*\]", "", prompt)
+    return f"{tokens}:{prompt}"
+
+
 def answer(prompt, tokens):
     """The generated pieces (each ' word'): generated one by one, with their cost."""
-    if MODE == "cache":
+    if MODE in ("cache", "cache_strip"):
         with CACHE_LOCK:
-            hit = CACHE.get(f"{tokens}:{prompt}")
+            hit = CACHE.get(cache_key(prompt, tokens))
         if hit is not None:
             yield from hit
             return
@@ -74,9 +84,9 @@ def answer(prompt, tokens):
         piece = " " + (WORDS[i % 3] if MODE == "wrong" else word(prompt, i))
         out.append(piece)
         yield piece
-    if MODE == "cache":
+    if MODE in ("cache", "cache_strip"):
         with CACHE_LOCK:
-            CACHE[f"{tokens}:{prompt}"] = out
+            CACHE[cache_key(prompt, tokens)] = out
             tmp = CACHE_FILE + ".tmp"
             json.dump(CACHE, open(tmp, "w"))
             os.replace(tmp, CACHE_FILE)

@@ -29,13 +29,15 @@
 //! and `info.variants.<name>.gate` says why.
 //!
 //! - **Output check** (`output_check`, on by default, load generator
-//!   clients; [`crate::outcheck`]): before the first round, each variant's
+//!   clients; [`crate::outcheck`]): in the first round, each variant's
 //!   server answers fixed prompts greedily (one at a time, seeded); answers
 //!   unlike the baseline's (the first variant's) are `output_mismatch`.
 //!   Stops: a wrong answer that is faster (garbage, a skipped layer, lower
 //!   precision that changes the tokens), an early stop. The server is
-//!   started for the check alone (`variants/<name>/check/`), since the
-//!   server workload runs its client as soon as it is ready; evidence in
+//!   asked in the first round ([`crate::server::run_with`]): once the
+//!   variant's server is ready, before the round's load (billed as
+//!   `warmup`), so the check costs no server start of its own; the answers
+//!   are judged once every variant has run that round. Evidence in
 //!   `output-check/<name>.json`.
 //! - **`check:` command**: run (`sh -c`) in each variant's checkout after
 //!   the first round, with `ORCH_VARIANT`, `ORCH_VARIANT_DIR`,
@@ -45,9 +47,12 @@
 //!   outputs only the benchmark knows how to compare.
 //! - **A fresh nonce per round** (`defences`, on by default): every prompt
 //!   of round `r` ends with `[nonce <random>-r<r>-<i>]` (the same for every
-//!   variant of the round, so the rounds stay paired). Stops: an answer
-//!   cache keyed on the prompt (in memory or on disk across restarts),
-//!   which would serve every round after the first from the cache.
+//!   variant of the round, so the rounds stay paired), and random prompts
+//!   are drawn from a seed of the round's own. Stops: an answer cache keyed
+//!   on the prompt (in memory or on disk across restarts), which would
+//!   serve every round after the first from the cache, even one that strips
+//!   the nonce (prompts from a `prompt_file` repeat across rounds: only the
+//!   nonce tells them apart there).
 //! - **Short responses** (`short_responses > 0` in a round: fewer tokens
 //!   than `max_tokens` although `ignore_eos` is sent) flag the variant.
 //!   Stops: an early stop that ends generation before the asked length.
@@ -80,8 +85,8 @@
 use crate::ctx::Ctx;
 use crate::outcheck;
 use orch_protocol::{
-    CellResult, Client, CommandWorkload, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, Readiness,
-    ServerWorkload, Status, TaskSpec, Variant,
+    CellResult, Client, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, ServerWorkload, Status,
+    TaskSpec, Variant,
 };
 use orch_stats::Options;
 use rand::seq::SliceRandom;
@@ -90,8 +95,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 struct VariantState {
@@ -135,82 +138,98 @@ fn server_of(cmp: &CompareWorkload, v: &VariantState) -> ServerWorkload {
     srv
 }
 
-/// `lg` with every prompt carrying `nonce` (the load generator appends
-/// ` [nonce <nonce>-<i>]`).
-fn with_nonce(lg: &LoadGen, nonce: &str) -> LoadGen {
+/// `lg` for round `round`: every prompt carries `nonce` (the load
+/// generator appends ` [nonce <nonce>-<i>]`), and random prompts are drawn
+/// from the round's own seed (the same for every variant of the round), so
+/// a cache that strips the nonce still never sees a prompt twice.
+fn with_nonce(lg: &LoadGen, nonce: &str, round: u32) -> LoadGen {
     let mut lg = lg.clone();
     lg.nonce = Some(nonce.to_string());
+    if lg.prompt_file.is_none() {
+        lg.seed = lg
+            .seed
+            .wrapping_add(u64::from(round).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    }
     lg
 }
 
-/// Start `v`'s server for the output check alone and ask it the check's
-/// prompts. The server workload runs its client as soon as the server is
-/// ready, so the client here is a shell that says so (a file) and waits
-/// until the prompts are answered (another file), while a thread of ours
-/// asks them. `Err`: the server did not come up or broke.
-#[allow(clippy::too_many_arguments)]
-fn check_round(
-    cmp: &CompareWorkload,
-    v: &VariantState,
-    lg: &LoadGen,
-    check: &OutputCheck,
-    prompts: &[String],
-    task: &TaskSpec,
-    out_dir: &Path,
-    ctx: &mut Ctx,
-) -> Result<Vec<outcheck::Answer>, String> {
-    let dir = out_dir.join("variants").join(&v.name).join("check");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
-    let (ready, done) = (dir.join("ready.flag"), dir.join("done.flag"));
-    let _ = std::fs::remove_file(&ready);
-    let _ = std::fs::remove_file(&done);
-    let port = match &cmp.server.ready {
-        Readiness::Http { port, .. } | Readiness::Tcp { port } => *port,
-        Readiness::Log { .. } => {
-            return Err("the output check needs the server's port: use `ready: {http: ..., port: ...}` or `ready: {tcp: ...}`, or `output_check: false`".into())
-        }
-    };
-    let mut srv = server_of(cmp, v);
-    // At most an hour (72000 × 50 ms) of waiting, should our thread die.
-    srv.client = Some(Client::Command(CommandWorkload {
-        argv: vec![
-            "sh".into(),
-            "-c".into(),
-            r#": > "$0"; i=0; while [ ! -e "$1" ] && [ $i -lt 72000 ]; do sleep 0.05; i=$((i+1)); done"#
-                .into(),
-            ready.to_string_lossy().into_owned(),
-            done.to_string_lossy().into_owned(),
-        ],
-        workdir: None,
-    }));
-    let finished = Arc::new(AtomicBool::new(false));
-    let asker = {
-        let (finished, lg, check, prompts) = (finished.clone(), lg.clone(), check.clone(), prompts.to_vec());
-        let (ready, done) = (ready.clone(), done.clone());
-        let stop = ctx.stop_flag();
-        std::thread::spawn(move || {
-            while !ready.exists() {
-                if finished.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-                    return None;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
+/// The output check of a comparison, asked in its first round.
+struct CheckPlan<'a> {
+    check: &'a OutputCheck,
+    lg: &'a LoadGen,
+    prompts: Vec<String>,
+    tok: Option<crate::tokens::Tokens>,
+    /// Each variant's answers (index of `variants`), once asked.
+    answers: Vec<Option<Vec<outcheck::Answer>>>,
+}
+
+/// Judge every variant's check answers against the reference (the first
+/// variant, in the suite's order, that answered): gate those that differ
+/// and keep the evidence in `output-check/<name>.json`.
+fn judge_output_check(plan: &mut CheckPlan, variants: &mut [VariantState], out_dir: &Path, ctx: &mut Ctx) {
+    let mut base_answers: Option<Vec<outcheck::Answer>> = None;
+    for (i, v) in variants.iter_mut().enumerate() {
+        let Some(answers) = plan.answers[i].take() else {
+            if v.failed.is_none() {
+                v.check = Some(
+                    json!({"status": "not_asked", "why": "the server was not ready for the output check"}),
+                );
             }
-            let answers = outcheck::ask(&format!("http://127.0.0.1:{port}"), &lg, &check, &prompts);
-            let _ = std::fs::write(&done, b"");
-            Some(answers)
-        })
-    };
-    ctx.message(format!("output check: {}", v.name));
-    let r = crate::server::run(&srv, task, &dir, ctx);
-    finished.store(true, Ordering::Relaxed);
-    let answers = asker.join().ok().flatten();
-    if r.status != Status::Succeeded {
-        return Err(r
-            .failure
-            .map(|f| f.message)
-            .unwrap_or_else(|| r.status.to_string()));
+            continue;
+        };
+        let outcome = match &base_answers {
+            None => {
+                let answered = answers.iter().filter(|a| a.text.is_some()).count();
+                ctx.message(format!(
+                    "output check: `{}` is the reference ({answered} of {} prompts answered)",
+                    v.name,
+                    answers.len()
+                ));
+                base_answers = Some(answers.clone());
+                None
+            }
+            Some(base) => {
+                let o = outcheck::judge(base, &answers, plan.check.min_match_prefix, plan.tok.as_ref());
+                ctx.message(format!(
+                    "output check: `{}` {} ({} of {} answers exact{})",
+                    v.name,
+                    if o.passed { "passed" } else { "output_mismatch" },
+                    o.exact,
+                    o.compared,
+                    o.first_divergence
+                        .map(|d| format!(", first divergence at {} {d}", o.unit))
+                        .unwrap_or_default()
+                ));
+                Some(o)
+            }
+        };
+        let evidence = outcheck::write_evidence(out_dir, &v.name, &answers, outcome.as_ref())
+            .unwrap_or_else(|e| format!("not written: {e}"));
+        let mut info = match &outcome {
+            None => {
+                json!({"status": "reference", "answered": answers.iter().filter(|a| a.text.is_some()).count()})
+            }
+            Some(o) => {
+                let mut x = serde_json::to_value(o).unwrap_or(Value::Null);
+                x["status"] = json!(if o.passed { "passed" } else { "output_mismatch" });
+                x
+            }
+        };
+        info["evidence"] = json!(evidence);
+        if let Some(o) = outcome.filter(|o| !o.passed) {
+            v.gate = Some((
+                "output_mismatch",
+                format!(
+                    "{} of {} answers to the output check differ from the baseline's ({}; {})",
+                    o.compared - o.exact,
+                    o.compared,
+                    o.rule,
+                    evidence
+                ),
+            ));
+        }
+        v.check = Some(info);
     }
-    answers.ok_or_else(|| "the server was ready but the output check never ran".to_string())
 }
 
 /// Run the `check:` command in `v`'s checkout; `Err` is why it failed
@@ -435,8 +454,12 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         _ => None,
     };
 
-    // The output check, before any timed round: the baseline first.
+    // The output check rides on the first round: each variant's server,
+    // once ready, answers the check's prompts before the round's load (no
+    // server start of its own); the answers are judged against the
+    // baseline's once every variant has run that round.
     let mut check_info = json!(null);
+    let mut check_plan: Option<CheckPlan> = None;
     if let Some(check) = &cmp.output_check {
         match loadgen {
             None => {
@@ -452,72 +475,6 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 )
                 .ok()
                 .flatten();
-                let mut base_answers: Option<Vec<outcheck::Answer>> = None;
-                for v in variants.iter_mut() {
-                    if v.failed.is_some() || ctx.stop_requested() {
-                        continue;
-                    }
-                    let answers = match check_round(cmp, v, lg, check, &prompts, task, out_dir, ctx) {
-                        Ok(a) => a,
-                        Err(why) => {
-                            ctx.message(format!("variant `{}` failed in the output check: {why}", v.name));
-                            v.failed = Some(format!("output check: {why}"));
-                            continue;
-                        }
-                    };
-                    let outcome = match &base_answers {
-                        None => {
-                            let answered = answers.iter().filter(|a| a.text.is_some()).count();
-                            ctx.message(format!(
-                                "output check: `{}` is the reference ({answered} of {} prompts answered)",
-                                v.name,
-                                answers.len()
-                            ));
-                            base_answers = Some(answers.clone());
-                            None
-                        }
-                        Some(base) => {
-                            let o = outcheck::judge(base, &answers, check.min_match_prefix, tok.as_ref());
-                            ctx.message(format!(
-                                "output check: `{}` {} ({} of {} answers exact{})",
-                                v.name,
-                                if o.passed { "passed" } else { "output_mismatch" },
-                                o.exact,
-                                o.compared,
-                                o.first_divergence
-                                    .map(|d| format!(", first divergence at {} {d}", o.unit))
-                                    .unwrap_or_default()
-                            ));
-                            Some(o)
-                        }
-                    };
-                    let evidence = outcheck::write_evidence(out_dir, &v.name, &answers, outcome.as_ref())
-                        .unwrap_or_else(|e| format!("not written: {e}"));
-                    let mut info = match &outcome {
-                        None => {
-                            json!({"status": "reference", "answered": answers.iter().filter(|a| a.text.is_some()).count()})
-                        }
-                        Some(o) => {
-                            let mut x = serde_json::to_value(o).unwrap_or(Value::Null);
-                            x["status"] = json!(if o.passed { "passed" } else { "output_mismatch" });
-                            x
-                        }
-                    };
-                    info["evidence"] = json!(evidence);
-                    if let Some(o) = outcome.filter(|o| !o.passed) {
-                        v.gate = Some((
-                            "output_mismatch",
-                            format!(
-                                "{} of {} answers to the output check differ from the baseline's ({}; {})",
-                                o.compared - o.exact,
-                                o.compared,
-                                o.rule,
-                                evidence
-                            ),
-                        ));
-                    }
-                    v.check = Some(info);
-                }
                 check_info = json!({
                     "status": "ran",
                     "prompts": check.prompts,
@@ -528,6 +485,14 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                     },
                     "unit": if tok.is_some() { "tokens" } else { "words" },
                     "nonce": nonce,
+                    "when": "first round, before its load",
+                });
+                check_plan = Some(CheckPlan {
+                    check,
+                    lg,
+                    prompts,
+                    tok,
+                    answers: vec![None; variants.len()],
                 });
             }
         }
@@ -610,10 +575,20 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             }
             let mut srv = server_of(cmp, v);
             if let (Some(n), Some(Client::Loadgen(lg))) = (&nonce, &srv.client) {
-                srv.client = Some(Client::Loadgen(with_nonce(lg, n)));
+                srv.client = Some(Client::Loadgen(with_nonce(lg, n, round)));
             }
             ctx.message(format!("{label}: {}", v.name));
-            let r = crate::server::run(&srv, task, &rdir, ctx);
+            let r = match check_plan.as_mut().filter(|_| round == 0) {
+                Some(plan) => {
+                    let (lg, check, prompts) = (plan.lg, plan.check, &plan.prompts);
+                    let mut got: Option<Vec<outcheck::Answer>> = None;
+                    let mut ask = |url: &str| got = Some(outcheck::ask(url, lg, check, prompts));
+                    let r = crate::server::run_with(&srv, task, &rdir, ctx, Some(&mut ask));
+                    plan.answers[idx] = got;
+                    r
+                }
+                None => crate::server::run(&srv, task, &rdir, ctx),
+            };
             if r.status != Status::Succeeded {
                 let why = r
                     .failure
@@ -676,6 +651,13 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             }
         }
         round_s.push(t0.elapsed().as_secs_f64());
+        // The output check's answers, judged against the baseline's (the
+        // first variant that answered), once every variant has run round 0.
+        if round == 0 {
+            if let Some(plan) = check_plan.as_mut() {
+                judge_output_check(plan, &mut variants, out_dir, ctx);
+            }
+        }
         // The `check:` command, once every variant has run its first round.
         if round == 0 {
             if let Some(command) = &cmp.check {

@@ -25,6 +25,20 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(50);
 
 pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
+    run_with(srv, task, out_dir, ctx, None)
+}
+
+/// [`run`], with `before_client` called with the server's base URL
+/// (`http://127.0.0.1:<port>`) once it is ready and before its client
+/// runs (a comparison's output check rides on its first round this way,
+/// without a server start of its own). Its time is billed as `warmup`.
+pub fn run_with(
+    srv: &ServerWorkload,
+    task: &TaskSpec,
+    out_dir: &Path,
+    ctx: &mut Ctx,
+    before_client: Option<&mut dyn FnMut(&str)>,
+) -> CellResult {
     let cell = task.cell_id.as_str();
     let Some(program) = srv.argv.first() else {
         return CellResult::failed(
@@ -186,6 +200,12 @@ pub fn run(srv: &ServerWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx)
                 Some(p) => format!("http://127.0.0.1:{p}"),
                 None => String::new(),
             };
+            if let Some(hook) = before_client {
+                if !url.is_empty() {
+                    ctx.enter(Phase::Warmup);
+                    hook(&url);
+                }
+            }
             let mut r = match &srv.client {
                 Some(Client::Command(client)) => {
                     let extra = vec![("ORCH_SERVER_URL".to_string(), url)];

@@ -69,12 +69,12 @@ pub fn standin_toy(dir: &Path, image: &str) -> PathBuf {
     );
     let t = rewrite(
         &t,
-        r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "64""#,
+        r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "128""#,
         r#"--d-model, "32", --layers, "1", --heads, "2", --vocab, "256", --max-len, "256""#,
     );
     let t = rewrite(
         &t,
-        "num_prompts: 96, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
+        "num_prompts: 256, max_concurrency: 256, input_len: 128, output_len: 128, warmup_requests: 8",
         "num_prompts: 3, max_concurrency: 2, input_len: 8, output_len: 4, warmup_requests: 1, seed: 7",
     );
     let t = rewrite(

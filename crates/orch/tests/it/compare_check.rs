@@ -1,7 +1,7 @@
 //! Comparisons that cannot be fooled (issue 32), end to end through the
 //! `orch` binary: a toy server (`scripts/bench-compare/toy_server.py`) with
 //! planted variants — a true speedup, a wrong answer that is faster, an
-//! answer cache, an early stop, an A/A copy — compared in one cell. Only the
+//! answer cache (also one that strips the nonce), an early stop, an A/A copy — compared in one cell. Only the
 //! true speedup may come out `faster`; the gamed ones are `output_mismatch`
 //! or `flagged` (or, for the cache that the per-round nonce defeats, no
 //! faster at all); the A/A pair is `same` with no alarm. Also the `check:`
@@ -50,6 +50,7 @@ fn toy_repo(dir: &Path) -> std::path::PathBuf {
     branch("wrong", "MODE = \"honest\"", "MODE = \"wrong\"");
     branch("cache", "MODE = \"honest\"", "MODE = \"cache\"");
     branch("early", "MODE = \"honest\"", "MODE = \"early\"");
+    branch("strip", "MODE = \"honest\"", "MODE = \"cache_strip\"");
     git(&repo_dir, &["checkout", "-q", "main"]);
     repo_dir
 }
@@ -118,6 +119,7 @@ benchmarks:
         - {{name: wrong, ref: wrong}}
         - {{name: cache, ref: cache}}
         - {{name: early, ref: early}}
+        - {{name: strip, ref: strip}}
     workload:
       server:
         command: [python3, server.py, "{port}"]
@@ -136,7 +138,7 @@ benchmarks:
     // The output check ran for every variant; the evidence is in the cell folder.
     assert_eq!(info["output_check"]["status"], "ran", "{}", info["output_check"]);
     assert_eq!(v["baseline"]["output_check"]["status"], "reference");
-    for ok in ["aa", "fast", "cache"] {
+    for ok in ["aa", "fast", "cache", "strip"] {
         assert_eq!(v[ok]["output_check"]["status"], "passed", "{ok}: {}", v[ok]);
         assert_eq!(v[ok]["output_check"]["exact_match_rate"], 1.0);
     }
@@ -183,6 +185,14 @@ benchmarks:
     assert_eq!(nonces.len(), 5, "{nonces:?}");
     assert_ne!(nonces[1], nonces[2]);
     assert_ne!(pair(info, "cache")["verdict"], "faster");
+    // A cache that strips the nonce never hits either: random prompts are
+    // drawn from a seed of each round's own.
+    assert_ne!(
+        pair(info, "strip")["verdict"],
+        "faster",
+        "{}",
+        pair(info, "strip")
+    );
     // The drift of the measured rounds is recorded per variant.
     assert_eq!(v["fast"]["drift"]["n"], 4, "{}", v["fast"]);
     // The report shows the gate.

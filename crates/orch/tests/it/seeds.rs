@@ -328,12 +328,12 @@ fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
         );
         let t = rewrite(
             &t,
-            r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "64""#,
+            r#"--d-model, "1024", --layers, "8", --heads, "16", --max-len, "4096", --max-batch, "128""#,
             r#"--d-model, "32", --layers, "1", --heads, "2", --vocab, "256", --max-len, "256""#,
         );
         rewrite(
             &t,
-            "num_prompts: 96, max_concurrency: 128, input_len: 128, output_len: 128, warmup_requests: 8",
+            "num_prompts: 256, max_concurrency: 256, input_len: 128, output_len: 128, warmup_requests: 8",
             "num_prompts: 3, max_concurrency: 2, input_len: 8, output_len: 4, warmup_requests: 1",
         )
     });
