@@ -12,7 +12,8 @@
 # side by side. Also one run with a crashing variant and a stale patch (their
 # diagnoses), and PLANTED runs of a cell whose variants game the timer
 # (MODE in toy_server.py): `wrong` (a wrong answer, twice as fast), `cache`
-# (answers cached per prompt, across restarts), `early` (stops at half the
+# (answers cached per prompt, across restarts), `cache_strip` (the same, keyed
+# on the prompt without orch's nonce), `early` (stops at half the
 # tokens, reports them all), beside `faster` (a true 10% speedup) and `aa`
 # (A/A): the output check's and the defences' false alarms on A/A (must be
 # 0) and their detection rate on the planted variants. Writes
@@ -57,7 +58,7 @@ sed -i 's/^WORK = 200 /WORK = 3000 /' "$repo/server.py"
 git -C "$repo" diff | sed 's/^-WORK = 200 /-WORK = 5000 /' > "$work/patches/stale.patch"
 git -C "$repo" checkout -q -- server.py
 # The planted ways to game the timer (toy_server.py's MODE).
-for mode in wrong cache early; do
+for mode in wrong cache cache_strip early; do
   sed -i "s/^MODE = \"honest\"/MODE = \"$mode\"/" "$repo/server.py"
   git -C "$repo" diff > "$work/patches/$mode.patch"
   git -C "$repo" checkout -q -- server.py
@@ -93,6 +94,7 @@ manifest planted 5 "{name: base, ref: main}" "{name: aa, ref: main}" \
   "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
   "{name: wrong, ref: main, patch: $work/patches/wrong.patch}" \
   "{name: cache, ref: main, patch: $work/patches/cache.patch}" \
+  "{name: strip, ref: main, patch: $work/patches/cache_strip.patch}" \
   "{name: early, ref: main, patch: $work/patches/early.patch}"
 manifest broken 3 "{name: base, ref: main}" "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
   "{name: crash, ref: main, patch: $work/patches/crash.patch}" "{name: stale, ref: main, patch: $work/patches/stale.patch}"
@@ -209,13 +211,13 @@ if runs:
 p = {
     "runs": planted,
     "orch": os.path.relpath(orch),
-    "design": "each run is one 6-way cell (5 rounds, output check and defences on by default): base, aa (A/A), faster (true 10% speedup), wrong (wrong answer, 2x faster), cache (answers cached per prompt across restarts), early (half the tokens, usage says all)",
+    "design": "each run is one 7-way cell (5 rounds, output check and defences on by default): base, aa (A/A), faster (true 10% speedup), wrong (wrong answer, 2x faster), cache (answers cached per prompt across restarts), strip (the same cache keyed on the prompt with the nonce cut out), early (half the tokens, usage says all)",
     "variants": {},
 }
 walls = []
 for i in range(1, planted + 1):
     walls.append(json.load(open(f"{work}/runs/planted-{i}.time"))["wall_s"])
-for name in ("aa", "faster", "wrong", "cache", "early"):
+for name in ("aa", "faster", "wrong", "cache", "strip", "early"):
     verdicts, speeds, gates, checks, flags = [], [], [], [], []
     for i in range(1, planted + 1):
         try:
@@ -250,7 +252,7 @@ for name in ("aa", "faster", "wrong", "cache", "early"):
         row["never_faster_rate"] = round(sum(x != "faster" for x in verdicts) / max(n, 1), 3)
     p["variants"][name] = row
 p["seconds_per_run_median"] = round(statistics.median(walls), 1) if walls else None
-p["note"] = "the cache never hits: every round's prompts carry a fresh nonce, so it is not faster and needs no gate (detection_rate counts gates only; never_faster_rate is what matters for it)"
+p["note"] = "the caches never hit: every round's prompts carry a fresh nonce and random prompts come from a seed of the round's own (so stripping the nonce does not help), so they are not faster and need no gate (detection_rate counts gates only; never_faster_rate is what matters for them)"
 out["planted"] = p
 json.dump(out, open("results/bench-compare.json", "w"), indent=2)
 print(json.dumps(out, indent=2))

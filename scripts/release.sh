@@ -3,7 +3,8 @@
 #
 #   bash scripts/release.sh
 #
-#  - orch-<version>-py3-none-manylinux_2_17_<arch>.whl (maturin, `bindings = "bin"`):
+#  - orch-<version>-py3-none-manylinux2014_<arch>.manylinux_2_17_<arch>.whl
+#    (maturin, `bindings = "bin"`):
 #    `pip install` / `uv tool install` / `pipx install` put `orch` and
 #    `orch-agent-static` into the environment's bin/;
 #  - orch-<version>-<arch>-linux.tar.gz: orch, orch-agent-static, shell
@@ -36,18 +37,24 @@ maturin="$tools/maturin-venv/bin/maturin"
 # 1. The static agent for containers.
 agent=$(bash scripts/build-agent.sh)
 
-# 2. The static orch (--target keeps the static flag away from build scripts
-# and proc macros), and the wheel of the same build.
-export RUSTFLAGS="-C target-feature=+crt-static"
-cargo build --release --locked -p orch --target "$target" >&2
-orch="target/$target/release/orch"
-if ldd "$orch" 2>&1 | grep -q "=>"; then
-  echo "error: $orch is not static" >&2; exit 1
-fi
+# 2. The wheel: maturin builds the static orch (--target keeps the static
+# flag away from build scripts and proc macros) and packs it with the agent.
+# Its `cargo rustc` flags differ from a plain `cargo build`'s, so the archive
+# takes the wheel's orch rather than building orch a second time.
 rm -rf target/wheel-data && mkdir -p target/wheel-data/scripts "$dist"
 cp "$agent" target/wheel-data/scripts/orch-agent-static
-"$maturin" build --release --locked --target "$target" --compatibility manylinux2014 --out "$dist" >&2
-unset RUSTFLAGS
+rm -f "$dist"/orch-"$version"-*.whl "$dist"/orch-"$version"-*.whl.sha256
+RUSTFLAGS="-C target-feature=+crt-static" \
+  "$maturin" build --release --locked --target "$target" --compatibility manylinux2014 --out "$dist" >&2
+wheel=$(ls "$dist"/orch-"$version"-*.whl)
+orch="target/release-stage/orch"
+mkdir -p target/release-stage
+python3 -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+  "$wheel" "orch-$version.data/scripts/orch" "$orch"
+chmod +x "$orch"
+if ldd "$orch" 2>&1 | grep -q "=>"; then
+  echo "error: the wheel's orch is not static" >&2; rm -f "$wheel"; exit 1
+fi
 
 # 3. The archive: orch, the agent, completions, the README.
 name="orch-$version-$arch-linux"

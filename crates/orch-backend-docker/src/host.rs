@@ -171,6 +171,24 @@ pub fn image_err(e: orch_images::ImageError) -> BackendError {
 /// The image of each cell; a built image that is missing (or changed
 /// since it was built) refuses the run.
 pub async fn resolve_images(plan: &Plan, docker: &bollard::Docker) -> Result<Images, BackendError> {
+    // A cell with no image cannot start in a container: refused before the
+    // run, not a failed cell each.
+    let bare: Vec<&str> = plan
+        .cells
+        .iter()
+        .filter(|c| c.image.is_none())
+        .map(|c| c.id.as_str())
+        .collect();
+    if let Some(first) = bare.first() {
+        return Err(BackendError::User(format!(
+            "`{}`: cell `{first}`{} names no `image`, and the docker backend runs every cell in one\nhint: add `image: REF` (an image in the engine: `docker images`) or `image: {{build: NAME}}` (built from `containers/NAME/`) to the suite, or run it with `--backend local`",
+            plan.manifest.display(),
+            match bare.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            }
+        )));
+    }
     let specs = orch_images::plan_specs(plan).map_err(image_err)?;
     let mut tags = Images::new();
     for (name, spec) in &specs {

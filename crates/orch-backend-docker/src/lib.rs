@@ -270,9 +270,12 @@ impl Container<'_> {
         let devices = &cell.launch.devices;
         let gpus = task.gpu.count();
         let wants_gpu = !task.gpu.is_cpu();
+        // Absolute host paths: the engine takes a relative one for a volume
+        // name (the default store `results` is relative to the suite's folder).
+        let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let mut binds = vec![
-            format!("{}:/orch/agent:ro", backend.agent.display()),
-            format!("{}:/orch/cell", cell.dir.display()),
+            format!("{}:/orch/agent:ro", abs(&backend.agent).display()),
+            format!("{}:/orch/cell", abs(&cell.dir).display()),
         ];
         // The files that travel: the cache's folder of blobs, read-only (the
         // agent copies each to its place and checks its digest).
@@ -281,7 +284,7 @@ impl Container<'_> {
                 .first()
                 .and_then(|(_, p, _)| p.parent().map(|d| d.to_path_buf()))
         }) {
-            binds.push(format!("{}:{}:ro", dir.display(), orch_files::CELL_BLOBS));
+            binds.push(format!("{}:{}:ro", abs(&dir).display(), orch_files::CELL_BLOBS));
         }
         let files = cell.launch.files.as_ref().is_some_and(|f| !f.is_empty());
         let mut host = HostConfig {

@@ -285,6 +285,10 @@ pub fn agent_crash(
 /// The static agent for containers: `ORCH_AGENT_STATIC`, else
 /// `orch-agent-static` beside `orch`, else the static build in the cargo
 /// target folder beside `orch` (`scripts/build-agent.sh` makes it).
+/// "Beside `orch`" is beside the executable itself: `current_exe` is
+/// `/proc/self/exe`, with every symlink resolved, so `~/.local/bin/orch`
+/// linked by `uv tool install` to its venv finds the venv's
+/// `bin/orch-agent-static`, as `pip install` into a venv puts it.
 pub fn find_static_agent() -> Result<std::path::PathBuf, BackendError> {
     let mut candidates: Vec<std::path::PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("ORCH_AGENT_STATIC").filter(|p| !p.is_empty()) {
@@ -322,7 +326,7 @@ pub fn find_static_agent() -> Result<std::path::PathBuf, BackendError> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            hint: "build it with `bash scripts/prepare-docker.sh`, or set `ORCH_AGENT_STATIC`".into(),
+            hint: "install orch from its wheel or release archive (both carry `orch-agent-static` beside `orch`), run `bash scripts/prepare-docker.sh` in a checkout, or set `ORCH_AGENT_STATIC`".into(),
         })
 }
 

@@ -156,21 +156,56 @@ pub struct CellJudgment {
     /// Earlier succeeded points of the series (0: no history).
     pub history: usize,
     pub judgment: Judgment,
+    /// The first and last run of the window the value was judged against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_first_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_last_run: Option<String>,
     pub rule: String,
+}
+
+impl CellJudgment {
+    /// A `regression` or an `improvement`.
+    pub fn flagged(&self) -> bool {
+        matches!(self.judgment.verdict, Verdict::Regression | Verdict::Improvement)
+    }
+}
+
+/// The most recent points of a series searched for change points when a new
+/// run is judged: the window is the last [`JudgeOptions::window`] points
+/// since the last change point, so only a change point among the last few
+/// points matters, and a bounded tail keeps `orch show` quick on a history
+/// of 10,000 runs.
+pub const JUDGE_TAIL: usize = 200;
+
+/// Is `r` older than `new` (in the order of the history: `created_at`, then
+/// run id)?
+fn older(r: &RunRecord, new: &RunRecord) -> bool {
+    (r.created_at, r.id.as_str()) < (new.created_at, new.id.as_str())
 }
 
 /// Every metric of every succeeded cell of `new` judged against the series
 /// of `history` it belongs to (same benchmark, params, metric and
-/// testbed; `new` itself left out of the history; only runs created before
-/// it count), with the change points of that series. For `orch show` and
-/// `orch report`: the cells flagged are those whose verdict is
-/// `regression` or `improvement`.
+/// testbed), with the change points of that series; see [`judge_run_with`].
 pub fn judge_run(history: &[RunRecord], new: &RunRecord, opts: &AnalysisOptions) -> Vec<CellJudgment> {
-    let earlier: Vec<RunRecord> = history
-        .iter()
-        .filter(|r| r.id != new.id && r.created_at <= new.created_at)
-        .cloned()
-        .collect();
+    judge_run_with(history, new, opts, |c| c.metrics.keys().cloned().collect())
+}
+
+/// The metrics `select` names of every succeeded cell of `new` judged
+/// against their series in `history` (for `orch show`/`orch report`, which
+/// judge each cell's primary metrics). Only runs older than `new`
+/// (`created_at`, then id) count; `new` itself never does. The series' last
+/// [`JUDGE_TAIL`] values are searched for change points, then the value is
+/// judged by [`crate::judge::judge`]. A metric with fewer than
+/// `opts.judge.min_history` earlier values gets `no_history` (too few
+/// comparable runs to say anything).
+pub fn judge_run_with(
+    history: &[RunRecord],
+    new: &RunRecord,
+    opts: &AnalysisOptions,
+    select: impl Fn(&orch_record::CellView) -> Vec<String>,
+) -> Vec<CellJudgment> {
+    let earlier: Vec<RunRecord> = history.iter().filter(|r| older(r, new)).cloned().collect();
     let series = crate::series::build(&earlier, &crate::series::Filter::default());
     let by_key: BTreeMap<(String, String, String, Testbed), &Series> = series
         .iter()
@@ -190,27 +225,51 @@ pub fn judge_run(history: &[RunRecord], new: &RunRecord, opts: &AnalysisOptions)
     for c in new.cells.iter().filter(|c| c.status == "succeeded") {
         let testbed = Testbed::of(&new.backend, c);
         let pl = crate::series::params_label(&c.params);
-        for (metric, &v) in c.metrics.iter().filter(|(_, v)| v.is_finite()) {
+        for metric in select(c) {
+            let Some(v) = c.metrics.get(&metric).copied().filter(|v| v.is_finite()) else {
+                continue;
+            };
             let key = (c.benchmark.clone(), pl.clone(), metric.clone(), testbed.clone());
-            let (values, cps) = match by_key.get(&key) {
+            let (all, at, points) = match by_key.get(&key) {
                 Some(s) => {
-                    let (values, _) = s.values();
-                    let cps: Vec<usize> = changepoints::detect(&values, &opts.change_points)
-                        .iter()
-                        .map(|c| c.index)
-                        .collect();
-                    (values, cps)
+                    let (values, at) = s.values();
+                    (values, at, s.points.as_slice())
                 }
-                None => (Vec::new(), Vec::new()),
+                None => (Vec::new(), Vec::new(), &[][..]),
+            };
+            let from = all.len().saturating_sub(JUDGE_TAIL);
+            let values = &all[from..];
+            let cps: Vec<usize> = changepoints::detect(values, &opts.change_points)
+                .iter()
+                .map(|c| c.index)
+                .collect();
+            let mut judgment = crate::judge::judge(values, &cps, v, &metric, &opts.judge);
+            if all.len() < opts.judge.min_history {
+                judgment.verdict = Verdict::NoHistory;
+            }
+            let run_at = |k: usize| {
+                at.get(from + k)
+                    .and_then(|&i| points.get(i))
+                    .map(|p| p.run_id.clone())
+            };
+            let (first, last) = if judgment.window > 0 {
+                (
+                    run_at(judgment.window_start),
+                    run_at(judgment.window_start + judgment.window - 1),
+                )
+            } else {
+                (None, None)
             };
             out.push(CellJudgment {
                 cell: c.id.clone(),
                 benchmark: c.benchmark.clone(),
                 metric: metric.clone(),
                 testbed_label: testbed.label(),
-                history: values.len(),
-                judgment: crate::judge::judge(&values, &cps, v, metric, &opts.judge),
-                rule: opts.judge.rule(metric),
+                history: all.len(),
+                window_first_run: first,
+                window_last_run: last,
+                rule: opts.judge.rule(&metric),
+                judgment,
             });
         }
     }
@@ -244,12 +303,25 @@ mod tests {
         assert_eq!(js[0].judgment.verdict, Verdict::Regression);
         assert_eq!(js[0].history, 15);
         assert!(js[0].rule.contains("higher is better"));
+        // The window's runs: the last `window` before the new one (point 14
+        // of this series is a 2.6σ low, flagged, so a level of its own).
+        let w = js[0].judgment.window;
+        assert!(w >= 1, "{:?}", js[0]);
+        let first = format!("run-{:04}", 15 - w);
+        assert_eq!(js[0].window_first_run.as_deref(), Some(first.as_str()));
+        assert_eq!(js[0].window_last_run.as_deref(), Some("run-0014"));
+        // Only older runs count: a run judged in the middle of the history
+        // sees the runs before it, not the ones after.
+        let mut mid_later = run(7, vec![cell("succeeded", Some(800.0), h100())]);
+        mid_later.id = "run-0007b".into();
+        assert_eq!(judge_run(&runs, &mid_later, &o)[0].history, 8);
         let h200 = run(
             17,
             vec![cell("succeeded", Some(2010.0), Some(hw("NVIDIA H200", 1)))],
         );
         let js = judge_run(&runs, &h200, &o);
-        assert_eq!(js[0].judgment.verdict, Verdict::Normal);
+        // One earlier H200 point: too little history to judge.
+        assert_eq!(js[0].judgment.verdict, Verdict::NoHistory);
         assert_eq!(js[0].history, 1);
         let new_gpu = run(18, vec![cell("succeeded", Some(5.0), Some(hw("NVIDIA B200", 1)))]);
         assert_eq!(

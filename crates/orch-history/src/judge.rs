@@ -8,9 +8,12 @@
 //! `floor` = 2%). Outside on the bad side is a `regression`, on the good
 //! side an `improvement`: higher is better for `*throughput*`, `*tflops*`,
 //! `*goodput*`, `*per_s*`; lower for `*_ms`, `*_s`, `*latency*`, `*time*`,
-//! `*duration*`; higher for any other name. With fewer than 3 points in the
-//! window, `σ` is the sd of the `N` points before its start (the noise of the
-//! level before).
+//! `*duration*`; higher for any other name. With fewer than 5 points in the
+//! window, `σ` is the larger of the sd of the `N` points before its start (the
+//! noise of the level before) and the window's own (from 3 points): the sd of
+//! 3 or 4 points alone is too unsure a band, and flagged the third point after
+//! a real change point now and then. At the start of a series (fewer than 5
+//! points, none before) a value is not judged (`no_history`).
 //!
 //! Accepted levels: a flagged point starts a provisional level, so the
 //! re-runs after it are judged against it and not flagged again (the shift
@@ -81,6 +84,15 @@ pub struct JudgeOptions {
     pub noise_floor: f64,
     /// Fewer points than this in the window: `σ` from the level before.
     pub min_points: usize,
+    /// A new run's metric with fewer earlier comparable points than this is
+    /// not judged (`no_history`): too little history to predict anything
+    /// (`judge_run`).
+    #[serde(default = "default_min_history")]
+    pub min_history: usize,
+}
+
+fn default_min_history() -> usize {
+    5
 }
 
 impl Default for JudgeOptions {
@@ -89,7 +101,8 @@ impl Default for JudgeOptions {
             window: 10,
             sigmas: 3.0,
             noise_floor: 0.02,
-            min_points: 3,
+            min_points: 5,
+            min_history: default_min_history(),
         }
     }
 }
@@ -163,14 +176,20 @@ pub fn judge_all(
             };
         }
         let (mean, var) = mean_var(window);
-        let sd = if window.len() >= opts.min_points {
+        let before = &values[seg_start.saturating_sub(n)..seg_start];
+        let sd = if window.len() >= opts.min_points || before.len() < 2 {
             var.sqrt()
         } else {
-            mean_var(&values[seg_start.saturating_sub(n)..seg_start]).1.sqrt()
+            // A short window: the noise of the level before, or the window's
+            // own when larger (3 points or more).
+            let own = if window.len() >= 3 { var.sqrt() } else { 0.0 };
+            mean_var(before).1.sqrt().max(own)
         };
         let half = (opts.sigmas * sd).max(opts.noise_floor * mean.abs());
         let (low, high) = (mean - half, mean + half);
         let verdict = match (v > high, v < low, better) {
+            // The start of a series: too few points for a band.
+            _ if window.len() < opts.min_points && before.len() < 2 => Verdict::NoHistory,
             (true, _, Better::Higher) | (_, true, Better::Lower) => Verdict::Improvement,
             (true, _, Better::Lower) | (_, true, Better::Higher) => Verdict::Regression,
             _ => Verdict::Normal,
@@ -341,7 +360,9 @@ mod tests {
         let mut x = series(30, &[], 0.01, 11);
         x[20] = 700.0;
         let js = judge_all(&x, &[], "output_throughput", &JudgeOptions::default());
-        let flagged: Vec<usize> = (1..30).filter(|&i| js[i].verdict != Verdict::Normal).collect();
+        let flagged: Vec<usize> = (1..30)
+            .filter(|&i| matches!(js[i].verdict, Verdict::Regression | Verdict::Improvement))
+            .collect();
         assert_eq!(flagged, vec![20], "{:#?}", &js[19..23]);
         assert!(js[21].note.as_deref().unwrap_or("").contains("back at the level"));
     }

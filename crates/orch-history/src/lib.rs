@@ -91,6 +91,7 @@
 //! No IO except [`load`] (reads the store) and `synth` (writes one).
 
 pub mod analysis;
+pub mod bisect;
 pub mod changepoints;
 pub mod judge;
 pub mod load;
@@ -99,7 +100,9 @@ pub mod series;
 #[cfg(any(test, feature = "synth"))]
 pub mod synth;
 
-pub use analysis::{analyze, judge_run, AnalysisOptions, CellJudgment, History, SeriesReport};
+pub use analysis::{
+    analyze, judge_run, judge_run_with, AnalysisOptions, CellJudgment, History, SeriesReport, JUDGE_TAIL,
+};
 pub use changepoints::{detect, ChangePoint, Options as ChangePointOptions};
 pub use judge::{better_for, judge, judge_all, Better, JudgeOptions, Judgment, Verdict};
 pub use load::{load, Loaded};

@@ -340,6 +340,7 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     let mut o = String::new();
     head(&mut o, r);
     header(&mut o, r);
+    history(&mut o, r);
     throughput(&mut o, r);
     cost_efficiency(&mut o, r);
     latency(&mut o, r);
@@ -453,7 +454,11 @@ fn kpis(o: &mut String, r: &Report) {
 
 /// Links to the sections the page has.
 fn nav(o: &mut String, r: &Report) {
-    o.push_str("<nav><a href=\"#throughput\">throughput</a><a href=\"#cost\">cost</a>");
+    o.push_str("<nav>");
+    if r.history.is_some() {
+        o.push_str("<a href=\"#history\">history</a>");
+    }
+    o.push_str("<a href=\"#throughput\">throughput</a><a href=\"#cost\">cost</a>");
     if r.cells.iter().any(|c| c.latency.is_some()) {
         o.push_str("<a href=\"#latency\">latency</a>");
     }
@@ -728,6 +733,25 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
             h(v.gate_why.as_deref().unwrap_or(""))
         );
     }
+    for v in cmp
+        .variants
+        .iter()
+        .filter(|v| v.output_check.is_some() || !v.flags.is_empty())
+    {
+        let mut parts = Vec::new();
+        if let Some(c) = &v.output_check {
+            parts.push(format!("output check {}", h(c)));
+        }
+        if !v.flags.is_empty() {
+            parts.push(format!("flags {}", h(&v.flags.join(", "))));
+        }
+        let _ = writeln!(
+            o,
+            "<p class=\"note\">variant {}: {}</p>",
+            code(&v.name),
+            parts.join("; ")
+        );
+    }
     for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
         let _ = write!(
             o,
@@ -741,6 +765,62 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
         }
         o.push_str("</p>\n");
     }
+}
+
+/// The run against its history: the flagged metrics with band and window,
+/// else one line; nothing when the run was not judged.
+fn history(o: &mut String, r: &Report) {
+    let Some(hc) = &r.history else { return };
+    o.push_str("<section id=\"history\">\n<h2>Against history</h2>\n");
+    let flagged: Vec<_> = hc.flagged().collect();
+    if !flagged.is_empty() {
+        let mut t = Table::new(
+            &[
+                "cell",
+                "metric",
+                "verdict",
+                "value",
+                "window mean",
+                "change",
+                "band",
+                "window",
+                "testbed",
+            ],
+            &[false, false, false, true, true, true, true, false, false],
+        );
+        for v in flagged {
+            t.row(
+                "",
+                &[
+                    code(&v.cell),
+                    code(&v.metric),
+                    format!("<strong class=\"history-{0}\">{0}</strong>", h(&v.verdict)),
+                    num(v.value),
+                    num(v.mean),
+                    format!("{:+.1}%", v.change() * 100.0),
+                    format!("[{}, {}]", num(v.low), num(v.high)),
+                    format!(
+                        "{} runs: {} .. {}{}",
+                        v.window,
+                        code(&v.window_first_run),
+                        code(&v.window_last_run),
+                        v.note
+                            .as_deref()
+                            .map(|n| format!(" ({})", h(n)))
+                            .unwrap_or_default()
+                    ),
+                    h(&v.testbed),
+                ],
+            );
+        }
+        o.push_str(&t.end());
+    }
+    let _ = writeln!(
+        o,
+        "<p class=\"note\">{}; rule: {}</p>\n</section>",
+        h(&hc.summary()),
+        h(&hc.rule)
+    );
 }
 
 /// Each failed cell: its failure, its cause and hint, what it wasted.

@@ -14,13 +14,16 @@
 //! comparison tables from `info.comparison`, failures with diagnosis, hardware, totals);
 //! `metrics.rs`: which metric is throughput / token rate / latency (documented orders,
 //! `--metric`/`--latency`); `md.rs`, `csv.rs`, `html.rs` + `report.css`/`report.js`
-//! (self-contained page, SVG charts drawn from embedded JSON); `compare.rs`: two runs
+//! (self-contained page, SVG charts drawn from embedded JSON); `history.rs`: the run
+//! judged against the earlier runs of its suite (`Report::history`, filled by the caller
+//! from `orch-history`, and which metrics are judged); `compare.rs`: two runs
 //! matched by benchmark + params, $/GPU-hour, $ per unit of work. It does not: read the
 //! store or write files.
 
 pub mod compare;
 mod csv;
 pub mod fmt;
+pub mod history;
 mod html;
 mod md;
 pub mod metrics;
@@ -28,6 +31,7 @@ pub mod model;
 mod text;
 
 pub use compare::{CompareOptions, RunComparison};
+pub use history::{primary_metrics, HistoryCheck, HistoryVerdict};
 pub use model::{Options, Report};
 
 #[derive(Debug, thiserror::Error)]

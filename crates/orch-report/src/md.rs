@@ -153,6 +153,7 @@ fn load_curves(out: &mut String, r: &Report) {
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     header(&mut out, r);
+    history(&mut out, r);
     throughput(&mut out, r);
     cost_efficiency(&mut out, r);
     cells(&mut out, r);
@@ -206,6 +207,60 @@ fn header(out: &mut String, r: &Report) {
         );
     }
     out.push('\n');
+}
+
+/// The run against its history: each flagged metric with its band and
+/// window, else one line; nothing when the caller did not judge the run.
+fn history(out: &mut String, r: &Report) {
+    let Some(h) = &r.history else { return };
+    let flagged: Vec<_> = h.flagged().collect();
+    if flagged.is_empty() {
+        let _ = writeln!(out, "History: {}.\n", esc(&h.summary()));
+        return;
+    }
+    out.push_str("## Against history\n\n");
+    let rows: Vec<Vec<String>> = flagged
+        .iter()
+        .map(|v| {
+            vec![
+                code(&v.cell),
+                code(&v.metric),
+                format!("**{}**", esc(&v.verdict)),
+                num(v.value),
+                num(v.mean),
+                format!("{:+.1}%", v.change() * 100.0),
+                format!("[{}, {}]", num(v.low), num(v.high)),
+                format!(
+                    "{} runs: {} .. {}{}",
+                    v.window,
+                    code(&v.window_first_run),
+                    code(&v.window_last_run),
+                    v.note
+                        .as_deref()
+                        .map(|n| format!(" ({})", esc(n)))
+                        .unwrap_or_default()
+                ),
+                esc(&v.testbed),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "cell",
+            "metric",
+            "verdict",
+            "value",
+            "window mean",
+            "change",
+            "band",
+            "window",
+            "testbed",
+        ],
+        &[false, false, false, true, true, true, true, false, false],
+        &rows,
+    );
+    let _ = writeln!(out, "{}; rule: {}.\n", esc(&h.summary()), esc(&h.rule));
 }
 
 /// One ranking per throughput metric.
@@ -428,7 +483,25 @@ fn comparison(out: &mut String, cmp: &CompareCell) {
             esc(v.gate_why.as_deref().unwrap_or(""))
         );
     }
-    if cmp.variants.iter().any(|v| v.gate.is_some()) {
+    for v in cmp
+        .variants
+        .iter()
+        .filter(|v| v.output_check.is_some() || !v.flags.is_empty())
+    {
+        let mut parts = Vec::new();
+        if let Some(c) = &v.output_check {
+            parts.push(format!("output check {}", esc(c)));
+        }
+        if !v.flags.is_empty() {
+            parts.push(format!("flags {}", esc(&v.flags.join(", "))));
+        }
+        let _ = writeln!(out, "- variant `{}`: {}", v.name, parts.join("; "));
+    }
+    if cmp
+        .variants
+        .iter()
+        .any(|v| v.gate.is_some() || v.output_check.is_some() || !v.flags.is_empty())
+    {
         out.push('\n');
     }
     for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {

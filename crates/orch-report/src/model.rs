@@ -48,6 +48,11 @@ pub struct Report {
     /// stages (a sweep or a saturation search), in plan order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub load_curves: Vec<LoadCurve>,
+    /// The run judged against the earlier runs of its suite (issue 33):
+    /// set by the caller that reads the store ([`Report::build`] leaves it
+    /// `None`); absent in JSON when not judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<crate::history::HistoryCheck>,
 }
 
 /// A cell's load stages (`rate_<r>.*` or `concurrency_<c>.*` metrics), by
@@ -276,6 +281,11 @@ pub struct VariantRow {
     /// `identical_outputs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flags: Vec<String>,
+    /// The output check in words (`passed: 8 of 8 answers exact`,
+    /// `output_mismatch: 2 of 8 answers exact, first divergence at token 3`,
+    /// `reference`), from `info.variants.<name>.output_check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_check: Option<String>,
     /// The drift of the primary metric over the measured rounds: slope per
     /// round as a fraction of the mean, with its 95% interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -602,6 +612,7 @@ impl Report {
             telemetry: rec.cells.iter().filter_map(telemetry_row).collect(),
             calibration: rec.cells.iter().filter_map(calibration_cell).collect(),
             load_curves: rec.cells.iter().filter_map(load_curve).collect(),
+            history: None,
             cells,
         })
     }
@@ -956,6 +967,93 @@ fn variant_rank_entries(rec: &RunRecord, options: &Options) -> Vec<(String, Rank
     out
 }
 
+impl CompareCell {
+    /// The comparison's gates and drift in plain lines (for `orch show`):
+    /// each variant's gate and why, output check, flags and drift; each
+    /// pair's verdict on the primary metric, its speed verdict where a gate
+    /// took its place, and the drift of both sides.
+    pub fn checks_text(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for v in &self.variants {
+            let mut parts = Vec::new();
+            if let Some(g) = &v.gate {
+                parts.push(format!(
+                    "{g}, no verdict on speed: {}",
+                    v.gate_why.as_deref().unwrap_or("")
+                ));
+            }
+            if let Some(c) = &v.output_check {
+                parts.push(format!("output check {c}"));
+            }
+            if !v.flags.is_empty() {
+                parts.push(format!("flags {}", v.flags.join(", ")));
+            }
+            if let Some(d) = &v.drift {
+                parts.push(format!("drift {}", d.text()));
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            out.push(format!("variant {}: {}", v.name, parts.join("; ")));
+        }
+        let drift_of = |name: &str| {
+            self.variants
+                .iter()
+                .find(|v| v.name == name)
+                .and_then(|v| v.drift)
+                .map(|d| d.text())
+                .unwrap_or_else(|| "-".into())
+        };
+        for x in self.rows.iter().filter(|x| x.primary) {
+            let mut s = format!("pair {} vs {}: {}", x.other, x.base, x.verdict);
+            if let Some(sv) = &x.speed_verdict {
+                s.push_str(&format!(" (speed: {sv})"));
+            }
+            s.push_str(&format!(
+                ", ratio {:.3} [{:.3}, {:.3}], speedup {:.3}; drift {} {}, {} {}",
+                x.ratio,
+                x.ci_low,
+                x.ci_high,
+                x.speedup,
+                x.base,
+                drift_of(&x.base),
+                x.other,
+                drift_of(&x.other)
+            ));
+            out.push(s);
+        }
+        out
+    }
+}
+
+/// `info.variants.<name>.output_check` in words; `None` without one.
+pub fn output_check_text(v: &serde_json::Value) -> Option<String> {
+    let status = v["status"].as_str()?;
+    if status == "reference" {
+        return Some(match v["answered"].as_u64() {
+            Some(n) => format!("reference ({n} answers)"),
+            None => "reference".into(),
+        });
+    }
+    let mut s = status.to_string();
+    if let (Some(exact), Some(compared)) = (v["exact"].as_u64(), v["compared"].as_u64()) {
+        s.push_str(&format!(": {exact} of {compared} answers exact"));
+    }
+    if let Some(d) = v["first_divergence"].as_u64() {
+        s.push_str(&format!(
+            ", first divergence at {} {d}",
+            v["unit"].as_str().unwrap_or("token")
+        ));
+    }
+    if let Some(rule) = v["rule"].as_str().filter(|r| *r != "exact") {
+        s.push_str(&format!(" (rule: {rule})"));
+    }
+    if let Some(e) = v["evidence"].as_str() {
+        s.push_str(&format!("; evidence {e}"));
+    }
+    Some(s)
+}
+
 fn compare_cell(c: &CellView) -> Option<CompareCell> {
     let list = c.info.get("comparison")?.as_array()?;
     let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("?").to_string();
@@ -1030,6 +1128,7 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
                         .unwrap_or_default(),
                     gate: v["gate"]["kind"].as_str().map(String::from),
                     gate_why: v["gate"]["why"].as_str().map(String::from),
+                    output_check: output_check_text(&v["output_check"]),
                     flags: v["flags"]
                         .as_array()
                         .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())

@@ -55,6 +55,8 @@ pub enum Command {
     Pull(PullArgs),
     /// A suite's metrics across the store's runs: series per GPU and backend, change points, failures
     History(HistoryArgs),
+    /// Find the first commit of a comparison's repository whose metric differs from a good one
+    Bisect(BisectArgs),
     /// Check each backend and the store: what is configured, what works, what to do next; spends nothing
     Doctor(DoctorArgs),
     /// Write a starter suite that runs at once on this machine (`NAME/orch.yaml`, or `./orch.yaml`)
@@ -271,6 +273,43 @@ pub struct HistoryArgs {
     /// Also write the charts as one HTML page to this file
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BisectArgs {
+    /// Suite manifest with a `compare:` benchmark
+    #[arg(short = 'f', long = "file", required_unless_present = "resume")]
+    pub file: Option<PathBuf>,
+    /// A commit (ref) of the benchmark's `repo:` that is good
+    #[arg(long, value_name = "REF", required_unless_present = "resume")]
+    pub good: Option<String>,
+    /// A later commit (ref) that differs from the good one
+    #[arg(long, value_name = "REF", required_unless_present = "resume")]
+    pub bad: Option<String>,
+    /// The `compare:` benchmark (needed when the suite has several)
+    #[arg(long)]
+    pub benchmark: Option<String>,
+    /// The metric that decides each step (default: the benchmark's `primary_metric`)
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Where the steps run
+    #[arg(long, default_value = "local")]
+    pub backend: Kind,
+    /// Weights volume of the local backend (a hub cache)
+    #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// Cap on the whole bisection's cost in US dollars: no step starts that would pass it
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
+    /// Continue the bisection with this id (as printed when it started)
+    #[arg(long, value_name = "ID")]
+    pub resume: Option<String>,
+    /// Run even when the suite's model weights are not set up
+    #[arg(long)]
+    pub no_preflight: bool,
+    /// Print the bisection (steps and result) as JSON on stdout
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

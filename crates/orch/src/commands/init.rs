@@ -42,7 +42,7 @@ pub fn suite_text(name: &str, containers: bool) -> String {
             "# Container backends run every cell in this image, built from containers/{name}/\n# (`orch build -f orch.yaml`; kubernetes: `--push REGISTRY`). The local backend ignores it.\nimage: {{build: {name}}}\n"
         )
     } else {
-        "# Container backends run each cell in an image: `image: python:3.11-slim`, or\n# `image: {build: NAME}` built from containers/NAME/Dockerfile (`orch init --containers`).\n".to_string()
+        "# Container backends (docker, kubernetes) run each cell in an image, which this suite does not\n# name yet: `image: python:3.11-slim` (any image works: orch mounts its agent; `docker pull` it\n# first), or `image: {build: NAME}` built from containers/NAME/Dockerfile (`orch init --containers`).\n".to_string()
     };
     format!(
         r#"# A starter suite written by `orch init`. Run it on this machine (CPU, under a minute):

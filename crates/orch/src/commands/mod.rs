@@ -1,3 +1,4 @@
+mod bisect;
 mod build;
 mod compare;
 mod completions;
@@ -61,6 +62,7 @@ async fn command(
         Command::Diagnose(args) => diagnose::diagnose(args),
         Command::Ls(args) => ls::ls(store, args),
         Command::History(args) => history::history(store, args),
+        Command::Bisect(args) => bisect::bisect(store, prices, args).await,
         Command::Show(args) => show::show(store, args),
         Command::Logs(args) => logs::logs(store, args),
         Command::Report(args) => report::report(store, args),

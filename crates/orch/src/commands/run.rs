@@ -8,7 +8,7 @@ use orch_runner::{execute, RunnerOptions};
 use tokio::sync::{mpsc, watch};
 
 /// The files that travel with the plan's cells, per its `sync:` section.
-fn files_of(plan: &orch_manifest::Plan) -> orch_files::Files {
+pub(super) fn files_of(plan: &orch_manifest::Plan) -> orch_files::Files {
     let sync = plan.sync.clone().unwrap_or_default();
     orch_files::Files::new(
         orch_files::default_cache_dir(),
@@ -29,7 +29,7 @@ fn files_of(plan: &orch_manifest::Plan) -> orch_files::Files {
 
 /// A local repository's uncommitted changes refused, or made the patch
 /// every backend applies (before the run exists: its tasks keep it).
-fn prepare_files(files: &orch_files::Files, plan: &mut orch_manifest::Plan) -> anyhow::Result<()> {
+pub(super) fn prepare_files(files: &orch_files::Files, plan: &mut orch_manifest::Plan) -> anyhow::Result<()> {
     for cell in &mut plan.cells {
         files
             .prepare(&mut cell.task)
@@ -40,7 +40,7 @@ fn prepare_files(files: &orch_files::Files, plan: &mut orch_manifest::Plan) -> a
 
 /// Everything that travels staged before any cell starts, so that a missing
 /// file or a set over `sync.max_size` stops the run at once (exit 2).
-fn stage_files(
+pub(super) fn stage_files(
     files: &orch_files::Files,
     plan: &orch_manifest::Plan,
     backend: &dyn orch_backend::Backend,
@@ -85,7 +85,7 @@ async fn preflight(
 
 /// Everything a run needs of the suite and the backend, checked before the
 /// run's folder exists: secrets, node counts, GPU counts, weights.
-async fn check(
+pub(super) async fn check(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
     args: &RunArgs,
@@ -331,7 +331,7 @@ fn collect_secrets(names: &[String]) -> anyhow::Result<Vec<(String, String)>> {
 
 /// First Ctrl-C (or SIGTERM): stop cleanly, recording running cells
 /// `cancelled`. Second: leave at once (agents die with us).
-async fn watch_signals(cancel: watch::Sender<bool>) {
+pub(super) async fn watch_signals(cancel: watch::Sender<bool>) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut count = 0;
     loop {

@@ -1,5 +1,40 @@
+//! `orch show RUN`: the run's cells, comparisons (with each variant's gate,
+//! output check and drift, each pair's verdict), hardware, failures and
+//! cost, and the run judged against the earlier runs of its suite.
+
 use crate::cli::ShowArgs;
 use crate::output;
+
+/// The lines `orch show` adds under the run's table: the gates and drift of
+/// every comparison, and the history verdicts.
+fn checks_text(store: &orch_store::Store, record: &orch_record::RunRecord) -> String {
+    let mut out = String::new();
+    let options = orch_report::Options::default();
+    // Without `--metric`/`--latency`, building the report cannot fail.
+    if let Ok(report) = orch_report::Report::build(record, &options) {
+        for cmp in &report.comparisons {
+            let lines = cmp.checks_text();
+            if lines.is_empty() {
+                continue;
+            }
+            out.push_str(&format!("\ngates and drift in {}:\n", cmp.cell));
+            for l in lines {
+                out.push_str(&format!("  {l}\n"));
+            }
+        }
+    }
+    if let Some(h) = crate::commands::report::history_check(store, record, &options) {
+        let flagged: Vec<_> = h.flagged().collect();
+        out.push_str(&format!("\nhistory: {}\n", h.summary()));
+        if !flagged.is_empty() {
+            for v in flagged {
+                out.push_str(&format!("  {}\n", v.text()));
+            }
+            out.push_str(&format!("  rule: {}\n", h.rule));
+        }
+    }
+    out
+}
 
 pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
     let run = store.open_run(&args.run)?;
@@ -11,6 +46,7 @@ pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
             "{}",
             output::run_text(&record, std::path::Path::new(&run.location()))
         );
+        print!("{}", checks_text(store, &record));
     }
     Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
         0

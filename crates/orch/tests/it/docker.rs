@@ -262,3 +262,31 @@ fn failed_build_exits_1_showing_the_failing_step() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("orch build"), "{}", text(&out));
 }
+
+#[test]
+fn a_suite_that_names_no_image_is_refused_before_the_run() {
+    let Some(_tag) = ready() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("suite.yaml");
+    std::fs::write(
+        &m,
+        "name: bare\nbenchmarks:\n  - name: hello\n    workload:\n      shell: 'echo hi'\n",
+    )
+    .unwrap();
+    let out = orch()
+        .args(["run", "--backend", "docker", "-f"])
+        .arg(&m)
+        .arg("--store")
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("cell `hello") && t.contains("names no `image`"), "{t}");
+    assert!(t.contains("hint: add `image: REF`"), "{t}");
+    // Refused before the run: no run folder was made.
+    assert!(
+        !tmp.path().join("s").exists() || std::fs::read_dir(tmp.path().join("s")).unwrap().next().is_none(),
+        "{t}"
+    );
+}

@@ -487,9 +487,13 @@ fn doctor_on_the_local_slurm_names_its_partition_and_gres() {
 }
 
 /// The wheel as `pip install` gets it: built by maturin (the dev profile,
-/// reusing this debug build; the static agent of `scripts/build-agent.sh`
-/// when it is there), installed into a fresh virtual environment, then
-/// `orch init` and `orch run` from the venv's `bin/`, with no checkout.
+/// reusing this debug build; the static agent of `scripts/build-agent.sh`,
+/// which `scripts/prepare-docker.sh` runs, in its data `scripts/`),
+/// installed into a fresh virtual environment, then from the venv's `bin/`
+/// in a folder with no checkout: `orch init` and `orch run`; `--version`
+/// through a symlink (as `uv tool install` links it); and on this
+/// machine's Docker engine `orch build`, `orch run --backend docker` and
+/// `orch build --agent` with nothing but the venv (no prepare script).
 /// Ignored in the main run: maturin relinks `target/debug/orch`, which the
 /// other tests spawn meanwhile (`No such file or directory`); `.ci/run`
 /// runs it alone after the suite.
@@ -523,8 +527,10 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     let data = repo().join("target/wheel-data/scripts");
     std::fs::create_dir_all(&data).unwrap();
     let agent = crate::container_agent();
+    let carried = data.join("orch-agent-static");
+    let _ = std::fs::remove_file(&carried);
     if orch_testkit::container::is_static_elf(&agent) {
-        std::fs::copy(&agent, data.join("orch-agent-static")).unwrap();
+        std::fs::copy(&agent, &carried).unwrap();
     }
     let tmp = tempfile::tempdir().unwrap();
     let wheels = tmp.path().join("wheels");
@@ -559,27 +565,172 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     assert!(installed.is_file(), "no orch in {}", venv.join("bin").display());
     let work = tmp.path().join("work");
     std::fs::create_dir(&work).unwrap();
-    init_and_run(
-        || {
-            let mut c = Command::new(&installed);
-            c.env_remove("ORCH_STORE")
-                .env_remove("ORCH_AGENT")
-                .env_remove("ORCH_AGENT_STATIC")
-                .env("HOME", tmp.path())
-                .env("XDG_CACHE_HOME", tmp.path().join("cache"))
-                .stdin(Stdio::null());
-            c
-        },
-        &work,
-    );
-    // The static agent lands beside `orch`, where `--version` finds it.
+    let home = tmp.path().to_path_buf();
+    let from = |exe: &Path| {
+        let mut c = Command::new(exe);
+        c.env_remove("ORCH_STORE")
+            .env_remove("ORCH_AGENT")
+            .env_remove("ORCH_AGENT_STATIC")
+            .env_remove("ORCH_STATIC")
+            .env_remove("ORCH_AGENT_IMAGE")
+            .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
+            .env("HOME", &home)
+            .env("XDG_CACHE_HOME", home.join("cache"))
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .stdin(Stdio::null());
+        c
+    };
+    init_and_run(|| from(&installed), &work);
+
+    // The static agent lands beside `orch`, where `--version` finds it,
+    // also through a symlink to `orch` (`uv tool install` links
+    // `~/.local/bin/orch` to its venv's `bin/orch`).
     let agent = venv.join("bin/orch-agent-static");
-    if agent.is_file() {
-        let out = Command::new(&installed).arg("--version").output().unwrap();
+    assert_eq!(
+        agent.is_file(),
+        carried.is_file(),
+        "the wheel's data `scripts/` should land in the venv's bin/"
+    );
+    let links = tmp.path().join("links");
+    std::fs::create_dir(&links).unwrap();
+    std::os::unix::fs::symlink(&installed, links.join("orch")).unwrap();
+    for exe in [installed.clone(), links.join("orch")] {
+        let out = from(&exe).arg("--version").output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
         let v = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            v.contains(&format!("agent (containers): {}", agent.display())),
-            "{v}"
-        );
+        assert!(v.starts_with("orch "), "{v}");
+        if agent.is_file() {
+            assert!(
+                v.contains(&format!("agent (containers): {}", agent.display())),
+                "{}: {v}",
+                exe.display()
+            );
+        }
     }
+
+    // `uv tool install` where uv is here (its own tool and bin folders).
+    if let Some(uv) = find_uv() {
+        let out = Command::new(&uv)
+            .args(["tool", "install", "--offline", "--no-cache"])
+            .arg(&wheel)
+            .env("UV_TOOL_DIR", tmp.path().join("uv-tools"))
+            .env("UV_TOOL_BIN_DIR", tmp.path().join("uv-bin"))
+            .env("HOME", tmp.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let out = from(&tmp.path().join("uv-bin/orch"))
+            .arg("--version")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let v = String::from_utf8_lossy(&out.stdout);
+        if agent.is_file() {
+            let beside = tmp.path().join("uv-tools/orch/bin/orch-agent-static");
+            assert!(
+                v.contains(&format!("agent (containers): {}", beside.display())),
+                "{v}"
+            );
+        }
+    }
+
+    wheel_on_docker(test, &from, &installed, &agent, &work);
+}
+
+/// `uv` on `PATH`, when it runs.
+fn find_uv() -> Option<PathBuf> {
+    Command::new("uv")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| PathBuf::from("uv"))
+}
+
+/// The installed wheel on this machine's Docker engine, with no checkout:
+/// `orch init --containers`, its Dockerfile made `FROM scratch` with a
+/// static busybox (no registry here; a user's `FROM python:3.11-slim`
+/// pulls), `orch build`, `orch run --backend docker` (the agent from the
+/// venv's `bin/`), then `orch build --agent` and the agent image run.
+/// Skipped outside CI without Docker, the static agent or a static busybox.
+fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path, agent: &Path, work: &Path) {
+    let engine = Command::new("docker")
+        .arg("info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !matches!(engine, Ok(s) if s.success()) {
+        orch_testkit::skip::skip_or_fail(
+            test,
+            "no Docker engine reachable here (`docker info` failed): the wheel's docker part needs one",
+        );
+        return;
+    }
+    if !orch_testkit::container::is_static_elf(agent) {
+        orch_testkit::skip::skip_or_fail(
+            test,
+            &format!(
+                "the wheel carries no static agent (`{}` is missing): run `bash scripts/prepare-docker.sh` first",
+                crate::container_agent().display()
+            ),
+        );
+        return;
+    }
+    let busybox = match orch_testkit::container::host_busybox() {
+        Ok(b) => b,
+        Err(e) => {
+            orch_testkit::skip::skip_or_fail(test, &e.to_string());
+            return;
+        }
+    };
+    let run = |dir: &Path, args: &[&str]| {
+        let out = from(installed).current_dir(dir).args(args).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "orch {}: {}",
+            args.join(" "),
+            text(&out)
+        );
+        out
+    };
+    run(work, &["init", "boxed", "--containers"]);
+    let dir = work.join("boxed");
+    let context = dir.join("containers/boxed");
+    std::fs::copy(&busybox, context.join("busybox")).unwrap();
+    std::fs::write(
+        context.join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin\n",
+    )
+    .unwrap();
+    run(&dir, &["build", "-f", "orch.yaml"]);
+    let out = run(&dir, &["run", "-f", "orch.yaml", "--backend", "docker", "--json"]);
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let cells = record["cells"].as_array().unwrap_or_else(|| panic!("{record}"));
+    assert_eq!(cells.len(), 2, "{record}");
+    for c in cells {
+        assert_eq!(c["status"], "succeeded", "{c}");
+        assert!(c["metrics"].as_object().is_some_and(|m| !m.is_empty()), "{c}");
+    }
+
+    // The agent image for kubernetes, from the installed orch alone.
+    let out = run(work, &["build", "--agent"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("(the static agent `{}`)", agent.display())),
+        "{}",
+        text(&out)
+    );
+    let tag = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    assert!(tag.contains("orch-agent"), "{}", text(&out));
+    let out = Command::new("docker")
+        .args(["run", "--rm", &tag, "version"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker run {tag} version: {}", text(&out));
 }

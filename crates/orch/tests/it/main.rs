@@ -40,6 +40,7 @@ fn containers_ready(what: &str) -> bool {
     )
 }
 
+mod bisect;
 mod cli;
 mod compare_check;
 mod cost;
