@@ -315,7 +315,13 @@ fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
 }
 
 /// Checkout, patch, install. `Err` is the reason the variant cannot run.
-fn setup(v: &Variant, repo: Option<&str>, worktree: Option<&str>, root: &Path) -> Result<PathBuf, String> {
+fn setup(
+    v: &Variant,
+    repo: Option<&str>,
+    worktree: Option<&str>,
+    root: &Path,
+    cache: Option<&Path>,
+) -> Result<PathBuf, String> {
     let vdir = root.join("variants").join(&v.name);
     let src = vdir.join("src");
     let _ = std::fs::remove_dir_all(&src);
@@ -347,23 +353,92 @@ fn setup(v: &Variant, repo: Option<&str>, worktree: Option<&str>, root: &Path) -
         }
         git(&["apply", patch], Some(&src))?;
     }
+    if let (Some(install), Some(cache)) = (&v.install, cache) {
+        return cached_install(v, install, &src, &vdir, cache);
+    }
     if let Some(install) = &v.install {
-        let out = Command::new("sh")
-            .args(["-c", install])
-            .current_dir(&src)
-            .output()
-            .map_err(|e| format!("cannot run the install command: {e}"))?;
-        let log = [out.stdout.as_slice(), out.stderr.as_slice()].concat();
-        let _ = std::fs::write(vdir.join("install.log"), &log);
-        if !out.status.success() {
-            return Err(format!(
-                "the install command failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&log).lines().last().unwrap_or("")
-            ));
-        }
+        install_in(v, install, &src, &vdir)?;
     }
     Ok(src)
+}
+
+/// `src` (checked out and patched) installed once per key in `cache`:
+/// the key is the commit, the patched tree's diff and the install command.
+/// The first cell with a key moves its checkout there and installs it
+/// (under a lock, so two cells never install one key at once); later cells
+/// run in that folder without installing. The checkout runs where it was
+/// installed, so editable installs (`pip install -e .`) stay valid.
+fn cached_install(
+    v: &Variant,
+    install: &str,
+    src: &Path,
+    vdir: &Path,
+    cache: &Path,
+) -> Result<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::io::AsRawFd;
+    let head = git(&["rev-parse", "HEAD"], Some(src))?;
+    let diff = git(&["diff", "HEAD"], Some(src))?;
+    let mut h = Sha256::new();
+    for part in [head.trim(), diff.as_str(), install] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(cache).map_err(|e| format!("cannot create `{}`: {e}", cache.display()))?;
+    let dir = cache.join(&key);
+    let lock = std::fs::File::create(cache.join(format!("{key}.lock")))
+        .map_err(|e| format!("cannot create the install cache's lock: {e}"))?;
+    // SAFETY: flock on an open file descriptor we own; released on drop.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(format!(
+            "cannot lock `{}`: {}",
+            cache.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let done = dir.join(".orch-installed");
+    if done.exists() {
+        let _ = std::fs::remove_dir_all(src);
+        let _ = std::fs::write(
+            vdir.join("install.log"),
+            format!(
+                "orch: `{install}` reused: installed before in `{}` (commit {})\n",
+                dir.display(),
+                head.trim()
+            ),
+        );
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if std::fs::rename(src, &dir).is_err() {
+        // Another filesystem: no cache, install where it is.
+        let _ = std::fs::remove_dir_all(&dir);
+        return install_in(v, install, src, vdir).map(|()| src.to_path_buf());
+    }
+    install_in(v, install, &dir, vdir)?;
+    std::fs::write(&done, head.trim())
+        .map_err(|e| format!("cannot mark `{}` installed: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Run `install` in `src`, its output in `install.log`.
+fn install_in(_v: &Variant, install: &str, src: &Path, vdir: &Path) -> Result<(), String> {
+    let out = Command::new("sh")
+        .args(["-c", install])
+        .current_dir(src)
+        .output()
+        .map_err(|e| format!("cannot run the install command: {e}"))?;
+    let log = [out.stdout.as_slice(), out.stderr.as_slice()].concat();
+    let _ = std::fs::write(vdir.join("install.log"), &log);
+    if !out.status.success() {
+        return Err(format!(
+            "the install command failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&log).lines().last().unwrap_or("")
+        ));
+    }
+    Ok(())
 }
 
 /// Per-metric values of two variants over the rounds both measured, in
@@ -431,7 +506,13 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let mut variants: Vec<VariantState> = Vec::new();
     for v in &cmp.variants {
         ctx.message(format!("setting up variant `{}`", v.name));
-        let (dir, failed) = match setup(v, cmp.repo.as_deref(), cmp.worktree_patch.as_deref(), out_dir) {
+        let (dir, failed) = match setup(
+            v,
+            cmp.repo.as_deref(),
+            cmp.worktree_patch.as_deref(),
+            out_dir,
+            cmp.install_cache.as_deref().map(Path::new),
+        ) {
             Ok(d) => (d, None),
             Err(e) => {
                 ctx.message(format!("variant `{}` failed: {e}", v.name));

@@ -93,6 +93,7 @@ fn compare(d: &Path, fast_ref: Option<&str>) -> Workload {
         output_check: None,
         check: None,
         defences: false,
+        install_cache: None,
         server: ServerWorkload {
             argv: vec!["python3".into(), "server.py".into()],
             workdir: None,

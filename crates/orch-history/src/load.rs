@@ -38,17 +38,19 @@ pub fn load(store: &Store, suite: &str, since: Option<DateTime<Utc>>) -> Result<
     // Opened at once: an object store reads what tells it which runs are
     // finished once, not one listing per run.
     let opened: Vec<_> = ids.iter().zip(store.open_to_read(&ids)).collect();
-    let read = parallel_map_with(&opened, workers, |(id, run)| -> Result<Option<RunRecord>, String> {
-        let run = run
-            .as_ref()
-            .map_err(|e| format!("skipped run `{id}`: {e}"))?;
-        if run.meta.suite != suite || since.is_some_and(|s| run.meta.created_at < s) {
-            return Ok(None);
-        }
-        run.record()
-            .map(Some)
-            .map_err(|e| format!("skipped run `{id}`: {e}"))
-    });
+    let read = parallel_map_with(
+        &opened,
+        workers,
+        |(id, run)| -> Result<Option<RunRecord>, String> {
+            let run = run.as_ref().map_err(|e| format!("skipped run `{id}`: {e}"))?;
+            if run.meta.suite != suite || since.is_some_and(|s| run.meta.created_at < s) {
+                return Ok(None);
+            }
+            run.record()
+                .map(Some)
+                .map_err(|e| format!("skipped run `{id}`: {e}"))
+        },
+    );
     let mut out = Loaded::default();
     for r in read {
         match r {

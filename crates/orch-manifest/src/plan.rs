@@ -1120,6 +1120,7 @@ fn compare_workload(
         output_check,
         check: c.check.clone(),
         defences: c.defences.unwrap_or(true),
+        install_cache: None,
     }))
 }
 

@@ -124,6 +124,10 @@ pub struct FileEntry {
     pub executable: bool,
 }
 
+// One workload per cell, made once and serialized into its task: the
+// comparison's larger size costs nothing worth a box (and a box would change
+// every match on it).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Workload {
@@ -189,6 +193,12 @@ pub struct CompareWorkload {
     /// text, and identical outputs across different prompts.
     #[serde(default)]
     pub defences: bool,
+    /// A folder (on the machine the agent runs on) where each variant
+    /// checkout with an `install` is installed once per (commit, patches,
+    /// install command) and reused by later cells: `orch bisect` sets it on
+    /// the local backend, where the good commit runs in every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_cache: Option<String>,
 }
 
 /// The output check of a comparison: greedy, seeded, non-streaming answers

@@ -140,6 +140,7 @@ mod tests {
             output_check: None,
             check: None,
             defences: false,
+            install_cache: None,
             server: ServerWorkload {
                 argv: vec!["python3".into(), "serve.py".into()],
                 workdir: None,

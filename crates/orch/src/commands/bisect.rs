@@ -632,6 +632,16 @@ pub async fn bisect(
             &commit,
             state.metric.as_deref(),
         );
+        // On this machine, each commit's checkout is installed once and
+        // reused by later steps (the good commit runs in every step).
+        if args.backend == orch_backend::host::Kind::Local {
+            let checkouts = state_dir(store).join("checkouts");
+            for c in &mut step_plan.cells {
+                if let Workload::Compare(w) = &mut c.task.workload {
+                    w.install_cache = Some(checkouts.to_string_lossy().into_owned());
+                }
+            }
+        }
         // Budget: what the steps spent plus this one's estimate.
         let spent: f64 = state.bisection.steps.iter().map(|s| s.cost_usd).sum();
         let estimates =

@@ -90,7 +90,7 @@ benchmarks:
       seed: 11
       output_check: {{prompts: 2, max_tokens: 4}}
       variants:
-        - {{name: baseline, ref: main}}
+        - {{name: baseline, ref: main, install: "echo installed >> {installs}"}}
         - {{name: latest, ref: main}}
     workload:
       server:
@@ -100,7 +100,8 @@ benchmarks:
       client:
         loadgen: {{num_prompts: 8, max_concurrency: 4, input_len: 8, output_len: 16, seed: 5}}
 "#,
-            toy = toy.display()
+            toy = toy.display(),
+            installs = dir.join("installs.log").display()
         ),
     )
     .unwrap();
@@ -225,6 +226,19 @@ fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
     assert!(
         broken["cause"].as_str().is_some_and(|c| !c.is_empty()),
         "{broken}"
+    );
+    // Each commit is installed once (the install cache of the local
+    // backend): the good commit not again in every step. Without the cache
+    // each step installs twice.
+    let installs = std::fs::read_to_string(tmp.path().join("installs.log"))
+        .unwrap_or_default()
+        .lines()
+        .count();
+    let restarted = v["restarted_steps"].as_u64().unwrap_or(0) as usize;
+    assert!(
+        installs <= steps.len() + 1 + restarted && installs < 2 * steps.len(),
+        "{installs} installs for {} steps: {v}",
+        steps.len()
     );
     // Every step's run is in the store, with its pair.
     for s in steps {
