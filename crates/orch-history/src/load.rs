@@ -26,7 +26,6 @@ pub struct Loaded {
 /// suite's runs (in time) have their cell records read, several at a time.
 /// Fails only when the store cannot be listed.
 pub fn load(store: &Store, suite: &str, since: Option<DateTime<Utc>>) -> Result<Loaded, HistoryError> {
-    let ids = store.run_ids()?;
     // A folder store is bound by the CPUs; an object store by the round
     // trips of its requests (3 to 4 per run, each a few ms): many runs in
     // flight at once keep `orch history` over 10,000 runs on S3 within 2x
@@ -37,7 +36,7 @@ pub fn load(store: &Store, suite: &str, since: Option<DateTime<Utc>>) -> Result<
     };
     // Opened at once: an object store reads what tells it which runs are
     // finished once, not one listing per run.
-    let opened: Vec<_> = ids.iter().zip(store.open_to_read(&ids)).collect();
+    let opened = store.open_all_to_read()?;
     let read = parallel_map_with(
         &opened,
         workers,

@@ -86,6 +86,16 @@ impl StoreBackend for S3Store {
             if let Ok(mut m) = self.state_keys.lock() {
                 m.remove(id);
             }
+            if let Ok(mut m) = self.settled_states.lock() {
+                m.remove(id);
+            }
+            if let Ok(mut m) = self.settled_runs.lock() {
+                m.remove(id);
+            }
+        }
+        // Opened to be read, and found finished from its caches (`reading.rs`).
+        if let Some(found) = self.settled_runs.lock().ok().and_then(|mut m| m.remove(id)) {
+            return Ok(found);
         }
         let base = self.run_key(id);
         let (run_key, plan_key) = (format!("{base}run.json"), format!("{base}plan.json"));
@@ -117,12 +127,10 @@ impl StoreBackend for S3Store {
                 return Err(e);
             }
         }
-        let key = format!(
-            "{}state/{:013}-{}.json",
-            self.run_key(&meta.id),
-            Utc::now().timestamp_millis(),
-            self.token
-        );
+        // The change noted below has the state's time and writer: readers
+        // tell the run's latest state from the changes (`reading.rs`).
+        let ms = Utc::now().timestamp_millis().max(0);
+        let key = format!("{}state/{ms:013}-{}.json", self.run_key(&meta.id), self.token);
         // Unique key: a conflict can only be our own lost reply.
         let _ = self.create(&key, self.with_writer(meta))?;
         // The index is a cache of the state too: rewrite it from a run this
@@ -140,7 +148,7 @@ impl StoreBackend for S3Store {
                 let _ = self.objects.delete(&[index]);
             }
         }
-        self.note_change(&meta.id)
+        self.note_change_at(&meta.id, ms)
     }
 
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
@@ -219,6 +227,14 @@ impl StoreBackend for S3Store {
         };
         let base = format!("{}cells/{cell}/{n}/", self.run_key(run.id()));
         follow::read(&self.objects, &base, name, offset)
+    }
+
+    fn open_to_read(&self, store: &Store, ids: &[String]) -> Vec<Result<Run>> {
+        self.open_runs_to_read(store, ids)
+    }
+
+    fn open_all_to_read(&self, store: &Store) -> Result<Vec<(String, Result<Run>)>> {
+        self.open_all_runs_to_read(store)
     }
 
     fn summaries(&self, store: &Store) -> Result<(Vec<RunSummary>, Vec<StoreError>)> {

@@ -58,10 +58,15 @@ impl S3Store {
 
     /// Note a change of a run's state for catalog readers (after its index).
     pub(crate) fn note_change(&self, id: &str) -> Result<()> {
+        self.note_change_at(id, Utc::now().timestamp_millis().max(0))
+    }
+
+    /// Note a change of a run's state as of `ms` (a state's own time: see `reading.rs`).
+    pub(crate) fn note_change_at(&self, id: &str, ms: i64) -> Result<()> {
         let key = format!(
             "{}.orch/changes/{:013}~{}~{id}",
             self.prefix,
-            Utc::now().timestamp_millis().max(0),
+            ms.max(0),
             self.token
         );
         self.objects.put(&key, self.claim_bytes())

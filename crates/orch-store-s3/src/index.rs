@@ -76,6 +76,10 @@ impl S3Store {
         if state == orch_store::RunState::Running || self.runs.lock().map_or(true, |m| m.contains_key(id)) {
             return Ok(false);
         }
+        // Found current once for a run opened to be read (`reading.rs`).
+        if let Some(k) = self.settled_states.lock().ok().and_then(|mut m| m.remove(id)) {
+            return Ok(k == state_key);
+        }
         let remembered = self.state_keys.lock().ok().and_then(|m| {
             m.get(id)
                 .filter(|(_, at)| at.elapsed() < STATE_KEY_FRESH)

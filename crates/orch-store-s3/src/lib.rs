@@ -22,7 +22,8 @@
 //! probe/<writer>                       the conditional-write probe
 //! runs/<run>                           one per run, written when the run is whole: the runs are
 //!                                      listed from here (one flat folder, not the whole store)
-//! changes/<ms>~<writer>~<run>         one per change of a run's state (after its index is rewritten)
+//! changes/<ms>~<writer>~<run>         one per change of a run's state (after its index is rewritten;
+//!                                      for state/<ms>-<writer>.json, its own time and writer)
 //! catalog/<inverted ms>-<writer>.json  a snapshot of every run's summary as of <ms>, newest first;
 //!                                      written by `orch ls` when it had to read many runs one by one,
 //!                                      the two newest kept
@@ -34,7 +35,10 @@
 //! without listing its records while the run's latest state is the finished
 //! state the cache was made at (every session writes a running state before
 //! its first record), and otherwise only when the record keys it covers are
-//! the ones listed now.
+//! the ones listed now. `orch history` opens every run of the store at
+//! once: a run whose caches say it is finished, made at the newest state
+//! the store's changes name, is read from its caches without a listing
+//! (`reading.rs`); any other run as `orch show` reads it.
 //!
 //! Concurrency: records are created with `If-None-Match: *`; every created
 //! object carries this writer's token, so a conflict on a create whose
@@ -70,7 +74,8 @@
 //! `records.rs` (records and their cache), `index.rs` (the run index and the
 //! state it was made at), `catalog.rs` (run markers, changes, the catalog),
 //! `backend.rs` (the store backend), `spool.rs` (records kept locally
-//! through an outage); `objects.rs`,
+//! through an outage), `reading.rs` (many finished runs opened for
+//! `orch history` from their caches, without a listing each); `objects.rs`,
 //! `follow.rs` and `transfer.rs` as above.
 //!
 //! ## What is where
@@ -94,6 +99,7 @@ pub mod follow;
 mod index;
 mod layout;
 pub mod objects;
+mod reading;
 mod records;
 mod spool;
 pub mod transfer;
@@ -138,6 +144,11 @@ pub struct S3Store {
     run_json: Mutex<HashMap<String, Vec<u8>>>,
     /// Each run's latest state key as last listed, and when.
     state_keys: Mutex<HashMap<String, (Option<String>, Instant)>>,
+    /// Runs opened to be read (`reading.rs`) whose caches say they are
+    /// finished and current: their latest state key, until their records are read.
+    settled_states: Mutex<HashMap<String, String>>,
+    /// The same runs' metadata and plan, until they are loaded.
+    settled_runs: Mutex<HashMap<String, (orch_store::RunMeta, orch_manifest::Plan)>>,
 }
 
 impl S3Store {
@@ -204,6 +215,8 @@ impl S3Store {
             state_keys: Mutex::new(HashMap::new()),
             run_json: Mutex::new(HashMap::new()),
             prefetched: Mutex::new(HashMap::new()),
+            settled_states: Mutex::new(HashMap::new()),
+            settled_runs: Mutex::new(HashMap::new()),
         })
     }
 

@@ -330,7 +330,16 @@ impl Drop for Trace {
     }
 }
 
+/// Keys asked for per listing page. S3 answers at most 1,000 whatever is
+/// asked (a client follows the pages anyway); a server that keeps objects
+/// as files (s3s-fs) walks the folder once per page, so a long listing
+/// (`.orch/runs/` of 10,000 runs) is one walk instead of ten. A server
+/// that refuses the number (400) is asked for its default from then on.
+pub const LIST_PAGE: i32 = 100_000;
+
 pub struct Objects {
+    /// Whether listings still ask for [`LIST_PAGE`] keys a page.
+    long_pages: std::sync::atomic::AtomicBool,
     rt: Option<tokio::runtime::Runtime>,
     client: Client,
     pub bucket: String,
@@ -580,6 +589,7 @@ impl Objects {
         // The task only ends by sending (a panic in the SDK would be a bug).
         let (client, endpoint) = wait(rx).unwrap_or_else(|| panic!("loading the AWS configuration panicked"));
         Ok(Objects {
+            long_pages: std::sync::atomic::AtomicBool::new(true),
             rt: Some(rt),
             client,
             bucket: bucket.to_string(),
@@ -768,20 +778,33 @@ impl Objects {
             } else {
                 None
             };
-            let page = max.map(|m| m.saturating_sub(objects.len()).clamp(1, 1000) as i32);
-            let out = self
-                .block(async move {
-                    c.list_objects_v2()
-                        .bucket(b)
-                        .prefix(p)
-                        .set_delimiter(d)
-                        .set_start_after(after)
-                        .set_max_keys(page)
-                        .set_continuation_token(t)
-                        .send()
-                        .await
-                })
-                .map_err(|e| self.err("list", prefix, &e))?;
+            let long = self.long_pages.load(std::sync::atomic::Ordering::Relaxed);
+            let page = match max {
+                Some(m) => Some(m.saturating_sub(objects.len()).clamp(1, 1000) as i32),
+                None => long.then_some(LIST_PAGE),
+            };
+            let again = t.clone();
+            let out = self.block(async move {
+                c.list_objects_v2()
+                    .bucket(b)
+                    .prefix(p)
+                    .set_delimiter(d)
+                    .set_start_after(after)
+                    .set_max_keys(page)
+                    .set_continuation_token(t)
+                    .send()
+                    .await
+            });
+            let out = match out {
+                Ok(out) => out,
+                Err(e) if page == Some(LIST_PAGE) && Failure::of(&e).status == Some(400) => {
+                    // This page again, at the server's own size.
+                    self.long_pages.store(false, std::sync::atomic::Ordering::Relaxed);
+                    token = again;
+                    continue;
+                }
+                Err(e) => return Err(self.err("list", prefix, &e)),
+            };
             for o in out.contents() {
                 if let Some(k) = o.key() {
                     objects.push(Listed {

@@ -47,6 +47,24 @@ pub trait StoreBackend: Send + Sync {
         Ok(WriterLock::none())
     }
 
+    /// Open these runs only to read them (`orch history` over a whole
+    /// store), in the order of `ids`: each as [`Store::open_exact`] opens
+    /// it, or with fewer requests where the store can tell from what it
+    /// reads once that a run is finished (an object store's caches). A run
+    /// still being written is opened as `open_exact` opens it.
+    fn open_to_read(&self, store: &Store, ids: &[String]) -> Vec<Result<Run>> {
+        crate::parallel_map(ids, |id| store.open_exact(id))
+    }
+
+    /// Every run of the store (as [`Store::run_ids`] lists them) opened as
+    /// [`StoreBackend::open_to_read`] opens them, each with its id.
+    #[allow(clippy::type_complexity)]
+    fn open_all_to_read(&self, store: &Store) -> Result<Vec<(String, Result<Run>)>> {
+        let ids = store.run_ids()?;
+        let runs = self.open_to_read(store, &ids);
+        Ok(ids.into_iter().zip(runs).collect())
+    }
+
     /// Record a change of the run's state, budget or resume count.
     fn save_meta(&self, meta: &RunMeta) -> Result<()>;
 

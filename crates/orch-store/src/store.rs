@@ -177,6 +177,20 @@ impl Store {
         })
     }
 
+    /// Open these runs (exact ids) only to read them, in the order of
+    /// `ids` (see [`StoreBackend::open_to_read`]): `orch history` over
+    /// every run of a store.
+    pub fn open_to_read(&self, ids: &[String]) -> Vec<Result<Run>> {
+        self.backend.open_to_read(self, ids)
+    }
+
+    /// Every run of the store, oldest first, opened only to read it (see
+    /// [`StoreBackend::open_all_to_read`]), each with its id.
+    #[allow(clippy::type_complexity)]
+    pub fn open_all_to_read(&self) -> Result<Vec<(String, Result<Run>)>> {
+        self.backend.open_all_to_read(self)
+    }
+
     /// Run ids, oldest first (ids sort by time). Names that could not be a
     /// run's folder (`..`, separators) are never listed.
     pub fn run_ids(&self) -> Result<Vec<String>> {
