@@ -635,7 +635,7 @@ pub async fn bisect(
         // On this machine, each commit's checkout is installed once and
         // reused by later steps (the good commit runs in every step).
         if args.backend == orch_backend::host::Kind::Local {
-            let checkouts = state_dir(store).join("checkouts");
+            let checkouts = orch_files::default_cache_dir().join("checkouts");
             for c in &mut step_plan.cells {
                 if let Workload::Compare(w) = &mut c.task.workload {
                     w.install_cache = Some(checkouts.to_string_lossy().into_owned());

@@ -162,7 +162,12 @@ fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
     let before: Value = loop {
         let state = std::fs::read_dir(&state_dir)
             .ok()
-            .and_then(|mut d| d.next())
+            .and_then(|mut d| {
+                d.find(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "json"))
+                })
+            })
             .and_then(|e| std::fs::read_to_string(e.unwrap().path()).ok())
             .and_then(|t| serde_json::from_str::<Value>(&t).ok());
         if let Some(s) = state {
