@@ -1909,6 +1909,24 @@ impl Platform for JobCell<'_> {
             self.node = Some(n);
         }
         let (mut status, mut failure) = watch::pod_end(pod.as_ref());
+        // Killed (137) with no reason yet: the kubelet may still be writing
+        // why (an eviction sets the pod's `Evicted` after its containers are
+        // killed). A short look again before calling it the agent's death.
+        if failure.kind == "agent_died" && failure.exit_code == Some(137) {
+            if let Some(p) = &self.pod_name {
+                for _ in 0..10 {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    let Ok(Some(again)) = pods.get_opt(p).await else {
+                        break;
+                    };
+                    let (s2, f2) = watch::pod_end(Some(&again));
+                    if f2.kind != "agent_died" {
+                        (status, failure) = (s2, f2);
+                        break;
+                    }
+                }
+            }
+        }
         // Given up on the API server: the pod was not seen to end (it may
         // run on), and that is what the cell says.
         if let Some(why) = self.unreachable.clone() {
