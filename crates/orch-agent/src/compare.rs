@@ -354,10 +354,10 @@ fn setup(
         git(&["apply", patch], Some(&src))?;
     }
     if let (Some(install), Some(cache)) = (&v.install, cache) {
-        return cached_install(v, install, &src, &vdir, cache);
+        return cached_install(install, &src, &vdir, cache);
     }
     if let Some(install) = &v.install {
-        install_in(v, install, &src, &vdir)?;
+        install_in(install, &src, &vdir)?;
     }
     Ok(src)
 }
@@ -368,13 +368,7 @@ fn setup(
 /// (under a lock, so two cells never install one key at once); later cells
 /// run in that folder without installing. The checkout runs where it was
 /// installed, so editable installs (`pip install -e .`) stay valid.
-fn cached_install(
-    v: &Variant,
-    install: &str,
-    src: &Path,
-    vdir: &Path,
-    cache: &Path,
-) -> Result<PathBuf, String> {
+fn cached_install(install: &str, src: &Path, vdir: &Path, cache: &Path) -> Result<PathBuf, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::io::AsRawFd;
     let head = git(&["rev-parse", "HEAD"], Some(src))?;
@@ -414,16 +408,16 @@ fn cached_install(
     if std::fs::rename(src, &dir).is_err() {
         // Another filesystem: no cache, install where it is.
         let _ = std::fs::remove_dir_all(&dir);
-        return install_in(v, install, src, vdir).map(|()| src.to_path_buf());
+        return install_in(install, src, vdir).map(|()| src.to_path_buf());
     }
-    install_in(v, install, &dir, vdir)?;
+    install_in(install, &dir, vdir)?;
     std::fs::write(&done, head.trim())
         .map_err(|e| format!("cannot mark `{}` installed: {e}", dir.display()))?;
     Ok(dir)
 }
 
 /// Run `install` in `src`, its output in `install.log`.
-fn install_in(_v: &Variant, install: &str, src: &Path, vdir: &Path) -> Result<(), String> {
+fn install_in(install: &str, src: &Path, vdir: &Path) -> Result<(), String> {
     let out = Command::new("sh")
         .args(["-c", install])
         .current_dir(src)
