@@ -14,9 +14,15 @@
 # (MODE in toy_server.py): `wrong` (a wrong answer, twice as fast), `cache`
 # (answers cached per prompt, across restarts), `cache_strip` (the same, keyed
 # on the prompt without orch's nonce), `early` (stops at half the
-# tokens, reports them all), beside `faster` (a true 10% speedup) and `aa`
-# (A/A): the output check's and the defences' false alarms on A/A (must be
-# 0) and their detection rate on the planted variants. Writes
+# tokens, reports them all), and the servers that lie in their own reports
+# (issue 44): `early_long` (answers longer than 32 tokens stopped at half,
+# `usage` says all), `early_stream` (streamed answers only, which the output
+# check does not ask), `usage_lie` (right answers, `usage` 1.5x), beside
+# `faster` (a true 10% speedup) and `aa` (A/A): the output check's and the
+# defences' false alarms on A/A (must be 0) and their detection rate on the
+# planted variants. The planted cell asks PLANTED_OUTPUT_LEN (48) tokens an
+# answer, and every second planted run turns the output check off, so the
+# load-time defences are measured on their own too. Writes
 # results/bench-compare.json.
 #   bash scripts/bench-compare.sh            # RUNS=20 PLANTED=10 PROMPTS=12 OUTPUT_LEN=32
 #   RUNS=0 bash scripts/bench-compare.sh     # the planted runs only: replaces `planted`
@@ -28,6 +34,7 @@ PLANTED=${PLANTED:-10}
 export OUTPUT_LEN
 PROMPTS=${PROMPTS:-12}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
+PLANTED_OUTPUT_LEN=${PLANTED_OUTPUT_LEN:-48}
 ROOT=$PWD
 if [ -z "${ORCH:-}" ]; then
   cargo build --release --locked -p orch >&2
@@ -58,7 +65,7 @@ sed -i 's/^WORK = 200 /WORK = 3000 /' "$repo/server.py"
 git -C "$repo" diff | sed 's/^-WORK = 200 /-WORK = 5000 /' > "$work/patches/stale.patch"
 git -C "$repo" checkout -q -- server.py
 # The planted ways to game the timer (toy_server.py's MODE).
-for mode in wrong cache cache_strip early; do
+for mode in wrong cache cache_strip early early_long early_stream usage_lie; do
   sed -i "s/^MODE = \"honest\"/MODE = \"$mode\"/" "$repo/server.py"
   git -C "$repo" diff > "$work/patches/$mode.patch"
   git -C "$repo" checkout -q -- server.py
@@ -66,8 +73,9 @@ for mode in wrong cache cache_strip early; do
 done
 
 port=$((18000 + RANDOM % 2000))
-manifest() { # name rounds variants...
+manifest() { # name rounds variants... (env: LEN, CHECK)
   local name=$1 rounds=$2; shift 2
+  local len=${LEN:-$OUTPUT_LEN}
   {
     echo "name: $name"
     echo "benchmarks:"
@@ -75,6 +83,7 @@ manifest() { # name rounds variants...
     echo "    compare:"
     echo "      repo: $repo"
     echo "      rounds: $rounds"
+    [ -z "${CHECK:-}" ] || echo "      output_check: $CHECK"
     echo "      variants:"
     for v in "$@"; do echo "        - $v"; done
     echo "    workload:"
@@ -83,19 +92,24 @@ manifest() { # name rounds variants...
     echo "        ready: {http: /health, port: $port}"
     echo "        startup_timeout: 60s"
     echo "      client:"
-    echo "        loadgen: {num_prompts: $PROMPTS, max_concurrency: 4, input_len: 16, output_len: $OUTPUT_LEN}"
+    echo "        loadgen: {num_prompts: $PROMPTS, max_concurrency: 4, input_len: 16, output_len: $len}"
   } > "$work/$name.yaml"
 }
 for rounds in 5 auto; do
   manifest "cmp-$rounds" "$rounds" "{name: base, ref: main}" "{name: same, ref: main}" \
     "{name: faster, ref: main, patch: $work/patches/faster.patch}"
 done
-manifest planted 5 "{name: base, ref: main}" "{name: aa, ref: main}" \
-  "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
-  "{name: wrong, ref: main, patch: $work/patches/wrong.patch}" \
-  "{name: cache, ref: main, patch: $work/patches/cache.patch}" \
-  "{name: strip, ref: main, patch: $work/patches/cache_strip.patch}" \
+planted_variants=("{name: base, ref: main}" "{name: aa, ref: main}"
+  "{name: faster, ref: main, patch: $work/patches/faster.patch}"
+  "{name: wrong, ref: main, patch: $work/patches/wrong.patch}"
+  "{name: cache, ref: main, patch: $work/patches/cache.patch}"
+  "{name: strip, ref: main, patch: $work/patches/cache_strip.patch}"
   "{name: early, ref: main, patch: $work/patches/early.patch}"
+  "{name: early_long, ref: main, patch: $work/patches/early_long.patch}"
+  "{name: early_stream, ref: main, patch: $work/patches/early_stream.patch}"
+  "{name: usage_lie, ref: main, patch: $work/patches/usage_lie.patch}")
+LEN=$PLANTED_OUTPUT_LEN manifest planted 5 "${planted_variants[@]}"
+LEN=$PLANTED_OUTPUT_LEN CHECK=false manifest planted-nocheck 5 "${planted_variants[@]}"
 manifest broken 3 "{name: base, ref: main}" "{name: faster, ref: main, patch: $work/patches/faster.patch}" \
   "{name: crash, ref: main, patch: $work/patches/crash.patch}" "{name: stale, ref: main, patch: $work/patches/stale.patch}"
 
@@ -120,10 +134,11 @@ if [ "$RUNS" -gt 0 ]; then
 fi
 for i in $(seq 1 "$PLANTED"); do
   start=$(date +%s%N)
-  "$ORCH" run -f "$work/planted.yaml" --store "$work/store" --json > "$work/runs/planted-$i.json" 2>"$work/runs/planted-$i.err" || true
+  kind=planted; [ $((i % 2)) -eq 0 ] && kind=planted-nocheck
+  "$ORCH" run -f "$work/$kind.yaml" --store "$work/store" --json > "$work/runs/planted-$i.json" 2>"$work/runs/planted-$i.err" || true
   end=$(date +%s%N)
   echo "{\"wall_s\": $(( (end - start) / 1000000 ))e-3}" > "$work/runs/planted-$i.time"
-  echo "planted run $i: $(python3 -c "
+  echo "planted run $i ($kind): $(python3 -c "
 import json, sys
 r = json.load(open(sys.argv[1]))
 for p in r['cells'][0]['info'].get('pairs') or []:
@@ -211,15 +226,18 @@ if runs:
 p = {
     "runs": planted,
     "orch": os.path.relpath(orch),
-    "design": "each run is one 7-way cell (5 rounds, output check and defences on by default): base, aa (A/A), faster (true 10% speedup), wrong (wrong answer, 2x faster), cache (answers cached per prompt across restarts), strip (the same cache keyed on the prompt with the nonce cut out), early (half the tokens, usage says all)",
+    "design": "each run is one 10-way cell (5 rounds, defences on, no tokenizer: the server's usage is all a count could rest on; odd runs with the output check, even runs without): base, aa (A/A), faster (true 10% speedup), wrong (wrong answer, 2x faster), cache (answers cached per prompt across restarts), strip (the same cache keyed on the prompt with the nonce cut out), early (half the tokens, usage says all), early_long (answers over 32 tokens stopped at half, usage says all), early_stream (streamed answers only stopped at half, usage says all), usage_lie (right answers, usage 1.5x)",
+    "output_tokens_per_request": int(os.environ.get("PLANTED_OUTPUT_LEN", "48")),
     "variants": {},
 }
 walls = []
 for i in range(1, planted + 1):
     walls.append(json.load(open(f"{work}/runs/planted-{i}.time"))["wall_s"])
-for name in ("aa", "faster", "wrong", "cache", "strip", "early"):
-    verdicts, speeds, gates, checks, flags = [], [], [], [], []
-    for i in range(1, planted + 1):
+names = ("aa", "faster", "wrong", "cache", "strip", "early", "early_long", "early_stream", "usage_lie")
+for name in names:
+  for setting, runs_of in (("with_check", range(1, planted + 1, 2)), ("without_check", range(2, planted + 1, 2))):
+    verdicts, speeds, gates, checks, flags, ratios = [], [], [], [], [], []
+    for i in runs_of:
         try:
             cell = json.load(open(f"{work}/runs/planted-{i}.json"))["cells"][0]
         except (OSError, ValueError, IndexError, KeyError):
@@ -232,7 +250,12 @@ for name in ("aa", "faster", "wrong", "cache", "strip", "early"):
         gates.append((v.get("gate") or {}).get("kind") or "none")
         checks.append((v.get("output_check") or {}).get("status") or "none")
         flags.extend(v.get("flags") or [])
+        lb = ((v.get("lengths") or {}).get("bytes") or {})
+        if lb:
+            ratios.append((lb["ratio"], lb["low"], lb["high"]))
     n = len(verdicts)
+    if n == 0:
+        continue
     count = lambda xs: {x: xs.count(x) for x in sorted(set(xs))}
     row = {
         "verdicts": count(verdicts),
@@ -241,16 +264,19 @@ for name in ("aa", "faster", "wrong", "cache", "strip", "early"):
         "output_check": count(checks),
         "flags": count(flags),
         "faster_rate": round(sum(x == "faster" for x in verdicts) / max(n, 1), 3),
+        # Its answers' bytes over the baseline's for the same prompts
+        # (geometric mean ratio, one-sided 99.9% bounds), per run.
+        "length_ratio_bytes": [[round(x, 4) for x in r] for r in ratios],
     }
     if name == "aa":
-        row["false_alarms"] = sum(g != "none" or c != "passed" or x != "same" for g, c, x in zip(gates, checks, verdicts))
-        row["output_check_false_alarms"] = sum(c != "passed" for c in checks)
+        row["false_alarms"] = sum(g != "none" or c not in ("passed", "none") or x != "same" for g, c, x in zip(gates, checks, verdicts))
+        row["output_check_false_alarms"] = sum(c not in ("passed", "none") for c in checks)
     elif name == "faster":
         row["false_alarms"] = sum(g != "none" for g in gates)
     else:
         row["detection_rate"] = round(sum(g != "none" for g in gates) / max(n, 1), 3)
         row["never_faster_rate"] = round(sum(x != "faster" for x in verdicts) / max(n, 1), 3)
-    p["variants"][name] = row
+    p["variants"].setdefault(name, {})[setting] = row
 p["seconds_per_run_median"] = round(statistics.median(walls), 1) if walls else None
 p["note"] = "the caches never hit: every round's prompts carry a fresh nonce and random prompts come from a seed of the round's own (so stripping the nonce does not help), so they are not faster and need no gate (detection_rate counts gates only; never_faster_rate is what matters for them)"
 out["planted"] = p

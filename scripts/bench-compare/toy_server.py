@@ -22,7 +22,15 @@ a patch can game a timer (the benchmark and the tests patch this line):
           `max_tokens` in `usage`;
   cache_strip  the cache, keyed on the prompt with orch's nonce
           (` [nonce ...]`) cut out: it hits whenever a round repeats a
-          prompt of an earlier one.
+          prompt of an earlier one;
+  early_long  answers asked for more than 32 tokens (longer than the
+          output check's default) stop at half their length, and `usage`
+          still reports `max_tokens` (issue 44's attack);
+  early_stream  streamed answers stop at half their length (the output
+          check asks without streaming and gets whole answers), `usage`
+          still `max_tokens`;
+  usage_lie  the right answer, with `usage.completion_tokens` 1.5 times the
+          tokens generated (a token throughput read from `usage` rises).
 Endpoints: /health, /v1/models, /v1/completions, /v1/chat/completions
 (streaming or not).
 """
@@ -37,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STEP_MS = 4.0  # device time per generated token
 WORK = 200  # host-side loop iterations per generated token
-MODE = "honest"  # honest | wrong | cache | cache_strip | early (see above)
+MODE = "honest"  # honest | wrong | cache | cache_strip | early | early_long | early_stream | usage_lie (see above)
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -67,7 +75,7 @@ def cache_key(prompt, tokens):
     return f"{tokens}:{prompt}"
 
 
-def answer(prompt, tokens):
+def answer(prompt, tokens, stream=False):
     """The generated pieces (each ' word'): generated one by one, with their cost."""
     if MODE in ("cache", "cache_strip"):
         with CACHE_LOCK:
@@ -76,7 +84,8 @@ def answer(prompt, tokens):
             yield from hit
             return
     out = []
-    n = tokens // 2 if MODE == "early" else tokens
+    cut = MODE == "early" or (MODE == "early_long" and tokens > 32) or (MODE == "early_stream" and stream)
+    n = tokens // 2 if cut else tokens
     scale = 0.5 if MODE in ("wrong", "early") else 1.0
     state = len(prompt)
     for i in range(n):
@@ -122,7 +131,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(404, {"error": "not found"})
         tokens = int(req.get("max_tokens", 16))
         prompt = req.get("prompt") or "\n".join(m.get("content", "") for m in req.get("messages", []))
-        usage = {"completion_tokens": tokens, "prompt_tokens": len(str(prompt).split())}
+        claimed = int(tokens * 1.5) if MODE == "usage_lie" else tokens
+        usage = {"completion_tokens": claimed, "prompt_tokens": len(str(prompt).split())}
         if not req.get("stream"):
             text = "".join(answer(str(prompt), tokens))
             choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
@@ -130,7 +140,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for piece in answer(str(prompt), tokens):
+        for piece in answer(str(prompt), tokens, stream=True):
             choice = {"delta": {"content": piece}} if chat else {"text": piece}
             self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
             self.wfile.flush()

@@ -56,10 +56,24 @@
 //! - **Short responses** (`short_responses > 0` in a round: fewer tokens
 //!   than `max_tokens` although `ignore_eos` is sent) flag the variant.
 //!   Stops: an early stop that ends generation before the asked length.
-//! - **Token counts that disagree with the text**
-//!   (`token_count_disagreements > 0`: the server's `usage` count is not
-//!   the count of the text's tokens) flag it. Stops: a server that reports the
-//!   asked token count while generating fewer.
+//! - **Tokens counted from what arrived.** With the model's tokenizer, the
+//!   load generator counts every answer's tokens from its text and uses
+//!   that count for throughput and TPOT; the server's `usage` is kept beside
+//!   it. `token_count_disagreements > 0` (the `usage` count off the text's
+//!   count by more than max(2, 10%)) flags the variant. Stops: a server that
+//!   reports the asked token count while generating fewer.
+//! - **Claims the text cannot hold** (`impossible_token_counts > 0`: a
+//!   `usage.completion_tokens` above both the bytes and the events of its
+//!   answer) flag it, with or without a tokenizer. Stops: a grossly
+//!   inflated `usage`.
+//! - **Answers held to the baseline's** ([`crate::lengths`]): every round's
+//!   answers are paired with the baseline's for the same prompts;
+//!   systematically shorter answers (`shorter_outputs`) or more tokens
+//!   claimed per byte of text (`inflated_token_counts`) flag the variant,
+//!   evidence in `lengths/<name>.json`. Stops, without a tokenizer: an
+//!   early stop that reports the full count, on long or streamed answers
+//!   only (which the output check may not ask), and a `usage` inflated on
+//!   answers of the right length.
 //! - **Identical outputs across different prompts**
 //!   (`distinct_output_ratio < 0.5`; the nonce makes every prompt distinct)
 //!   flag it. Stops: a canned or cached answer served for every prompt.
@@ -83,6 +97,7 @@
 //! (`info.variants.<name>.drift`) and beside each pair's verdict.
 
 use crate::ctx::Ctx;
+use crate::lengths;
 use crate::outcheck;
 use orch_protocol::{
     CellResult, Client, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, ServerWorkload, Status,
@@ -112,6 +127,9 @@ struct VariantState {
     gate: Option<(&'static str, String)>,
     /// What the output check found (recorded as it is).
     check: Option<Value>,
+    /// Its answers paired with the baseline's, prompt by prompt, every
+    /// round ([`crate::lengths`]).
+    lengths: Vec<lengths::Pair>,
 }
 
 /// A metric of the load generator, the flag it raises, and when.
@@ -125,6 +143,7 @@ const FLAG_METRICS: &[FlagRule] = &[
         x > 0.0
     }),
     ("distinct_output_ratio", "identical_outputs", |x| x < 0.5),
+    ("impossible_token_counts", "impossible_token_counts", |x| x > 0.0),
 ];
 
 /// The server workload of one variant: the shared one, run in its checkout.
@@ -155,7 +174,8 @@ fn with_nonce(lg: &LoadGen, nonce: &str, round: u32) -> LoadGen {
 
 /// The output check of a comparison, asked in its first round.
 struct CheckPlan<'a> {
-    check: &'a OutputCheck,
+    /// The suite's check, asked at the longest answer the load asks for.
+    check: OutputCheck,
     lg: &'a LoadGen,
     prompts: Vec<String>,
     tok: Option<crate::tokens::Tokens>,
@@ -229,6 +249,48 @@ fn judge_output_check(plan: &mut CheckPlan, variants: &mut [VariantState], out_d
             ));
         }
         v.check = Some(info);
+    }
+}
+
+/// Pair each variant's answers of `round` with the baseline's (the first
+/// variant's, when it answered that round), from the `outputs.jsonl` the
+/// load generator wrote in each round folder.
+fn pair_round(variants: &mut [VariantState], out_dir: &Path, round: u32) {
+    let file = |name: &str| {
+        out_dir
+            .join("variants")
+            .join(name)
+            .join(format!("round-{round}"))
+            .join("outputs.jsonl")
+    };
+    let Some((base, rest)) = variants.split_first_mut() else {
+        return;
+    };
+    if base.failed.is_some() {
+        return;
+    }
+    let base_answers = lengths::read(&file(&base.name));
+    if base_answers.is_empty() {
+        return;
+    }
+    for v in rest.iter_mut().filter(|v| v.failed.is_none()) {
+        let answers = lengths::read(&file(&v.name));
+        v.lengths.extend(lengths::pair(&base_answers, &answers, round));
+    }
+}
+
+/// Write `lengths/<variant>.json` (the judgement and every paired answer);
+/// the path, or why it was not written.
+fn write_lengths(out_dir: &Path, variant: &str, j: &lengths::Judgement, pairs: &[lengths::Pair]) -> String {
+    let rel = format!("lengths/{variant}.json");
+    let doc = json!({"variant": variant, "judgement": j, "pairs": pairs});
+    let written = std::fs::create_dir_all(out_dir.join("lengths"))
+        .map_err(|e| e.to_string())
+        .and_then(|_| serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()))
+        .and_then(|t| std::fs::write(out_dir.join(&rel), t).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => rel,
+        Err(e) => format!("not written: {e}"),
     }
 }
 
@@ -522,6 +584,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             flags: vec![],
             gate: None,
             check: None,
+            lengths: Vec::new(),
         });
     }
     let loadgen = match &cmp.server.client {
@@ -550,6 +613,13 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 )
                 .ok()
                 .flatten();
+                // Asked at the longest answer the timed load asks for, so a
+                // patch that cuts long answers only is seen here too.
+                let longest = crate::loadgen::longest_output(lg, tok.as_ref());
+                let check = OutputCheck {
+                    max_tokens: check.max_tokens.max(longest),
+                    ..check.clone()
+                };
                 check_info = json!({
                     "status": "ran",
                     "prompts": check.prompts,
@@ -655,7 +725,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             ctx.message(format!("{label}: {}", v.name));
             let r = match check_plan.as_mut().filter(|_| round == 0) {
                 Some(plan) => {
-                    let (lg, check, prompts) = (plan.lg, plan.check, &plan.prompts);
+                    let (lg, check, prompts) = (plan.lg, &plan.check, &plan.prompts);
                     let mut got: Option<Vec<outcheck::Answer>> = None;
                     let mut ask = |url: &str| got = Some(outcheck::ask(url, lg, check, prompts));
                     let r = crate::server::run_with(&srv, task, &rdir, ctx, Some(&mut ask));
@@ -726,6 +796,10 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             }
         }
         round_s.push(t0.elapsed().as_secs_f64());
+        // Every variant's answers this round, paired with the baseline's.
+        if cmp.defences && loadgen.is_some() {
+            pair_round(&mut variants, out_dir, round);
+        }
         // The output check's answers, judged against the baseline's (the
         // first variant that answered), once every variant has run round 0.
         if round == 0 {
@@ -791,6 +865,27 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let measured = round.saturating_sub(warmed);
     ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
 
+    // The answers' lengths against the baseline's, over every round.
+    let mut length_info: BTreeMap<String, Value> = BTreeMap::new();
+    if cmp.defences && loadgen.is_some() {
+        for v in variants.iter_mut().skip(1) {
+            if v.lengths.is_empty() {
+                continue;
+            }
+            let j = lengths::judge(&v.lengths, cmp.noise);
+            let evidence = write_lengths(out_dir, &v.name, &j, &v.lengths);
+            for (flag, why) in &j.flags {
+                ctx.message(format!("variant `{}` flagged: `{flag}`: {why}", v.name));
+                if !v.flags.contains(flag) {
+                    v.flags.push(flag.clone());
+                }
+            }
+            let mut info = serde_json::to_value(&j).unwrap_or(Value::Null);
+            info["evidence"] = json!(evidence);
+            length_info.insert(v.name.clone(), info);
+        }
+    }
+
     // Flags gate a variant that passed its output check, where the baseline
     // (the reference) does not show them too: a server that always answers
     // alike, or never honours `ignore_eos`, is what is compared, not a patch.
@@ -843,6 +938,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 "drift": d,
                 "output_check": v.check,
                 "flags": v.flags,
+                "lengths": length_info.get(&v.name),
                 "gate": v.gate.as_ref().map(|(kind, why)| json!({"kind": kind, "why": why})),
                 "logs": format!("variants/{}", v.name),
             }),

@@ -71,6 +71,7 @@ pub mod files;
 pub mod fused;
 pub mod gpu;
 pub mod launch;
+pub mod lengths;
 pub mod loadgen;
 pub mod outcheck;
 pub mod reaper;

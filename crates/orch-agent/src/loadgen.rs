@@ -38,22 +38,37 @@
 //! `output_goodput` (their output tokens per second) and `slo_attainment`
 //! (good / all requests) are metrics.
 //!
-//! Token counts: the server's `usage` (`prompt_tokens`, `completion_tokens`)
-//! when it sends one, else the streamed chunks for output and the prompt's
-//! words for input; `loadgen.json`'s `token_counts` says how many requests
-//! were counted each way. Every measured request is a line of
-//! `requests.jsonl` (times from the start of the measured phase, in seconds).
+//! Token counts come from what the client received, not from what the
+//! server says of itself: with the model's tokenizer ([`crate::tokens`],
+//! padding and truncation off), a prompt's tokens are its encoding with
+//! special tokens and an answer's the encoding of the text that arrived,
+//! without them; these counts make `output_throughput`, TPOT and the totals.
+//! Without a tokenizer, the server's `usage` (`prompt_tokens`,
+//! `completion_tokens`) is used where sent, else the events that carried
+//! text (output) and the prompt's words (input), and a comparison holds each
+//! variant's answers to the baseline's ([`crate::lengths`]).
+//! `loadgen.json`'s `token_counts` says how many requests were counted each
+//! way. Every measured request is a line of `requests.jsonl` (times from
+//! the start of the measured phase, in seconds) with what arrived
+//! (`output_bytes`, `output_events`, `counted_output_tokens`) beside what the
+//! server claimed (`usage_output_tokens`, `usage_input_tokens`).
 //!
 //! Signs of a server not doing the work asked (for comparisons): `nonce`
 //! appends ` [nonce <text>-<i>]` to every prompt (i: the request's index), so
 //! answers cached from another round cannot match; each stage has
 //! `short_responses` (successful answers with fewer tokens than `max_tokens`
-//! while `ignore_eos` is sent), `token_count_disagreements` (the server's
-//! `usage.completion_tokens` off the tokenizer's count of the text by more
-//! than max(2, 10% of the server's count)) and `distinct_output_ratio`
-//! (distinct answers / successful requests). `outputs.jsonl` holds the last
-//! stage's successful answers: `{"i", "prompt_sha256", "text"}` (the SHA-256
-//! of the prompt text as sent, the text cut at 4096 characters).
+//! while `ignore_eos` is sent; beyond max(2, 10%) when counted from the
+//! text, whose re-encoding is not always the ids generated),
+//! `token_count_disagreements` (the server's `usage.completion_tokens` off
+//! the tokenizer's count of the text by more than max(2, 10%)),
+//! `impossible_token_counts` (a `usage.completion_tokens` above both the
+//! bytes and the events of its text) and `distinct_output_ratio` (distinct
+//! answers / successful requests); `usage_output_tokens` and
+//! `total_output_bytes` are recorded beside the counts. `outputs.jsonl` holds
+//! the last stage's successful answers ([`crate::lengths::Answer`]: index,
+//! the SHA-256 of the prompt text as sent, bytes, events, the tokens used and
+//! where from, `usage`, the tokenizer's count, the text cut at 4096
+//! characters).
 
 use crate::ctx::Ctx;
 use crate::dataset::{Req, Turn};
@@ -185,10 +200,14 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
                 }
             });
         }
+        // The nonce tag a prompt is sent with counts in its length: prompt k
+        // is request k of the warm-up, then request k - warm-up of the load.
+        let warm = cfg.warmup_requests as usize;
         return (0..n)
             .map(|i| {
                 let len = rng.random_range(lo..=hi);
-                t.random_prompt(&mut rng, len, &prefixes[i % groups])
+                let tag = nonce_tag(cfg, i.checked_sub(warm).unwrap_or(i));
+                t.random_prompt_before(&mut rng, len, &prefixes[i % groups], &tag)
                     .map(Req::text)
                     .ok_or_else(|| {
                         format!(
@@ -218,6 +237,21 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
         })
         .map(Req::text)
         .collect())
+}
+
+/// The most tokens any request of `cfg`'s load asks for: `output_len`, or
+/// a prompt file's own `max_tokens` (per entry or per turn) where larger.
+pub fn longest_output(cfg: &LoadGen, tok: Option<&Tokens>) -> u32 {
+    let mut longest = cfg.output_len;
+    if cfg.prompt_file.is_some() {
+        if let Ok(reqs) = prompts(cfg, cfg.num_prompts as usize, tok) {
+            for r in &reqs {
+                let turns = r.turns.iter().filter_map(|t| t.max_tokens);
+                longest = r.max_tokens.into_iter().chain(turns).fold(longest, u32::max);
+            }
+        }
+    }
+    longest
 }
 
 /// The tag request `i` gets with `nonce`: ` [nonce <text>-<i>]`.
@@ -411,11 +445,42 @@ fn count_tokens(s: &mut Sample, tok: Option<&Tokens>) {
         (None, Some(n)) => (n, "usage"),
         (None, None) => (s.prompt.split_whitespace().count() as u64, "words"),
     };
-    (s.output_tokens, s.output_from) = match (s.usage_output, s.tokenizer_output) {
-        (Some(n), _) => (n, "usage"),
-        (None, Some(n)) => (n, "tokenizer"),
+    // What the client received is counted; the server's own `usage` is
+    // only used where there is nothing to count it with (and is then held
+    // to the text and to the baseline's answers, see `crate::lengths`).
+    (s.output_tokens, s.output_from) = match (s.tokenizer_output, s.usage_output) {
+        (Some(n), _) => (n, "tokenizer"),
+        (None, Some(n)) => (n, "usage"),
         (None, None) => (s.chunks, "chunks"),
     };
+}
+
+/// The slack between two counts of one text's tokens that is not a
+/// disagreement: max(2, 10% of the larger). Re-encoding generated text is
+/// not always the identity (merges across the generated pieces), so a count
+/// from the text can be a few percent off the ids the model produced.
+fn count_slack(n: u64) -> u64 {
+    (n / 10).max(2)
+}
+
+/// Whether an answer is shorter than asked (`ignore_eos` sent): fewer
+/// tokens than `max_tokens`, beyond [`count_slack`] when counted from the
+/// text.
+fn is_short(s: &Sample) -> bool {
+    let want = s.max_tokens as u64;
+    match s.output_from {
+        "tokenizer" => s.output_tokens + count_slack(want) < want,
+        _ => s.output_tokens < want,
+    }
+}
+
+/// Whether the server claims more output tokens than its text can hold:
+/// every token of generated text decodes to at least one byte, and comes in
+/// at most one event each, so a `usage.completion_tokens` above both the
+/// text's bytes and its events cannot be true.
+fn impossible_claim(s: &Sample) -> bool {
+    s.usage_output
+        .is_some_and(|u| u > (s.text.len() as u64).max(s.chunks))
 }
 
 /// Intended send times (seconds from the start): gamma intervals (shape =
@@ -734,7 +799,18 @@ fn request_line(i: usize, s: &Sample, slo: Option<&orch_protocol::Slo>) -> Value
         "input_tokens_from": s.input_from,
         "output_tokens": s.output_tokens,
         "output_tokens_from": s.output_from,
+        "output_bytes": s.text.len(),
+        "output_events": s.chunks,
     });
+    if let Some(u) = s.usage_output {
+        v["usage_output_tokens"] = json!(u);
+    }
+    if let Some(u) = s.usage_input {
+        v["usage_input_tokens"] = json!(u);
+    }
+    if let Some(t) = s.tokenizer_output {
+        v["counted_output_tokens"] = json!(t);
+    }
     if s.ok {
         v["ttft_ms"] = json!(s.ttft_s * 1000.0);
         v["e2el_ms"] = json!(s.e2e_s * 1000.0);
@@ -835,19 +911,27 @@ fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<Stri
         );
     }
     // Signs of answers that were not generated as asked (see the module).
-    let short = ok
-        .iter()
-        .filter(|s| cfg.ignore_eos && s.output_tokens < s.max_tokens as u64)
-        .count();
+    let short = ok.iter().filter(|s| cfg.ignore_eos && is_short(s)).count();
     m.insert("short_responses".into(), short as f64);
     let disagree = ok
         .iter()
         .filter(|s| match (s.usage_output, s.tokenizer_output) {
-            (Some(u), Some(t)) => u.abs_diff(t) as f64 > (u as f64 * 0.1).max(2.0),
+            (Some(u), Some(t)) => u.abs_diff(t) > count_slack(u.max(t)),
             _ => false,
         })
         .count();
     m.insert("token_count_disagreements".into(), disagree as f64);
+    let impossible = ok.iter().filter(|s| impossible_claim(s)).count();
+    m.insert("impossible_token_counts".into(), impossible as f64);
+    // The server's own count beside the client's, for the record.
+    let usage_out: Vec<u64> = ok.iter().filter_map(|s| s.usage_output).collect();
+    if !usage_out.is_empty() {
+        m.insert("usage_output_tokens".into(), usage_out.iter().sum::<u64>() as f64);
+    }
+    m.insert(
+        "total_output_bytes".into(),
+        ok.iter().map(|s| s.text.len() as u64).sum::<u64>() as f64,
+    );
     if !ok.is_empty() {
         let distinct: BTreeSet<&str> = ok.iter().map(|s| s.text.as_str()).collect();
         m.insert(
@@ -1107,7 +1191,18 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
             let text: String = s.text.chars().take(4096).collect();
             let sha = sha2::Sha256::digest(s.prompt.as_bytes());
             let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
-            let v = json!({"i": i, "prompt_sha256": hex, "text": text});
+            let v = crate::lengths::Answer {
+                i,
+                prompt_sha256: hex,
+                bytes: s.text.len() as u64,
+                events: s.chunks,
+                claimed: s.output_tokens,
+                claimed_from: s.output_from.to_string(),
+                usage: s.usage_output,
+                counted: s.tokenizer_output,
+                text,
+            };
+            let Ok(v) = serde_json::to_value(&v) else { continue };
             outs.extend(v.to_string().into_bytes());
             outs.push(b'\n');
         }

@@ -5,7 +5,11 @@
 //! compared with the baseline's (the first variant's): exact match rate, the
 //! position of the first divergence (in tokens with the model's tokenizer,
 //! else in whitespace-separated words), and a pass when every answer matches
-//! (or shares at least `min_match_prefix` leading tokens). The evidence
+//! (or shares at least `min_match_prefix` leading tokens and is as long,
+//! within max(2, 10%) of the baseline's length in the same unit). Answers are
+//! asked at the longest `output_len` the timed load asks for (at least the
+//! check's own `max_tokens`), so a patch that cuts only long answers is seen
+//! here; the full texts are compared. The evidence
 //! (prompts, answers, the first differing pair) goes to
 //! `output-check/<variant>.json` in the cell folder.
 //!
@@ -192,9 +196,12 @@ pub fn judge(
                 if same {
                     exact += 1;
                 }
+                // Under `min_match_prefix` the rest may differ (numerics),
+                // not the length: an answer cut short is not the answer.
+                let slack = (bp.len() / 10).max(2);
                 let ok = same
                     || min_match_prefix.is_some_and(|n| {
-                        common >= (n as usize).min(bp.len()) && op.len() >= bp.len().min(n as usize)
+                        common >= (n as usize).min(bp.len()) && op.len() + slack >= bp.len()
                     });
                 (ok, common, !same)
             }
@@ -308,6 +315,12 @@ mod tests {
         assert!(!o.passed && o.first_divergence == Some(2));
         assert!(!judge(&base, &ans(&[Some("a b")]), Some(3), None).passed);
         assert!(!judge(&base, &ans(&[None]), Some(1), None).passed);
+        // Under `min_match_prefix` the rest may differ, not the length: an
+        // answer that shares the prefix and stops at half is no answer.
+        let long = ans(&[Some("a b c d e f g h i j k l m n o p q r s t")]);
+        assert!(!judge(&long, &ans(&[Some("a b c d e f g h i j")]), Some(4), None).passed);
+        let diverged = ans(&[Some("a b c d x x x x x x x x x x x x x x x x")]);
+        assert!(judge(&long, &diverged, Some(4), None).passed);
         // A prompt the baseline could not answer is not held against others.
         let o = judge(
             &ans(&[None, Some("q")]),

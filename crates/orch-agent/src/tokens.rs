@@ -46,17 +46,55 @@ impl Tokens {
     /// (each request's real count is measured anyway); `None` only for a
     /// tokenizer with no usable id.
     pub fn random_prompt(&self, rng: &mut impl rand::Rng, len: usize, prefix: &[u32]) -> Option<String> {
+        self.random_prompt_before(rng, len, prefix, "")
+    }
+
+    /// [`Tokens::random_prompt`] for a prompt that will be sent with
+    /// `suffix` appended (a nonce tag): the returned text, `suffix` appended,
+    /// has `len` tokens after `prefix` (the suffix's own tokens included), so
+    /// that the prompt as sent has the asked length. The random part keeps
+    /// at least one token.
+    pub fn random_prompt_before(
+        &self,
+        rng: &mut impl rand::Rng,
+        len: usize,
+        prefix: &[u32],
+        suffix: &str,
+    ) -> Option<String> {
+        if suffix.is_empty() {
+            return self.random_text(rng, len, prefix, "");
+        }
+        let own = self.count_output(suffix).unwrap_or(0) as usize;
+        self.random_text(rng, len.saturating_sub(own).max(1), prefix, suffix)
+            .map(|t| t.strip_suffix(suffix).map(String::from).unwrap_or(t))
+    }
+
+    /// Random ids after `prefix`, decoded, with `suffix` appended, searched
+    /// until the whole encodes to `prefix.len() + len + tokens(suffix)`
+    /// (the closest found otherwise).
+    fn random_text(
+        &self,
+        rng: &mut impl rand::Rng,
+        len: usize,
+        prefix: &[u32],
+        suffix: &str,
+    ) -> Option<String> {
         let clean = self.clean_ids();
         if clean.is_empty() {
             return None;
         }
         let draw = |rng: &mut dyn rand::RngCore| clean[(rng.next_u64() % clean.len() as u64) as usize];
-        let target = prefix.len() + len;
+        let own = if suffix.is_empty() {
+            0
+        } else {
+            self.count_output(suffix).unwrap_or(0) as usize
+        };
+        let target = prefix.len() + len + own;
         let mut ids: Vec<u32> = prefix.to_vec();
         ids.extend((0..len).map(|_| draw(rng)));
         let mut best: Option<(usize, String)> = None;
         for _ in 0..64 {
-            let text = self.tok.decode(&ids, false).ok()?;
+            let text = self.tok.decode(&ids, false).ok()? + suffix;
             let n = self.tok.encode(text.as_str(), false).ok()?.len();
             if n == target {
                 return Some(text);
@@ -114,13 +152,7 @@ pub fn load(
     weights_dir: Option<&str>,
 ) -> Result<Option<Tokens>, String> {
     if let Some(t) = tokenizer.filter(|t| t.ends_with(".json")) {
-        let tok = tokenizers::Tokenizer::from_file(t)
-            .map_err(|e| format!("cannot load the tokenizer `{t}`: {e}"))?;
-        return Ok(Some(Tokens {
-            tok,
-            source: t.to_string(),
-            clean: Default::default(),
-        }));
+        return from_file(Path::new(t)).map(Some);
     }
     let Some(repo) = tokenizer.or(model) else {
         return Ok(None);
@@ -128,14 +160,7 @@ pub fn load(
     let caches = hub_caches(weights_dir);
     for cache in &caches {
         if let Some(file) = in_cache(cache, repo) {
-            return match tokenizers::Tokenizer::from_file(&file) {
-                Ok(tok) => Ok(Some(Tokens {
-                    tok,
-                    source: file.display().to_string(),
-                    clean: Default::default(),
-                })),
-                Err(e) => Err(format!("cannot load the tokenizer `{}`: {e}", file.display())),
-            };
+            return from_file(&file).map(Some);
         }
     }
     if tokenizer.is_some() {
@@ -149,6 +174,28 @@ pub fn load(
         ));
     }
     Ok(None)
+}
+
+/// A `tokenizer.json` as `transformers` runs it for a plain call: the
+/// file's own `padding` and `truncation` (many published files set
+/// `Fixed(128)` and `max_length: 128`, for the training they came from) are
+/// turned off, so that a count is the text's tokens, never a padded or cut
+/// length.
+pub fn from_file(file: &Path) -> Result<Tokens, String> {
+    let mut tok = tokenizers::Tokenizer::from_file(file)
+        .map_err(|e| format!("cannot load the tokenizer `{}`: {e}", file.display()))?;
+    tok.with_padding(None);
+    tok.with_truncation(None).map_err(|e| {
+        format!(
+            "cannot turn off the truncation of the tokenizer `{}`: {e}",
+            file.display()
+        )
+    })?;
+    Ok(Tokens {
+        tok,
+        source: file.display().to_string(),
+        clean: Default::default(),
+    })
 }
 
 fn hub_caches(weights_dir: Option<&str>) -> Vec<PathBuf> {
@@ -273,6 +320,43 @@ pub(crate) mod tests {
         let p = t.random_prompt(&mut rng, 10, &prefix).unwrap();
         assert!(p.starts_with("the shared prefix"), "{p}");
         assert_eq!(t.count_output(&p), Some(prefix.len() as u64 + 10));
+    }
+
+    /// A file that sets padding and truncation (as many published ones do)
+    /// counts as `transformers` runs it: neither applies to a plain call.
+    #[test]
+    fn a_files_padding_and_truncation_are_off() {
+        let mut v: serde_json::Value = serde_json::from_str(&tiny_tokenizer_json()).unwrap();
+        v["padding"] = serde_json::json!({"strategy": {"Fixed": 16}, "direction": "Right",
+            "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "<s>"});
+        v["truncation"] = serde_json::json!({"direction": "Right", "max_length": 8,
+            "strategy": "LongestFirst", "stride": 0});
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tokenizer.json");
+        std::fs::write(&f, v.to_string()).unwrap();
+        let t = load(Some(f.to_str().unwrap()), None, None).unwrap().unwrap();
+        assert_eq!(t.count_output("the the"), Some(2));
+        assert_eq!(t.count_output("xyz xyz xyz xyz"), Some(15));
+        assert_eq!(t.count_prompt("xyz xyz xyz xyz"), Some(16));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let p = t.random_prompt(&mut rng, 48, &[]).unwrap();
+        assert_eq!(t.count_output(&p), Some(48));
+    }
+
+    /// A prompt sent with a nonce tag has the asked length with the tag.
+    #[test]
+    fn random_prompts_leave_room_for_the_nonce() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tokenizer.json");
+        std::fs::write(&f, tiny_tokenizer_json()).unwrap();
+        let t = load(Some(f.to_str().unwrap()), None, None).unwrap().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let tag = " [nonce 3f9a1c-r2-17]";
+        for len in [24, 48, 128] {
+            let p = t.random_prompt_before(&mut rng, len, &[], tag).unwrap();
+            assert!(!p.ends_with(tag), "{p:?}");
+            assert_eq!(t.count_output(&format!("{p}{tag}")), Some(len as u64), "{p:?}");
+        }
     }
 
     /// The fixture of the end-to-end tests is this tokenizer.

@@ -51,6 +51,9 @@ fn toy_repo(dir: &Path) -> std::path::PathBuf {
     branch("cache", "MODE = \"honest\"", "MODE = \"cache\"");
     branch("early", "MODE = \"honest\"", "MODE = \"early\"");
     branch("strip", "MODE = \"honest\"", "MODE = \"cache_strip\"");
+    branch("early_long", "MODE = \"honest\"", "MODE = \"early_long\"");
+    branch("early_stream", "MODE = \"honest\"", "MODE = \"early_stream\"");
+    branch("usage_lie", "MODE = \"honest\"", "MODE = \"usage_lie\"");
     git(&repo_dir, &["checkout", "-q", "main"]);
     repo_dir
 }
@@ -135,8 +138,10 @@ benchmarks:
     let info = &c["info"];
     assert_eq!(c["status"], "succeeded", "{c}");
     let v = &info["variants"];
-    // The output check ran for every variant; the evidence is in the cell folder.
+    // The output check ran for every variant, at the load's answer length
+    // (12 tokens, not the check's own 8); the evidence is in the cell folder.
     assert_eq!(info["output_check"]["status"], "ran", "{}", info["output_check"]);
+    assert_eq!(info["output_check"]["max_tokens"], 12, "{}", info["output_check"]);
     assert_eq!(v["baseline"]["output_check"]["status"], "reference");
     for ok in ["aa", "fast", "cache", "strip"] {
         assert_eq!(v[ok]["output_check"]["status"], "passed", "{ok}: {}", v[ok]);
@@ -290,4 +295,108 @@ benchmarks:
         v["baseline"]["warmup_values"].as_array().unwrap().len() as u64,
         warmed
     );
+}
+
+/// Issue 44: servers that lie about their own work, judged with no tokenizer
+/// (the server's `usage` is all a count could rest on). The output check is
+/// off so that the load-time defences stand alone: a patch that stops long
+/// answers at half while its `usage` claims them whole (`early_long`, the
+/// attack that came out `faster` x1.76 on two H200s), one that does so on
+/// streamed answers only (`early_stream`, which an output check asked
+/// without streaming never sees), and one whose answers are right but whose
+/// `usage` claims 1.5 times the tokens (`usage_lie`). None may be `faster`;
+/// each is flagged with the evidence in `lengths/<name>.json`; the true
+/// speedup stays `faster` and the A/A pair `same`, unflagged.
+#[test]
+fn servers_that_lie_in_usage_are_never_faster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let toy = toy_repo(tmp.path());
+    let port = port();
+    let rec = run(
+        tmp.path(),
+        &format!(
+            r#"
+name: lying
+benchmarks:
+  - name: cmp
+    compare:
+      repo: {toy}
+      rounds: 3
+      noise: 0.05
+      seed: 11
+      output_check: false
+      variants:
+        - {{name: baseline, ref: main}}
+        - {{name: aa, ref: main}}
+        - {{name: fast, ref: fast}}
+        - {{name: early_long, ref: early_long}}
+        - {{name: early_stream, ref: early_stream}}
+        - {{name: usage_lie, ref: usage_lie}}
+    workload:
+      server:
+        command: [python3, server.py, "{port}"]
+        ready: {{http: /health, port: {port}}}
+        startup_timeout: 30s
+      client:
+        loadgen: {{num_prompts: 8, max_concurrency: 4, input_len: 8, output_len: 40, seed: 5}}
+"#,
+            toy = toy.display()
+        ),
+    );
+    let c = &rec["cells"][0];
+    let info = &c["info"];
+    assert_eq!(c["status"], "succeeded", "{c}");
+    let v = &info["variants"];
+    let flags = |name: &str| -> Vec<String> {
+        v[name]["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect()
+    };
+    for liar in ["early_long", "early_stream"] {
+        let p = pair(info, liar);
+        assert_eq!(p["verdict"], "flagged", "{liar}: {p}");
+        // Its speed alone would have been a win.
+        assert_eq!(p["speed_verdict"], "faster", "{liar}: {p}");
+        assert!(flags(liar).contains(&"shorter_outputs".to_string()), "{liar}: {}", v[liar]);
+        let l = &v[liar]["lengths"];
+        assert!(l["bytes"]["ratio"].as_f64().unwrap() < 0.6, "{liar}: {l}");
+        // 8 answers a round, 4 rounds (the warm-up round included).
+        assert_eq!(l["pairs"], 32, "{liar}: {l}");
+    }
+    let p = pair(info, "usage_lie");
+    assert_eq!(p["verdict"], "flagged", "{p}");
+    assert_eq!(p["speed_verdict"], "faster", "{p}");
+    assert_eq!(flags("usage_lie"), ["inflated_token_counts"], "{}", v["usage_lie"]);
+    assert!(
+        v["usage_lie"]["gate"]["why"].as_str().unwrap().contains("inflated_token_counts"),
+        "{}",
+        v["usage_lie"]
+    );
+    // The evidence: the judgement and every paired answer.
+    let cell_dir = tmp
+        .path()
+        .join("store")
+        .join(rec["id"].as_str().unwrap())
+        .join("cells")
+        .join(c["id"].as_str().unwrap());
+    let ev: Value =
+        serde_json::from_str(&std::fs::read_to_string(cell_dir.join("lengths/usage_lie.json")).unwrap()).unwrap();
+    assert_eq!(ev["pairs"].as_array().unwrap().len(), 32);
+    assert!(ev["judgement"]["claimed_per_byte"]["ratio"].as_f64().unwrap() > 1.4, "{ev}");
+    // What each request received is in `requests.jsonl`, beside the claim.
+    let req = std::fs::read_to_string(cell_dir.join("variants/usage_lie/round-0/requests.jsonl")).unwrap();
+    let first: Value = serde_json::from_str(req.lines().next().unwrap()).unwrap();
+    assert_eq!(first["usage_output_tokens"], 60, "{first}");
+    assert_eq!(first["output_events"], 40, "{first}");
+    assert!(first["output_bytes"].as_u64().unwrap() >= 40 * 5, "{first}");
+    // The honest ones are untouched.
+    assert_eq!(pair(info, "fast")["verdict"], "faster", "{}", pair(info, "fast"));
+    assert_eq!(pair(info, "aa")["verdict"], "same", "{}", pair(info, "aa"));
+    for quiet in ["aa", "fast"] {
+        assert!(flags(quiet).is_empty(), "{quiet}: {}", v[quiet]);
+        assert_eq!(v[quiet]["lengths"]["bytes"]["ratio"], 1.0, "{quiet}: {}", v[quiet]);
+    }
 }
