@@ -63,8 +63,8 @@
 //! the tokenizer's count of the text by more than max(2, 10%)),
 //! `impossible_token_counts` (a `usage.completion_tokens` above both the
 //! bytes and the events of its text) and `distinct_output_ratio` (distinct
-//! answers / successful requests); `usage_output_tokens` and
-//! `total_output_bytes` are recorded beside the counts. `outputs.jsonl` holds
+//! answers / successful requests); `usage_output_tokens` (the server's
+//! own count) is recorded beside the counts. `outputs.jsonl` holds
 //! the last stage's successful answers ([`crate::lengths::Answer`]: index,
 //! the SHA-256 of the prompt text as sent, bytes, events, the tokens used and
 //! where from, `usage`, the tokenizer's count, the text cut at 4096
@@ -200,14 +200,20 @@ fn prompts(cfg: &LoadGen, n: usize, tok: Option<&Tokens>) -> Result<Vec<Req>, St
                 }
             });
         }
-        // The nonce tag a prompt is sent with counts in its length: prompt k
-        // is request k of the warm-up, then request k - warm-up of the load.
+        // A prompt of `input_len` tokens is one the server counts as
+        // `input_len`: its special tokens (BOS, or BERT's [CLS] and [SEP])
+        // come off the random text, as `vllm bench serve`'s random dataset
+        // takes `num_special_tokens_to_add` off it; so does the nonce tag a
+        // prompt is sent with (prompt k is request k of the warm-up, then
+        // request k - warm-up of the load).
+        let specials = t.count_prompt("").unwrap_or(0) as usize;
         let warm = cfg.warmup_requests as usize;
         return (0..n)
             .map(|i| {
                 let len = rng.random_range(lo..=hi);
                 let tag = nonce_tag(cfg, i.checked_sub(warm).unwrap_or(i));
-                t.random_prompt_before(&mut rng, len, &prefixes[i % groups], &tag)
+                let text_len = len.saturating_sub(specials).max(1);
+                t.random_prompt_before(&mut rng, text_len, &prefixes[i % groups], &tag)
                     .map(Req::text)
                     .ok_or_else(|| {
                         format!(
@@ -928,10 +934,7 @@ fn summarize(cfg: &LoadGen, samples: &[Sample], duration: f64) -> (BTreeMap<Stri
     if !usage_out.is_empty() {
         m.insert("usage_output_tokens".into(), usage_out.iter().sum::<u64>() as f64);
     }
-    m.insert(
-        "total_output_bytes".into(),
-        ok.iter().map(|s| s.text.len() as u64).sum::<u64>() as f64,
-    );
+
     if !ok.is_empty() {
         let distinct: BTreeSet<&str> = ok.iter().map(|s| s.text.as_str()).collect();
         m.insert(

@@ -10,10 +10,17 @@
 //!   (`models--org--name/snapshots/<refs/main>/tokenizer.json`, else any
 //!   snapshot holding one; `orch setup` puts it there).
 //!
-//! Counting follows `vllm bench serve`: a prompt's tokens are its encoding
-//! with the tokenizer's special tokens (BOS...), on chat endpoints too (the
-//! chat template is not counted); a response's tokens are the encoding of its
-//! text without special tokens, used when the server sends no `usage`.
+//! The file is loaded as `transformers` runs it for a plain call: its own
+//! `padding` and `truncation` are turned off ([`from_file`]).
+//!
+//! Counting follows `vllm bench serve` and the server: a prompt's tokens are
+//! its encoding with the tokenizer's special tokens (BOS...), as the server
+//! counts what it receives, on chat endpoints too (the chat template is not
+//! counted); a random prompt of `input_len` tokens is one that counts
+//! `input_len` so (its random text is `input_len` less the special tokens,
+//! as `vllm bench serve`'s random dataset makes it); a response's tokens
+//! are the encoding of the text that arrived, without special tokens (the
+//! load generator's count, whatever the server's `usage` says).
 
 use std::path::{Path, PathBuf};
 

@@ -6,9 +6,11 @@
 //! point, see below). With `m` and `σ` the window's mean and sample sd, the
 //! value is outside when it lies beyond `m ± max(k·σ, floor·|m|)` (`k` = 3,
 //! `floor` = 2%). Outside on the bad side is a `regression`, on the good
-//! side an `improvement`: higher is better for `*throughput*`, `*tflops*`,
-//! `*goodput*`, `*per_s*`; lower for `*_ms`, `*_s`, `*latency*`, `*time*`,
-//! `*duration*`; higher for any other name. With fewer than 5 points in the
+//! side an `improvement`, by the metric's sense from its name
+//! ([`better_for`], `orch-stats`'s rule, the one comparisons and reports use:
+//! throughputs, rates, goodput, flops, bandwidth and utilisation higher;
+//! times, latencies, durations, memory, energy, cost and failures lower;
+//! higher for any other name). With fewer than 5 points in the
 //! window, `σ` is the larger of the sd of the `N` points before its start (the
 //! noise of the level before) and the window's own (from 3 points): the sd of
 //! 3 or 4 points alone is too unsure a band, and flagged the third point after
@@ -25,32 +27,9 @@
 use crate::changepoints::mean_var;
 use serde::{Deserialize, Serialize};
 
-/// Which way is better for a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Better {
-    Higher,
-    Lower,
-}
-
-/// The sense of a metric by its name (see the module docs).
-pub fn better_for(metric: &str) -> Better {
-    let m = metric.to_ascii_lowercase();
-    let higher = ["throughput", "tflops", "goodput", "per_s"];
-    if higher.iter().any(|h| m.contains(h)) {
-        return Better::Higher;
-    }
-    let lower = m.ends_with("_ms")
-        || m.ends_with("_s")
-        || m.contains("latency")
-        || m.contains("time")
-        || m.contains("duration");
-    if lower {
-        Better::Lower
-    } else {
-        Better::Higher
-    }
-}
+/// The sense of a metric: the workspace's one rule, `orch-stats`'s (its
+/// `direction` module says it), re-exported so `orch_history::better_for` is it.
+pub use orch_stats::{better_for, Better};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -275,12 +254,38 @@ mod tests {
 
     #[test]
     fn senses() {
+        // The rule is `orch-stats`'s (tested there); these are the names this
+        // crate's tests and docs lean on.
         for m in ["output_throughput", "tflops", "goodput", "tokens_per_s"] {
             assert_eq!(better_for(m), Better::Higher, "{m}");
         }
-        for m in ["ttft_ms", "p99_latency", "load_time", "duration_s", "duration"] {
+        for m in [
+            "ttft_ms",
+            "p99_latency",
+            "load_time",
+            "duration_s",
+            "duration",
+            "setup_duration",
+        ] {
             assert_eq!(better_for(m), Better::Lower, "{m}");
         }
+    }
+
+    #[test]
+    fn a_longer_setup_is_a_regression() {
+        // `setup_duration` was higher-is-better in `orch-stats`'s old rule and
+        // lower in this crate's: one rule now, and a longer setup is worse.
+        let h = series(20, &[], 0.01, 4);
+        let o = JudgeOptions::default();
+        assert_eq!(
+            judge(&h, &[], 1150.0, "setup_duration", &o).verdict,
+            Verdict::Regression
+        );
+        assert_eq!(
+            judge(&h, &[], 850.0, "setup_duration", &o).verdict,
+            Verdict::Improvement
+        );
+        assert!(o.rule("setup_duration").contains("lower is better"));
     }
 
     #[test]

@@ -64,7 +64,8 @@
 //! [`judge`]: the new value against the last `N` (10) succeeded points of
 //! its series *since the last change point*: `regression` or `improvement`
 //! when it lies outside `mean ± max(3σ, 2% · |mean|)` on the bad or good
-//! side (the metric's sense, [`judge::better_for`]), else `normal`. A point
+//! side (the metric's sense, [`better_for`]: `orch-stats`'s rule, the one
+//! comparisons and reports use), else `normal`. A point
 //! that was flagged opens a provisional level of its own, so re-runs of the
 //! same regression are judged against it and raise no new flag (the level
 //! shift is accepted), as are the points after an accepted change point; a

@@ -56,6 +56,7 @@ pub struct Pair {
     pub status_b: String,
     /// The metric compared; `None` when the two cells share none.
     pub metric: Option<String>,
+    /// The metric's sense ([`orch_stats::better_for`]).
     pub better: Option<Better>,
     /// What one unit of the metric is (`output tokens`).
     pub unit: Option<String>,

@@ -17,8 +17,9 @@
 //! (self-contained page, SVG charts drawn from embedded JSON); `history.rs`: the run
 //! judged against the earlier runs of its suite (`Report::history`, filled by the caller
 //! from `orch-history`, and which metrics are judged); `compare.rs`: two runs
-//! matched by benchmark + params, $/GPU-hour, $ per unit of work. It does not: read the
-//! store or write files.
+//! matched by benchmark + params, $/GPU-hour, $ per unit of work. Which way is better
+//! for a metric (rankings, speedups) is `orch_stats::better_for`, the workspace's one
+//! rule. It does not: read the store or write files.
 
 pub mod compare;
 mod csv;

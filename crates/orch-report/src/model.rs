@@ -169,6 +169,7 @@ pub struct CellRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Ranking {
     pub metric: String,
+    /// The metric's sense ([`orch_stats::better_for`]): entries best first.
     pub better: Better,
     /// What one unit of the metric is (`output tokens`, `requests`).
     pub unit: String,

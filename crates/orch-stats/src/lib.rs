@@ -49,10 +49,16 @@
 //! the statistics of comparisons: paired per-round log-ratios, Student-t
 //! 95% interval (why not a bootstrap or a permutation test: its crate docs and
 //! `docs/comparisons.md`), p-values, minimum detectable effect, Holm adjustment,
-//! direction per metric (throughput up, latency down), the default primary metric,
+//! the direction of each metric by its name (`direction.rs`: [`better_for`], the
+//! workspace's one rule, also `orch-history`'s and `orch-report`'s: throughputs up;
+//! times, memory, energy, cost and failures down), the default primary metric,
 //! verdict `faster`/`slower`/`same` with a noise threshold; the percentile bootstrap kept
 //! only to compare with (`examples/methods.rs`). It does not: IO (the example reads
 //! stdin).
+
+pub mod direction;
+
+pub use direction::{better_for, Better};
 
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -63,32 +69,6 @@ use std::collections::BTreeMap;
 pub const CONFIDENCE: f64 = 0.95;
 /// Power at which the minimum detectable effect is stated.
 pub const MDE_POWER: f64 = 0.8;
-
-/// Which direction is better for a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Better {
-    Higher,
-    Lower,
-}
-
-/// Throughputs are better higher; times and latencies (`*_ms`, `*_s`,
-/// `duration`, `latency`) lower. Unknown metrics: higher.
-pub fn better_for(metric: &str) -> Better {
-    let m = metric.to_ascii_lowercase();
-    if m.contains("throughput") || m.ends_with("per_s") || m.contains("tokens_per") {
-        Better::Higher
-    } else if m.ends_with("_ms")
-        || m.ends_with("_s")
-        || m.contains("latency")
-        || m == "duration"
-        || m.contains("time")
-    {
-        Better::Lower
-    } else {
-        Better::Higher
-    }
-}
 
 /// Headline metrics, most preferred first: the primary metric of a
 /// comparison when the manifest names none.
@@ -550,14 +530,6 @@ mod tests {
 
     fn opts() -> Options {
         Options::new(0.02)
-    }
-
-    #[test]
-    fn directions() {
-        assert_eq!(better_for("output_throughput"), Better::Higher);
-        assert_eq!(better_for("mean_ttft_ms"), Better::Lower);
-        assert_eq!(better_for("tokens_per_s"), Better::Higher);
-        assert_eq!(better_for("step_time_mean_ms"), Better::Lower);
     }
 
     #[test]

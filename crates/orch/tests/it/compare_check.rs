@@ -360,7 +360,11 @@ benchmarks:
         assert_eq!(p["verdict"], "flagged", "{liar}: {p}");
         // Its speed alone would have been a win.
         assert_eq!(p["speed_verdict"], "faster", "{liar}: {p}");
-        assert!(flags(liar).contains(&"shorter_outputs".to_string()), "{liar}: {}", v[liar]);
+        assert!(
+            flags(liar).contains(&"shorter_outputs".to_string()),
+            "{liar}: {}",
+            v[liar]
+        );
         let l = &v[liar]["lengths"];
         assert!(l["bytes"]["ratio"].as_f64().unwrap() < 0.6, "{liar}: {l}");
         // 8 answers a round, 4 rounds (the warm-up round included).
@@ -369,9 +373,17 @@ benchmarks:
     let p = pair(info, "usage_lie");
     assert_eq!(p["verdict"], "flagged", "{p}");
     assert_eq!(p["speed_verdict"], "faster", "{p}");
-    assert_eq!(flags("usage_lie"), ["inflated_token_counts"], "{}", v["usage_lie"]);
+    assert_eq!(
+        flags("usage_lie"),
+        ["inflated_token_counts"],
+        "{}",
+        v["usage_lie"]
+    );
     assert!(
-        v["usage_lie"]["gate"]["why"].as_str().unwrap().contains("inflated_token_counts"),
+        v["usage_lie"]["gate"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("inflated_token_counts"),
         "{}",
         v["usage_lie"]
     );
@@ -383,9 +395,13 @@ benchmarks:
         .join("cells")
         .join(c["id"].as_str().unwrap());
     let ev: Value =
-        serde_json::from_str(&std::fs::read_to_string(cell_dir.join("lengths/usage_lie.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(cell_dir.join("lengths/usage_lie.json")).unwrap())
+            .unwrap();
     assert_eq!(ev["pairs"].as_array().unwrap().len(), 32);
-    assert!(ev["judgement"]["claimed_per_byte"]["ratio"].as_f64().unwrap() > 1.4, "{ev}");
+    assert!(
+        ev["judgement"]["claimed_per_byte"]["ratio"].as_f64().unwrap() > 1.4,
+        "{ev}"
+    );
     // What each request received is in `requests.jsonl`, beside the claim.
     let req = std::fs::read_to_string(cell_dir.join("variants/usage_lie/round-0/requests.jsonl")).unwrap();
     let first: Value = serde_json::from_str(req.lines().next().unwrap()).unwrap();
@@ -397,6 +413,10 @@ benchmarks:
     assert_eq!(pair(info, "aa")["verdict"], "same", "{}", pair(info, "aa"));
     for quiet in ["aa", "fast"] {
         assert!(flags(quiet).is_empty(), "{quiet}: {}", v[quiet]);
-        assert_eq!(v[quiet]["lengths"]["bytes"]["ratio"], 1.0, "{quiet}: {}", v[quiet]);
+        assert_eq!(
+            v[quiet]["lengths"]["bytes"]["ratio"], 1.0,
+            "{quiet}: {}",
+            v[quiet]
+        );
     }
 }
