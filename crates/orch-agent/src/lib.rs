@@ -20,7 +20,8 @@
 //! latency from the intended send time, nonces and anti-gaming signals, `outputs.jsonl`)
 //! with vllm bench serve field names; `evclient.rs`: the one-thread mio HTTP/1.1 client
 //! (keep-alive, chunked, SSE lines, timeouts); `tokens.rs`: the model's
-//! `tokenizer.json` (counts, random prompts of exact lengths); `dataset.rs`: prompt
+//! `tokenizer.json` loaded as `transformers` runs it (padding and truncation off;
+//! counts, random prompts of exact lengths as the server counts them); `dataset.rs`: prompt
 //! files (lists, ShareGPT, JSONL, traces); `compare.rs`: variants (git checkout, the host tree's uncommitted changes, `git apply --check`
 //! with git's report in `patch.log`, install), rounds of the server workload in a seeded
 //! per-round shuffled order, `rounds: auto` (until the primary metric's interval is
@@ -28,7 +29,10 @@
 //! through `orch-stats`, `warmup_rounds: auto`, the gaming defences (a nonce per
 //! round, flags), gates (`output_mismatch`, `flagged`); `outcheck.rs`: the output check
 //! before timed rounds (fixed greedy prompts, answers compared with the baseline's,
-//! evidence in `output-check/`); `capture.rs`: head+tail log capture; `ship.rs`: `--ship`, the
+//! evidence in `output-check/`); `lengths.rs`: each variant's answers paired with the
+//! baseline's for the same prompts every round (`shorter_outputs`,
+//! `inflated_token_counts`: the defence that does not rest on the server's own
+//! `usage`); `capture.rs`: head+tail log capture; `ship.rs`: `--ship`, the
 //! output folder and events as numbered frames on stdout; `transformer/`: candle-core
 //! decoder-only transformer (fused by default: forward from the fused ops, backward
 //! written out op by op; `ORCH_TRANSFORMER_KERNELS=autograd|unfused` for A/B), memory
