@@ -166,8 +166,8 @@ async fn execute_cells(
     let (events, forward) = forward_events(&progress, &masker);
 
     // One stop channel for every cell: the caller's cancel or the budget.
-    // The sender lives until every cell is joined (a dropped sender reads as
-    // a cancel to the backends).
+    // The sender lives until every cell is joined (a dropped sender is no
+    // cancel: the lifecycle waits for `true`, see `orch_backend::lifecycle`).
     let (stop, stop_rx) = Stop::new();
     let relay = stop.relay(cancel.clone());
     let tick = opts.cost.tick.unwrap_or(BUDGET_TICK);
