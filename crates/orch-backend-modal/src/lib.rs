@@ -20,8 +20,9 @@
 //!   as a context mount, as the official client sends `COPY` sources, never
 //!   inline), content-addressed
 //!   mounts for the static agent, `orch` and the cell's files (an upload
-//!   answered `exists: false`, not yet ingested, is asked about again with
-//!   backoff until it is there, at most 10 minutes), secrets, volumes, sandboxes
+//!   answered `exists: false` is sent again with its data, as the official
+//!   client does, with backoff until it is there, at most 10 minutes),
+//!   secrets, volumes, sandboxes
 //!   (create with `network_access: OPEN` as the official client sends it,
 //!   schedule, logs from the last entry id, wait, terminate, list);
 //! - [`backend`]: the [`orch_backend::Backend`] for `--backend modal`;

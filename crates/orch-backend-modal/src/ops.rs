@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub use crate::blob::LARGE_FILE_LIMIT;
 /// How long a file Modal has not yet ingested (`MountPutFile` answered
-/// `exists: false` after its upload) is waited for, asking again (the
+/// `exists: false` after its upload) is waited for, sending it again (the
 /// official client waits as long: `MOUNT_PUT_FILE_CLIENT_TIMEOUT`).
 pub const INGEST_WAIT: Duration = Duration::from_secs(600);
 /// The first pause between those questions; it doubles up to [`INGEST_POLL_MAX`].
@@ -372,14 +372,14 @@ pub async fn mount(modal: &Modal, app_id: &str, files: &[MountSource<'_>]) -> Re
                 data_oneof: Some(payload),
             };
             let exists = modal
-                .call("MountPutFile", put, |mut c, r| async move {
+                .call("MountPutFile", put.clone(), |mut c, r| async move {
                     c.mount_put_file(r).await
                 })
                 .await
                 .map_err(ModalError::rpc("MountPutFile"))?
                 .exists;
             if !exists {
-                wait_ingested(modal, &sha, &f.local.display().to_string(), INGEST_WAIT).await?;
+                wait_ingested(modal, &put, &f.local.display().to_string(), INGEST_WAIT).await?;
             }
         }
         entries.push(proto::MountFile {
@@ -405,12 +405,22 @@ pub async fn mount(modal: &Modal, app_id: &str, files: &[MountSource<'_>]) -> Re
     Ok(resp.mount_id)
 }
 
-/// After an upload Modal answered `exists: false` (received, not yet
-/// ingested): ask again (`MountPutFile` by digest, without the bytes) with
-/// a doubling pause ([`INGEST_POLL`] to [`INGEST_POLL_MAX`]) until it says
-/// `exists: true`, for at most `wait`. A mount made before that fails with
-/// `FAILED_PRECONDITION`.
-pub async fn wait_ingested(modal: &Modal, sha: &str, name: &str, wait: Duration) -> Result<(), ModalError> {
+/// After an upload Modal answered `exists: false` (not there yet, or its
+/// bytes to be sent again): send the same data-carrying `MountPutFile`
+/// again (the bytes inline, or the same blob id) until it says `exists:
+/// true`, for at most `wait`, as the official client's loop does
+/// (`modal/mount.py`: the request with its data, sent again until
+/// `response.exists`, within `MOUNT_PUT_FILE_CLIENT_TIMEOUT`). A question by
+/// digest alone would never be answered `true` by a server that needs the
+/// bytes again. Between sends a doubling pause ([`INGEST_POLL`] to
+/// [`INGEST_POLL_MAX`]) spares the server (the official client sends at
+/// once). A mount made before that fails with `FAILED_PRECONDITION`.
+pub async fn wait_ingested(
+    modal: &Modal,
+    put: &proto::MountPutFileRequest,
+    name: &str,
+    wait: Duration,
+) -> Result<(), ModalError> {
     let started = tokio::time::Instant::now();
     let mut pause = INGEST_POLL;
     loop {
@@ -425,12 +435,8 @@ pub async fn wait_ingested(modal: &Modal, sha: &str, name: &str, wait: Duration)
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(INGEST_POLL_MAX);
-        let probe = proto::MountPutFileRequest {
-            sha256_hex: sha.into(),
-            data_oneof: None,
-        };
         let exists = modal
-            .call("MountPutFile", probe, |mut c, r| async move {
+            .call("MountPutFile", put.clone(), |mut c, r| async move {
                 c.mount_put_file(r).await
             })
             .await

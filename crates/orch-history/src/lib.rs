@@ -119,3 +119,14 @@ pub enum HistoryError {
     #[error("no runs of suite `{suite}` in `{store}`\nhint: `orch ls` lists the store's runs and suites")]
     NoRuns { suite: String, store: String },
 }
+
+/// A bad `--since` and a suite with no runs are the user's to fix; a store
+/// error is whatever the store says it is.
+impl orch_protocol::ErrorClass for HistoryError {
+    fn is_user_error(&self) -> bool {
+        match self {
+            HistoryError::Store(e) => orch_protocol::ErrorClass::is_user_error(e),
+            HistoryError::BadSince { .. } | HistoryError::NoRuns { .. } => true,
+        }
+    }
+}

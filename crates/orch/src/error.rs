@@ -49,6 +49,7 @@ fn class(cause: &(dyn std::error::Error + 'static)) -> Option<bool> {
         orch_report::ReportError,
         orch_backend::BackendError,
         orch_runner::RunnerError,
+        orch_history::HistoryError,
     );
     None
 }

@@ -104,6 +104,12 @@ pub struct Scenario {
     /// `exists: false` for it (the upload itself, then the next N asks) and a
     /// mount naming it fails `FAILED_PRECONDITION` until then.
     pub slow_ingestion: u32,
+    /// Uploads Modal needs again: the next N `MountPutFile` calls that carry
+    /// a file's bytes are answered `exists: false` and the bytes dropped, so
+    /// only a request that carries them again stores the file (the official
+    /// client sends the data-carrying request again until `exists: true`;
+    /// a question by digest alone stays `false`).
+    pub drop_uploads: u32,
     /// Multipart blob uploads: `BlobCreate` answers a multipart upload with
     /// parts of this many bytes (one URL per part, a completion URL), as Modal
     /// does for large blobs; `None`: one upload URL.

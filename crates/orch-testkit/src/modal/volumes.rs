@@ -155,6 +155,15 @@ pub(super) fn mount_put_file(
     if sha256_hex(&data) != r.sha256_hex {
         return Err(Status::invalid_argument("sha256 mismatch"));
     }
+    {
+        let mut sc = inner.scenario.lock().unwrap();
+        if sc.drop_uploads > 0 {
+            sc.drop_uploads -= 1;
+            drop(sc);
+            inner.note("MountPutFile", "exists=false (dropped: send it again)".into());
+            return Ok(Response::new(proto::MountPutFileResponse { exists: false }));
+        }
+    }
     write_exec(&path, &data).map_err(|e| Status::internal(e.to_string()))?;
     let slow = inner.scenario.lock().unwrap().slow_ingestion;
     let mut st = inner.state.lock().unwrap();

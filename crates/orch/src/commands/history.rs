@@ -7,10 +7,12 @@ use crate::cli::HistoryArgs;
 use crate::error::user;
 use orch_history::{analyze, build, load, render, AnalysisOptions, Filter, HistoryError};
 
+/// A history error as it is (its [`orch_protocol::ErrorClass`] gives the
+/// exit code); a store error unwrapped, so its own class and text lead.
 fn mapped(e: HistoryError) -> anyhow::Error {
     match e {
         HistoryError::Store(e) => e.into(),
-        other => user(other.to_string()),
+        other => other.into(),
     }
 }
 

@@ -849,6 +849,40 @@ fn slowly_ingested_uploads_still_make_their_mounts() {
     assert_eq!(not_yet, 2 * fake.uploads().len(), "each upload waited for");
 }
 
+/// Uploads Modal needs again (answered `exists: false`, their bytes dropped) are sent
+/// again with their data, as the official client's loop sends them, not asked about by
+/// digest alone (which such a server never answers `true`: the cell waited 600 s and was
+/// billed for a sandbox never created).
+#[test]
+fn uploads_modal_needs_again_are_sent_again_with_their_data() {
+    if !ready() {
+        return;
+    }
+    let fake = fake_modal();
+    fake.scenario(|s| s.drop_uploads = 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write(
+        tmp.path(),
+        "name: again\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
+    );
+    let (out, rec) = run(&fake, tmp.path(), &m, &[]);
+    let x = cell(&rec, "x.cpu");
+    assert_eq!(
+        x["status"],
+        "succeeded",
+        "{x}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dropped = fake
+        .calls()
+        .iter()
+        .filter(|c| c.detail.as_deref() == Some("exists=false (dropped: send it again)"))
+        .count();
+    assert_eq!(dropped, 2, "{:?}", fake.calls());
+    // Every file was stored by a request that carried it.
+    assert!(!fake.uploads().is_empty());
+}
+
 /// The sandbox is asked for with `network_access: OPEN`, as the official client asks,
 /// and every call says it comes from Modal's Go client (client type 9).
 #[test]
