@@ -23,6 +23,7 @@ use crate::config::Credentials;
 use crate::proto::modal_client_client::ModalClientClient;
 use crate::proto::AuthTokenGetRequest;
 use crate::ModalError;
+pub use orch_modal_proto::status::{retry_after, throttled, AnyDetail, RpcStatus};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,73 +68,6 @@ impl Default for Retry {
             throttle_wait: Duration::from_secs(600),
         }
     }
-}
-
-/// Modal's `RPCStatus` (wire-compatible with `google.rpc.Status`), the
-/// content of `grpc-status-details-bin`; declared here rather than in the
-/// `.proto` because its `details` are `google.protobuf.Any`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    pub code: i32,
-    #[prost(string, tag = "2")]
-    pub message: String,
-    #[prost(message, repeated, tag = "3")]
-    pub details: Vec<AnyDetail>,
-}
-
-/// `google.protobuf.Any`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct AnyDetail {
-    #[prost(string, tag = "1")]
-    pub type_url: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
-}
-
-/// The full name the `Any` of a retry policy carries after its prefix.
-const RETRY_POLICY_TYPE: &str = "modal.client.RPCRetryPolicy";
-
-/// The server's retry-after, when `status` carries an `RPCRetryPolicy` in
-/// its details (as Modal's Python client reads it; any type URL prefix).
-pub fn retry_after(status: &Status) -> Option<Duration> {
-    use prost::Message;
-    if status.details().is_empty() {
-        return None;
-    }
-    let st = RpcStatus::decode(status.details()).ok()?;
-    st.details.iter().find_map(|d| {
-        let name = d.type_url.rsplit('/').next().unwrap_or_default();
-        if name != RETRY_POLICY_TYPE {
-            return None;
-        }
-        let p = crate::proto::RpcRetryPolicy::decode(d.value.as_slice()).ok()?;
-        let secs = f64::from(p.retry_after_secs);
-        // To the millisecond: the field is an `f32`.
-        Some(if secs.is_finite() && secs > 0.0 {
-            Duration::from_millis((secs.min(86_400.0) * 1000.0).round() as u64)
-        } else {
-            Duration::ZERO
-        })
-    })
-}
-
-/// A throttling answer as Modal sends it: `code` with an `RPCRetryPolicy`
-/// of `after` in its details (for fakes and tests).
-pub fn throttled(code: Code, message: &str, after: Duration) -> Status {
-    use prost::Message;
-    let policy = crate::proto::RpcRetryPolicy {
-        retry_after_secs: after.as_secs_f32(),
-    };
-    let st = RpcStatus {
-        code: code as i32,
-        message: message.into(),
-        details: vec![AnyDetail {
-            type_url: format!("type.modal.com/{RETRY_POLICY_TYPE}"),
-            value: policy.encode_to_vec(),
-        }],
-    };
-    Status::with_details(code, message, st.encode_to_vec().into())
 }
 
 /// Codes worth another try (Modal's clients retry the same ones).

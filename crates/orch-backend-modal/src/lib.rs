@@ -58,20 +58,15 @@ pub mod host;
 pub mod ops;
 pub mod setup;
 
-/// The generated types and stubs of `proto/modal_api.proto`.
-#[allow(clippy::all, clippy::pedantic)]
-pub mod proto {
-    tonic::include_proto!("modal.client");
-
-    /// Our descriptor set (for the check against Modal's own).
-    pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/modal_api.descriptor.bin"));
-}
+/// The generated types and stubs of Modal's protocol (`orch-modal-proto`,
+/// shared with the fake).
+pub use orch_modal_proto as proto;
 
 pub use backend::ModalBackend;
 pub use client::Modal;
 pub use config::Credentials;
-/// The protobuf runtime of [`proto`] (for fakes that measure messages).
-pub use prost;
+/// The protobuf runtime of [`proto`].
+pub use orch_modal_proto::prost;
 
 /// The app every orch sandbox belongs to.
 pub const APP_NAME: &str = "orch";

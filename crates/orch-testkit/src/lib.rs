@@ -21,7 +21,8 @@ pub mod kube;
 pub mod modal;
 pub mod rootfs;
 pub mod s3;
-pub mod skip;
+/// The skip-or-fail rule (`orch-test-support`), under its old path.
+pub use orch_test_support::skip;
 pub mod slurm;
 pub mod suites;
 

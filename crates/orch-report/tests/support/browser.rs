@@ -2,7 +2,7 @@
 //! DOM after its scripts ran, and check that the charts were drawn.
 //!
 //! Without a Chromium the tests skip with a note, except under CI, where a
-//! missing browser fails them (`orch_testkit::skip`).
+//! missing browser fails them (`orch_test_support::skip`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -28,10 +28,10 @@ pub fn find() -> Option<PathBuf> {
 
 /// The browser, or `None` (after a note on stderr) when it is missing outside
 /// CI. Panics under CI: there the browser test must run
-/// ([`orch_testkit::skip::require`]).
+/// ([`orch_test_support::skip::require`]).
 #[track_caller]
 pub fn require(test: &str) -> Option<PathBuf> {
-    orch_testkit::skip::require(
+    orch_test_support::skip::require(
         test,
         find().ok_or_else(|| {
             "no Chromium found (`chromium` on the PATH or $ORCH_CHROMIUM; \

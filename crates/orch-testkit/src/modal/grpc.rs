@@ -4,7 +4,7 @@
 
 use super::state::{now_s, Inner, Stream};
 use super::{images, sandboxes, volumes};
-use orch_backend_modal::proto::{self, modal_client_server::ModalClient, ObjectCreationType};
+use orch_modal_proto::{self as proto, modal_client_server::ModalClient, ObjectCreationType};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 

@@ -9,7 +9,7 @@
 use super::state::{now_s, sha256_hex, Image, ImageBuild, Inner, Stream};
 use super::{ContextFile, ImageContext};
 use crate::container;
-use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
+use orch_modal_proto::{self as proto, generic_result::GenericStatus, GenericResult};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

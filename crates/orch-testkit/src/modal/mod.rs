@@ -58,12 +58,10 @@ mod grpc;
 mod images;
 mod sandboxes;
 mod state;
-#[cfg(test)]
-mod tests;
 mod volumes;
 
 use grpc::Svc;
-use orch_backend_modal::proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
+use orch_modal_proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
 pub use state::sha256_hex;
 use state::{now_s, Inner, Sandbox, State};
 use std::collections::BTreeMap;
@@ -421,7 +419,8 @@ impl FakeModal {
         self.inner.state.lock().unwrap().image_contexts.clone()
     }
 
-    /// Every file whose bytes reached the server (`MountPutFile` with data), in order.
+    /// Every file stored from bytes that reached the server (`MountPutFile` with
+    /// data; bytes sent again for a file already stored are not counted), in order.
     pub fn uploads(&self) -> Vec<Upload> {
         self.inner.state.lock().unwrap().uploads.clone()
     }

@@ -6,7 +6,7 @@
 use super::state::{now_s, Image, Inner, Sandbox, Stream};
 use super::{SandboxRecord, Scenario};
 use crate::container;
-use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
+use orch_modal_proto::{self as proto, generic_result::GenericStatus, GenericResult};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;

@@ -3,7 +3,7 @@
 //! blobs, the calls answered, and the auth check every RPC starts with.
 
 use super::{BlobRecord, Call, ImageContext, SandboxRecord, Scenario, Upload};
-use orch_backend_modal::proto::{self, generic_result::GenericStatus, GenericResult};
+use orch_modal_proto::{self as proto, generic_result::GenericStatus, GenericResult};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -153,7 +153,7 @@ impl Inner {
     }
 
     /// Auth, the call record and the transient-failure knob.
-    pub(super) fn enter<T: orch_backend_modal::prost::Message>(
+    pub(super) fn enter<T: orch_modal_proto::prost::Message>(
         &self,
         method: &'static str,
         req: &Request<T>,
@@ -195,7 +195,7 @@ impl Inner {
         }
         if sc.throttle_sandbox_creates > 0 && method == "SandboxCreate" {
             sc.throttle_sandbox_creates -= 1;
-            return Err(orch_backend_modal::client::throttled(
+            return Err(orch_modal_proto::status::throttled(
                 tonic::Code::ResourceExhausted,
                 "fake: too many sandbox creations, slow down",
                 sc.throttle_after,

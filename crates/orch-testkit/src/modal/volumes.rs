@@ -6,7 +6,7 @@
 
 use super::state::{sha256_hex, Inner};
 use super::{BlobRecord, Upload};
-use orch_backend_modal::proto::{self, ObjectCreationType};
+use orch_modal_proto::{self as proto, ObjectCreationType};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::sync::Arc;
@@ -163,6 +163,12 @@ pub(super) fn mount_put_file(
             inner.note("MountPutFile", "exists=false (dropped: send it again)".into());
             return Ok(Response::new(proto::MountPutFileResponse { exists: false }));
         }
+    }
+    // The bytes of a file already stored (sent again, as the official client
+    // sends them until `exists: true`) are there: no new ingestion.
+    if path.is_file() {
+        inner.note("MountPutFile", "exists=true".into());
+        return Ok(Response::new(proto::MountPutFileResponse { exists: true }));
     }
     write_exec(&path, &data).map_err(|e| Status::internal(e.to_string()))?;
     let slow = inner.scenario.lock().unwrap().slow_ingestion;

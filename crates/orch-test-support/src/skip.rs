@@ -5,7 +5,7 @@
 //! the test must run and `.ci/run` installs what it needs.
 //!
 //! ```no_run
-//! use orch_testkit::skip;
+//! use orch_test_support::skip;
 //! # fn find_chromium() -> Result<std::path::PathBuf, String> { Err("no Chromium".into()) }
 //! // In `#[test] fn charts_render()`:
 //! let Some(chromium) = skip::require("charts_render", find_chromium()) else {

@@ -9,7 +9,7 @@
 //!
 //! Needs `python3` with `modal` installed (`.ci/run` installs it). Under
 //! CI a missing `modal` fails the test; elsewhere it is skipped with the
-//! reason printed (`orch_testkit::skip`).
+//! reason printed (`orch_test_support::skip`).
 
 use prost::Message;
 use prost_types::{DescriptorProto, EnumDescriptorProto, FileDescriptorProto, FileDescriptorSet};
@@ -28,8 +28,8 @@ fn official() -> Option<FileDescriptorProto> {
             Ok(o) => String::from_utf8_lossy(&o.stderr).to_string(),
             Err(e) => e.to_string(),
         };
-        orch_testkit::skip::skip_or_fail(
-            &orch_testkit::skip::current_test(),
+        orch_test_support::skip::skip_or_fail(
+            &orch_test_support::skip::current_test(),
             &format!(
                 "python3 with the official `modal` client is not installed here (pip install modal): {why}"
             ),
@@ -45,7 +45,7 @@ fn official() -> Option<FileDescriptorProto> {
 }
 
 fn ours() -> FileDescriptorProto {
-    let set = FileDescriptorSet::decode(orch_backend_modal::proto::DESCRIPTOR).unwrap();
+    let set = FileDescriptorSet::decode(orch_modal_proto::DESCRIPTOR).unwrap();
     set.file
         .into_iter()
         .find(|f| f.package() == "modal.client")
