@@ -9,6 +9,9 @@
 //!   its record, or `pending`);
 //! - [`diagnosis`]: the named cause of a failure ([`Diagnosis`]), as
 //!   `orch-diagnose` finds it in a cell's logs;
+//! - [`compare`]: a comparison cell's `info` ([`CompareInfo`]: its variants,
+//!   gates, pairs, verdicts and per-metric comparisons), as the agent writes
+//!   it and every reader reads it;
 //! - [`cost`]: what a cell and a run cost ([`CellCost`], [`RunCost`]) and the
 //!   budget of `--max-cost` ([`BudgetRecord`]), as `orch-cost` computes them.
 //!
@@ -23,11 +26,13 @@
 //! from a planned cell of `orch-manifest`).
 
 pub mod cell;
+pub mod compare;
 pub mod cost;
 pub mod diagnosis;
 pub mod run;
 
 pub use cell::{CellRecord, CellView};
+pub use compare::CompareInfo;
 pub use cost::{BudgetRecord, CellCost, RunCost, OTHER_PHASE};
 pub use diagnosis::Diagnosis;
 pub use run::{Environment, RunMeta, RunRecord, RunState, RunSummary};
