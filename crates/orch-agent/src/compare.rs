@@ -103,10 +103,15 @@ use orch_protocol::{
     CellResult, Client, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, ServerWorkload, Status,
     TaskSpec, Variant,
 };
+use orch_record::compare::{
+    AnswersCheck, Better, CheckPlan as CheckPlanInfo, CheckStatus, CommandCheck, CompareInfo, Drift, Gate,
+    GateKind, LengthRatio, Lengths, MatchRule, Method, MetricComparison, Pair, PairDrift, PairGate, Role,
+    Rounds, SpeedVerdict, StoppedBy, VariantCheck, VariantEntry, WarmupStop,
+};
 use orch_stats::Options;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -122,11 +127,10 @@ struct VariantState {
     warm: Vec<f64>,
     /// Flags of the defences (sorted, once each).
     flags: Vec<String>,
-    /// Why the variant gets no verdict on speed: (`output_mismatch` or
-    /// `flagged`, the reason).
-    gate: Option<(&'static str, String)>,
-    /// What the output check found (recorded as it is).
-    check: Option<Value>,
+    /// Why the variant gets no verdict on speed.
+    gate: Option<Gate>,
+    /// What the output check found.
+    check: Option<VariantCheck>,
     /// Its answers paired with the baseline's, prompt by prompt, every
     /// round ([`crate::lengths`]).
     lengths: Vec<lengths::Pair>,
@@ -191,9 +195,9 @@ fn judge_output_check(plan: &mut CheckPlan, variants: &mut [VariantState], out_d
     for (i, v) in variants.iter_mut().enumerate() {
         let Some(answers) = plan.answers[i].take() else {
             if v.failed.is_none() {
-                v.check = Some(
-                    json!({"status": "not_asked", "why": "the server was not ready for the output check"}),
-                );
+                v.check = Some(VariantCheck::NotAsked {
+                    why: "the server was not ready for the output check".into(),
+                });
             }
             continue;
         };
@@ -225,30 +229,169 @@ fn judge_output_check(plan: &mut CheckPlan, variants: &mut [VariantState], out_d
         };
         let evidence = outcheck::write_evidence(out_dir, &v.name, &answers, outcome.as_ref())
             .unwrap_or_else(|e| format!("not written: {e}"));
-        let mut info = match &outcome {
-            None => {
-                json!({"status": "reference", "answered": answers.iter().filter(|a| a.text.is_some()).count()})
-            }
-            Some(o) => {
-                let mut x = serde_json::to_value(o).unwrap_or(Value::Null);
-                x["status"] = json!(if o.passed { "passed" } else { "output_mismatch" });
-                x
-            }
-        };
-        info["evidence"] = json!(evidence);
-        if let Some(o) = outcome.filter(|o| !o.passed) {
-            v.gate = Some((
-                "output_mismatch",
-                format!(
+        if let Some(o) = outcome.as_ref().filter(|o| !o.passed) {
+            v.gate = Some(Gate {
+                kind: GateKind::OutputMismatch,
+                why: format!(
                     "{} of {} answers to the output check differ from the baseline's ({}; {})",
                     o.compared - o.exact,
                     o.compared,
                     o.rule,
                     evidence
                 ),
-            ));
+            });
         }
-        v.check = Some(info);
+        v.check = Some(match outcome {
+            None => VariantCheck::Reference {
+                answered: answers.iter().filter(|a| a.text.is_some()).count(),
+                evidence: Some(evidence),
+            },
+            Some(o) => VariantCheck::Answers(answers_check(o, evidence)),
+        });
+    }
+}
+
+/// The output check's outcome as `info.variants.<name>.output_check` keeps it.
+fn answers_check(o: outcheck::Outcome, evidence: String) -> AnswersCheck {
+    let outcheck::Outcome {
+        passed,
+        exact,
+        compared,
+        exact_match_rate,
+        unit,
+        first_divergence,
+        rule,
+        first_difference,
+    } = o;
+    AnswersCheck {
+        status: if passed {
+            CheckStatus::Passed
+        } else {
+            CheckStatus::OutputMismatch
+        },
+        passed,
+        exact,
+        compared,
+        exact_match_rate,
+        unit: unit.to_string(),
+        first_divergence,
+        rule,
+        first_difference,
+        evidence,
+    }
+}
+
+/// The lengths' judgement as `info.variants.<name>.lengths` keeps it.
+fn lengths_entry(j: lengths::Judgement, evidence: String) -> Lengths {
+    let ratio = |r: Option<lengths::Ratio>| {
+        r.map(
+            |lengths::Ratio {
+                 ratio,
+                 low,
+                 high,
+                 total,
+             }| LengthRatio {
+                ratio,
+                low,
+                high,
+                total,
+            },
+        )
+    };
+    let lengths::Judgement {
+        pairs,
+        rounds,
+        bytes,
+        counted_tokens,
+        events,
+        claimed_per_byte,
+        threshold,
+        flags,
+    } = j;
+    Lengths {
+        pairs,
+        rounds,
+        bytes: ratio(bytes),
+        counted_tokens: ratio(counted_tokens),
+        events: ratio(events),
+        claimed_per_byte: ratio(claimed_per_byte),
+        threshold,
+        flags,
+        evidence,
+    }
+}
+
+/// The verdict on speed of `orch_stats`, as records keep it.
+fn speed_verdict(v: orch_stats::Verdict) -> SpeedVerdict {
+    match v {
+        orch_stats::Verdict::Faster => SpeedVerdict::Faster,
+        orch_stats::Verdict::Slower => SpeedVerdict::Slower,
+        orch_stats::Verdict::Same => SpeedVerdict::Same,
+    }
+}
+
+fn method_of(m: orch_stats::Method) -> Method {
+    match m {
+        orch_stats::Method::StudentT => Method::StudentT,
+        orch_stats::Method::PercentileBootstrap => Method::PercentileBootstrap,
+    }
+}
+
+/// One metric of the pair `base` vs `other`, as `info.comparison[]` keeps it
+/// (no gate or drift yet).
+fn metric_comparison(c: orch_stats::Comparison, base: &str, other: &str) -> MetricComparison {
+    let orch_stats::Comparison {
+        metric,
+        better,
+        ratio,
+        ci_low,
+        ci_high,
+        speedup,
+        verdict,
+        n_base,
+        n_other,
+        n,
+        method,
+        confidence,
+        p_value,
+        p_adjusted,
+        role,
+        mde,
+        precision,
+        base_values,
+        other_values,
+    } = c;
+    MetricComparison {
+        base: base.to_string(),
+        other: other.to_string(),
+        metric,
+        better: match better {
+            orch_stats::Better::Higher => Better::Higher,
+            orch_stats::Better::Lower => Better::Lower,
+        },
+        ratio,
+        ci_low,
+        ci_high,
+        speedup,
+        verdict: speed_verdict(verdict).into(),
+        n_base,
+        n_other,
+        n: Some(n),
+        method: Some(method_of(method)),
+        confidence: Some(confidence),
+        p_value: Some(p_value),
+        p_adjusted,
+        role: Some(match role {
+            orch_stats::Role::Primary => Role::Primary,
+            orch_stats::Role::Secondary => Role::Secondary,
+        }),
+        mde,
+        precision: Some(precision),
+        base_values: Some(base_values),
+        other_values: Some(other_values),
+        speed_verdict: None,
+        gate: None,
+        drift: None,
     }
 }
 
@@ -341,17 +484,14 @@ fn fresh_nonce() -> String {
 }
 
 /// The drift of a series of measured rounds, for `info`.
-fn drift(values: &[f64]) -> Value {
-    match orch_stats::trend(values, orch_stats::CONFIDENCE) {
-        Some(t) => json!({
-            "slope_per_round": t.slope,
-            "ci_low": t.ci_low,
-            "ci_high": t.ci_high,
-            "p_value": t.p_value,
-            "n": t.n,
-        }),
-        None => Value::Null,
-    }
+fn drift(values: &[f64]) -> Option<Drift> {
+    orch_stats::trend(values, orch_stats::CONFIDENCE).map(|t| Drift {
+        slope_per_round: t.slope,
+        ci_low: t.ci_low,
+        ci_high: t.ci_high,
+        p_value: t.p_value,
+        n: t.n,
+    })
 }
 
 fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
@@ -522,12 +662,12 @@ fn should_stop(
     elapsed_s: f64,
     round_s: f64,
     timeout_s: f64,
-) -> Option<&'static str> {
+) -> Option<StoppedBy> {
     let Some(max) = cmp.max_rounds else {
-        return (measured >= cmp.rounds).then_some("rounds");
+        return (measured >= cmp.rounds).then_some(StoppedBy::Rounds);
     };
     if measured >= max {
-        return Some("max_rounds");
+        return Some(StoppedBy::MaxRounds);
     }
     if measured >= cmp.rounds {
         if let Some(p) = primary {
@@ -541,13 +681,13 @@ fn should_stop(
                 })
             });
             if precise {
-                return Some("precision");
+                return Some(StoppedBy::Precision);
             }
         }
     }
     // Another round (with a margin for its spread and the teardown) must
     // fit before the host's timeout stops the cell.
-    (elapsed_s + 1.5 * round_s + 5.0 > timeout_s).then_some("timeout")
+    (elapsed_s + 1.5 * round_s + 5.0 > timeout_s).then_some(StoppedBy::Timeout)
 }
 
 fn default_seed() -> u64 {
@@ -596,12 +736,15 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     // once ready, answers the check's prompts before the round's load (no
     // server start of its own); the answers are judged against the
     // baseline's once every variant has run that round.
-    let mut check_info = json!(null);
+    let mut check_info: Option<CheckPlanInfo> = None;
     let mut check_plan: Option<CheckPlan> = None;
     if let Some(check) = &cmp.output_check {
         match loadgen {
             None => {
-                check_info = json!({"status": "skipped", "why": "the client is not the load generator; a `check:` command checks a command client's outputs"});
+                check_info = Some(CheckPlanInfo::Skipped {
+                    why: "the client is not the load generator; a `check:` command checks a command client's outputs"
+                        .into(),
+                });
             }
             Some(lg) => {
                 let nonce = cmp.defences.then(fresh_nonce);
@@ -620,17 +763,16 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                     max_tokens: check.max_tokens.max(longest),
                     ..check.clone()
                 };
-                check_info = json!({
-                    "status": "ran",
-                    "prompts": check.prompts,
-                    "max_tokens": check.max_tokens,
-                    "rule": match check.min_match_prefix {
-                        Some(n) => json!(n),
-                        None => json!("exact"),
+                check_info = Some(CheckPlanInfo::Ran {
+                    prompts: check.prompts,
+                    max_tokens: check.max_tokens,
+                    rule: match check.min_match_prefix {
+                        Some(n) => MatchRule::Prefix(n),
+                        None => MatchRule::Exact,
                     },
-                    "unit": if tok.is_some() { "tokens" } else { "words" },
-                    "nonce": nonce,
-                    "when": "first round, before its load",
+                    unit: if tok.is_some() { "tokens" } else { "words" }.into(),
+                    nonce,
+                    when: Some("first round, before its load".into()),
                 });
                 check_plan = Some(CheckPlan {
                     check,
@@ -654,7 +796,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     // Warm-up rounds run so far, whether warm-up goes on, and why it ended.
     let mut warmed: u32 = 0;
     let mut warming = cmp.warmup_rounds > 0 || cmp.max_warmup_rounds.is_some();
-    let mut warmup_stopped_by: Option<&'static str> = None;
+    let mut warmup_stopped_by: Option<WarmupStop> = None;
     let limit = match cmp.max_rounds {
         Some(m) => format!(" (auto, at most {m})"),
         None => format!("/{}", cmp.rounds),
@@ -665,16 +807,16 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     };
     let stopped_by = loop {
         if ctx.stop_requested() {
-            break "cancelled";
+            break StoppedBy::Cancelled;
         }
         let live: Vec<usize> = (0..variants.len())
             .filter(|&i| variants[i].failed.is_none())
             .collect();
         if live.len() < 2 {
-            break "variants_failed";
+            break StoppedBy::VariantsFailed;
         }
         if primary_missing.is_some() {
-            break "primary_metric_missing";
+            break StoppedBy::PrimaryMetricMissing;
         }
         let warm = warming;
         if !warm {
@@ -819,13 +961,26 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                     let v = &mut variants[i];
                     let log = format!("output-check/{}.log", v.name);
                     match res {
-                        Ok(()) => v.check = Some(json!({"status": "passed", "command": command, "log": log})),
+                        Ok(()) => {
+                            v.check = Some(VariantCheck::Command(CommandCheck {
+                                status: CheckStatus::Passed,
+                                command: command.clone(),
+                                log,
+                                why: None,
+                            }))
+                        }
                         Err(why) => {
                             ctx.message(format!("variant `{}`: output_mismatch: {why}", v.name));
-                            v.check = Some(
-                                json!({"status": "output_mismatch", "command": command, "log": log, "why": why}),
-                            );
-                            v.gate = Some(("output_mismatch", format!("{why} (`{log}`)")));
+                            v.gate = Some(Gate {
+                                kind: GateKind::OutputMismatch,
+                                why: format!("{why} (`{log}`)"),
+                            });
+                            v.check = Some(VariantCheck::Command(CommandCheck {
+                                status: CheckStatus::OutputMismatch,
+                                command: command.clone(),
+                                log,
+                                why: Some(why),
+                            }));
                         }
                     }
                 }
@@ -844,10 +999,10 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                         })
                     };
                     if warmed >= max {
-                        warmup_stopped_by = Some("max_warmup_rounds");
+                        warmup_stopped_by = Some(WarmupStop::MaxWarmupRounds);
                         false
                     } else if warmed >= cmp.warmup_rounds && steady() {
-                        warmup_stopped_by = Some("steady");
+                        warmup_stopped_by = Some(WarmupStop::Steady);
                         false
                     } else {
                         true
@@ -866,7 +1021,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
 
     // The answers' lengths against the baseline's, over every round.
-    let mut length_info: BTreeMap<String, Value> = BTreeMap::new();
+    let mut length_info: BTreeMap<String, Lengths> = BTreeMap::new();
     if cmp.defences && loadgen.is_some() {
         for v in variants.iter_mut().skip(1) {
             if v.lengths.is_empty() {
@@ -880,9 +1035,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                     v.flags.push(flag.clone());
                 }
             }
-            let mut info = serde_json::to_value(&j).unwrap_or(Value::Null);
-            info["evidence"] = json!(evidence);
-            length_info.insert(v.name.clone(), info);
+            length_info.insert(v.name.clone(), lengths_entry(j, evidence));
         }
     }
 
@@ -897,51 +1050,56 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         let own: Vec<&String> = v.flags.iter().filter(|f| !base_flags.contains(f)).collect();
         if v.gate.is_none() && !own.is_empty() {
             let own: Vec<&str> = own.iter().map(|f| f.as_str()).collect();
-            v.gate = Some((
-                "flagged",
-                format!(
+            v.gate = Some(Gate {
+                kind: GateKind::Flagged,
+                why: format!(
                     "its rounds were flagged by the defences (the baseline's were not): {}",
                     own.join(", ")
                 ),
-            ));
+            });
         }
     }
 
     // Means per variant, and every pair compared.
     let mut result = CellResult::new(cell, Status::Succeeded);
-    let mut info_variants = serde_json::Map::new();
-    let mut drifts: BTreeMap<String, Value> = BTreeMap::new();
+    let mut entries: BTreeMap<String, VariantEntry> = BTreeMap::new();
+    let mut drifts: BTreeMap<String, Option<Drift>> = BTreeMap::new();
     for v in &variants {
         let mut names: Vec<&String> = v.rounds.iter().flat_map(|r| r.keys()).collect();
         names.sort();
         names.dedup();
-        let mut values = serde_json::Map::new();
-        let mut d = Value::Null;
+        let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut d = None;
         for k in names {
             let vals: Vec<f64> = v.rounds.iter().filter_map(|r| r.get(k).copied()).collect();
             let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
             result.metrics.insert(format!("{}.{k}", v.name), mean);
             if primary.as_deref() == Some(k.as_str()) {
                 d = drift(&vals);
-                values.insert(k.clone(), json!(vals));
+                values.insert(k.clone(), vals);
             }
         }
-        drifts.insert(v.name.clone(), d.clone());
-        info_variants.insert(
+        drifts.insert(v.name.clone(), d);
+        entries.insert(
             v.name.clone(),
-            json!({
-                "status": if v.failed.is_some() { "failed" } else { "succeeded" },
-                "failure": v.failed,
-                "rounds": v.rounds.len(),
-                "values": values,
-                "warmup_values": v.warm,
-                "drift": d,
-                "output_check": v.check,
-                "flags": v.flags,
-                "lengths": length_info.get(&v.name),
-                "gate": v.gate.as_ref().map(|(kind, why)| json!({"kind": kind, "why": why})),
-                "logs": format!("variants/{}", v.name),
-            }),
+            VariantEntry {
+                status: if v.failed.is_some() {
+                    Status::Failed
+                } else {
+                    Status::Succeeded
+                },
+                failure: v.failed.clone(),
+                rounds: v.rounds.len(),
+                values,
+                warmup_values: v.warm.clone(),
+                drift: d,
+                output_check: v.check.clone(),
+                flags: v.flags.clone(),
+                lengths: length_info.remove(&v.name),
+                gate: v.gate.clone(),
+                logs: format!("variants/{}", v.name),
+                diagnosis: None,
+            },
         );
     }
     let gate_of = |name: &str| {
@@ -951,14 +1109,21 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             .and_then(|v| v.gate.clone())
     };
     // The gate of a pair: the other's, else the base's; `output_mismatch` first.
-    let pair_gate = |a: &str, b: &str| -> Option<(&'static str, String, String)> {
-        let mut gs: Vec<(&'static str, String, String)> = [b, a]
+    let pair_gate = |a: &str, b: &str| -> Option<PairGate> {
+        let mut gs: Vec<PairGate> = [b, a]
             .iter()
-            .filter_map(|n| gate_of(n).map(|(k, why)| (k, n.to_string(), why)))
+            .filter_map(|n| {
+                gate_of(n).map(|g| PairGate {
+                    kind: g.kind,
+                    variant: n.to_string(),
+                    why: g.why,
+                })
+            })
             .collect();
-        gs.sort_by_key(|(k, _, _)| *k != "output_mismatch");
+        gs.sort_by_key(|g| g.kind != GateKind::OutputMismatch);
         gs.into_iter().next()
     };
+    let drift_of = |name: &str| drifts.get(name).copied().flatten();
     let mut comparisons = Vec::new();
     let mut pairs = Vec::new();
     if let Some(p) = primary.as_deref().filter(|_| primary_missing.is_none()) {
@@ -973,83 +1138,67 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
                 }
                 let gate = pair_gate(&a.name, &b.name);
                 for c in orch_stats::compare_pair(&paired(a, b), p, &opts) {
-                    let mut v = serde_json::to_value(&c).unwrap_or(Value::Null);
-                    v["base"] = json!(a.name);
-                    v["other"] = json!(b.name);
-                    if let Some((kind, who, why)) = &gate {
+                    let (n, method, speed) = (c.n, method_of(c.method), speed_verdict(c.verdict));
+                    let mut m = metric_comparison(c, &a.name, &b.name);
+                    if let Some(g) = &gate {
                         // The speed stays; the verdict is the gate's.
-                        v["speed_verdict"] = v["verdict"].clone();
-                        v["verdict"] = json!(kind);
-                        v["gate"] = json!({"kind": kind, "variant": who, "why": why});
+                        m.speed_verdict = Some(speed);
+                        m.verdict = g.kind.into();
+                        m.gate = Some(g.clone());
                     }
-                    if c.role == orch_stats::Role::Primary {
-                        let mut pair = json!({
-                            "base": a.name,
-                            "other": b.name,
-                            "metric": c.metric,
-                            "verdict": v["verdict"],
-                            "speedup": c.speedup,
-                            "ci_low": c.ci_low,
-                            "ci_high": c.ci_high,
-                            "n": c.n,
-                            "mde": c.mde,
-                            "method": c.method,
-                            "drift": {"base": drifts.get(&a.name), "other": drifts.get(&b.name)},
+                    if m.is_primary() {
+                        let drift = PairDrift {
+                            base: drift_of(&a.name),
+                            other: drift_of(&b.name),
+                        };
+                        pairs.push(Pair {
+                            base: a.name.clone(),
+                            other: b.name.clone(),
+                            metric: m.metric.clone(),
+                            verdict: m.verdict,
+                            speedup: m.speedup,
+                            ci_low: m.ci_low,
+                            ci_high: m.ci_high,
+                            n,
+                            mde: m.mde,
+                            method,
+                            drift,
+                            speed_verdict: m.speed_verdict,
+                            gate: m.gate.clone(),
                         });
-                        if gate.is_some() {
-                            pair["speed_verdict"] = v["speed_verdict"].clone();
-                            pair["gate"] = v["gate"].clone();
-                        }
-                        v["drift"] = pair["drift"].clone();
-                        pairs.push(pair);
+                        m.drift = Some(drift);
                     }
-                    comparisons.push(v);
+                    comparisons.push(m);
                 }
             }
         }
     }
-    result
-        .info
-        .insert("variants".into(), Value::Object(info_variants));
-    result.info.insert("comparison".into(), Value::Array(comparisons));
-    result.info.insert("pairs".into(), Value::Array(pairs));
-    result.info.insert("rounds".into(), json!(measured));
-    result.info.insert(
-        "rounds_requested".into(),
-        match cmp.max_rounds {
-            Some(_) => json!("auto"),
-            None => json!(cmp.rounds),
-        },
-    );
-    if let Some(m) = cmp.max_rounds {
-        result.info.insert("max_rounds".into(), json!(m));
+    CompareInfo {
+        variants: entries,
+        comparison: comparisons,
+        pairs,
+        rounds: measured,
+        rounds_requested: Some(match cmp.max_rounds {
+            Some(_) => Rounds::Auto,
+            None => Rounds::Fixed(cmp.rounds),
+        }),
+        max_rounds: cmp.max_rounds,
+        stopped_by: Some(stopped_by),
+        warmup_rounds: warmed,
+        warmup_rounds_requested: cmp.max_warmup_rounds.map(|_| Rounds::Auto),
+        max_warmup_rounds: cmp.max_warmup_rounds,
+        warmup_stopped_by: cmp.max_warmup_rounds.map(|_| warmup_stopped_by),
+        output_check: check_info,
+        defences: cmp.defences,
+        nonces,
+        noise: cmp.noise,
+        primary_metric: primary.clone(),
+        method: Some(method_of(orch_stats::Method::StudentT)),
+        confidence: Some(orch_stats::CONFIDENCE),
+        seed: Some(seed),
+        order: orders,
     }
-    result.info.insert("stopped_by".into(), json!(stopped_by));
-    result.info.insert("warmup_rounds".into(), json!(warmed));
-    if let Some(m) = cmp.max_warmup_rounds {
-        result
-            .info
-            .insert("warmup_rounds_requested".into(), json!("auto"));
-        result.info.insert("max_warmup_rounds".into(), json!(m));
-        result
-            .info
-            .insert("warmup_stopped_by".into(), json!(warmup_stopped_by));
-    }
-    result.info.insert("output_check".into(), check_info);
-    result.info.insert("defences".into(), json!(cmp.defences));
-    if !nonces.is_empty() {
-        result.info.insert("nonces".into(), json!(nonces));
-    }
-    result.info.insert("noise".into(), json!(cmp.noise));
-    result.info.insert("primary_metric".into(), json!(primary));
-    result
-        .info
-        .insert("method".into(), json!(orch_stats::Method::StudentT));
-    result
-        .info
-        .insert("confidence".into(), json!(orch_stats::CONFIDENCE));
-    result.info.insert("seed".into(), json!(seed));
-    result.info.insert("order".into(), json!(orders));
+    .write_into(&mut result.info);
     let failed: Vec<String> = variants
         .iter()
         .filter_map(|v| v.failed.as_ref().map(|f| format!("`{}`: {f}", v.name)))
