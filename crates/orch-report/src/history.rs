@@ -5,7 +5,7 @@
 //! every format renders, and picks the metrics judged.
 
 use crate::model::Options;
-use orch_record::CellView;
+use orch_record::{CellView, CompareInfo};
 use serde::{Deserialize, Serialize};
 
 /// The run against the earlier runs of its suite.
@@ -119,18 +119,23 @@ impl HistoryCheck {
 /// The metrics of a cell judged against its history: in a comparison each
 /// variant's primary metric (`<variant>.<primary_metric>`); else the cell's
 /// throughput metric (`--metric`, or the documented order of
-/// [`crate::metrics`]). None for a cell with neither.
+/// [`crate::metrics`]). None for a cell with neither, or a comparison whose
+/// `info` does not read ([`crate::Report::build`] names it).
 pub fn primary_metrics(c: &CellView, options: &Options) -> Vec<String> {
-    let primary = options
-        .metric
-        .as_deref()
-        .or_else(|| c.info.get("primary_metric").and_then(|v| v.as_str()));
-    if let (Some(p), Some(vars)) = (primary, c.info.get("variants").and_then(|v| v.as_object())) {
-        return vars
-            .keys()
-            .map(|v| format!("{v}.{p}"))
-            .filter(|m| c.metrics.contains_key(m))
-            .collect();
+    match CompareInfo::from_info(&c.info) {
+        Some(Ok(cmp)) => {
+            let primary = options.metric.as_deref().or(cmp.primary_metric.as_deref());
+            if let Some(p) = primary {
+                return cmp
+                    .variants
+                    .keys()
+                    .map(|v| format!("{v}.{p}"))
+                    .filter(|m| c.metrics.contains_key(m))
+                    .collect();
+            }
+        }
+        Some(Err(_)) => return Vec::new(),
+        None => {}
     }
     crate::metrics::throughput_metric(&c.metrics, options.metric.as_deref())
         .map(|(m, _)| vec![m.to_string()])

@@ -53,12 +53,20 @@ pub enum ReportError {
     NothingInCommon { a: String, b: String },
     #[error("cannot serialise the report: {0}")]
     Json(#[from] serde_json::Error),
+    /// A comparison cell whose `info` does not read as
+    /// `orch_record::CompareInfo` (a record of another schema).
+    #[error("cannot read the comparison of cell `{cell}` in run `{run}`: {source}")]
+    Comparison {
+        run: String,
+        cell: String,
+        source: serde_json::Error,
+    },
 }
 
 impl ReportError {
     /// True when the user asked for something that is not there.
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, ReportError::Json(_))
+        !matches!(self, ReportError::Json(_) | ReportError::Comparison { .. })
     }
 }
 

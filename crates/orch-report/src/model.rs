@@ -5,6 +5,7 @@ use crate::metrics::{self, Latency};
 use crate::ReportError;
 use chrono::{DateTime, Utc};
 use orch_protocol::{Failure, Hardware};
+use orch_record::compare::{self, CompareInfo, VariantCheck};
 use orch_record::{BudgetRecord, CellCost, CellView, Diagnosis, RunRecord};
 use orch_stats::Better;
 use serde::{Deserialize, Serialize};
@@ -485,6 +486,7 @@ impl Report {
     /// `--latency` that no cell has.
     pub fn build(rec: &RunRecord, options: &Options) -> Result<Report, ReportError> {
         check_choice(rec, options)?;
+        let compares = compare_infos(rec)?;
         let mut cells: Vec<CellRow> = rec.cells.iter().map(|c| cell_row(c, options)).collect();
 
         // Throughput rankings, one per metric, groups in plan order.
@@ -502,7 +504,7 @@ impl Report {
         }
         // A comparison ranks each measured variant (`cell[variant]`) by its
         // primary metric.
-        let variant_entries = variant_rank_entries(rec, options);
+        let variant_entries = variant_rank_entries(&compares, options);
         for (metric, _) in &variant_entries {
             if !rankings.iter().any(|r| &r.metric == metric) {
                 rankings.push(Ranking {
@@ -596,7 +598,7 @@ impl Report {
             totals: totals(rec),
             rankings,
             cost_ranking,
-            comparisons: rec.cells.iter().filter_map(compare_cell).collect(),
+            comparisons: compares.iter().map(|(c, info)| compare_cell(c, info)).collect(),
             failures: rec
                 .cells
                 .iter()
@@ -931,23 +933,37 @@ fn totals(rec: &RunRecord) -> Totals {
     t
 }
 
+/// The comparison cells of a run with their `info` read as
+/// [`CompareInfo`]; one that does not read is an error naming the cell.
+fn compare_infos(rec: &RunRecord) -> Result<Vec<(&CellView, CompareInfo)>, ReportError> {
+    rec.cells
+        .iter()
+        .filter_map(|c| {
+            CompareInfo::from_info(&c.info).map(|info| {
+                info.map(|info| (c, info))
+                    .map_err(|source| ReportError::Comparison {
+                        run: rec.id.clone(),
+                        cell: c.id.clone(),
+                        source,
+                    })
+            })
+        })
+        .collect()
+}
+
 /// Ranking entries of comparison cells: each variant that measured the
 /// cell's primary metric (or `--metric`), by its mean over the rounds.
-fn variant_rank_entries(rec: &RunRecord, options: &Options) -> Vec<(String, RankEntry)> {
+fn variant_rank_entries(
+    compares: &[(&CellView, CompareInfo)],
+    options: &Options,
+) -> Vec<(String, RankEntry)> {
     let mut out = Vec::new();
-    for c in &rec.cells {
-        let Some(primary) = options
-            .metric
-            .as_deref()
-            .or_else(|| c.info.get("primary_metric").and_then(|v| v.as_str()))
-        else {
+    for (c, info) in compares {
+        let Some(primary) = options.metric.as_deref().or(info.primary_metric.as_deref()) else {
             continue;
         };
-        let Some(vars) = c.info.get("variants").and_then(|v| v.as_object()) else {
-            continue;
-        };
-        for (name, v) in vars {
-            if v["status"] != "succeeded" {
+        for (name, v) in &info.variants {
+            if v.status != orch_protocol::Status::Succeeded {
                 continue;
             }
             if let Some(value) = c.metrics.get(&format!("{name}.{primary}")) {
@@ -1027,58 +1043,46 @@ impl CompareCell {
     }
 }
 
-/// `info.variants.<name>.output_check` in words; `None` without one.
-pub fn output_check_text(v: &serde_json::Value) -> Option<String> {
-    let status = v["status"].as_str()?;
-    if status == "reference" {
-        return Some(match v["answered"].as_u64() {
-            Some(n) => format!("reference ({n} answers)"),
-            None => "reference".into(),
-        });
+/// `info.variants.<name>.output_check` in words.
+pub fn output_check_text(check: &VariantCheck) -> String {
+    let mut s = check.status().to_string();
+    match check {
+        VariantCheck::NotAsked { .. } => {}
+        VariantCheck::Reference { answered, .. } => return format!("reference ({answered} answers)"),
+        VariantCheck::Answers(a) => {
+            s.push_str(&format!(": {} of {} answers exact", a.exact, a.compared));
+            if let Some(d) = a.first_divergence {
+                s.push_str(&format!(", first divergence at {} {d}", a.unit));
+            }
+            if a.rule != "exact" {
+                s.push_str(&format!(" (rule: {})", a.rule));
+            }
+            s.push_str(&format!("; evidence {}", a.evidence));
+        }
+        VariantCheck::Command(_) => {}
     }
-    let mut s = status.to_string();
-    if let (Some(exact), Some(compared)) = (v["exact"].as_u64(), v["compared"].as_u64()) {
-        s.push_str(&format!(": {exact} of {compared} answers exact"));
-    }
-    if let Some(d) = v["first_divergence"].as_u64() {
-        s.push_str(&format!(
-            ", first divergence at {} {d}",
-            v["unit"].as_str().unwrap_or("token")
-        ));
-    }
-    if let Some(rule) = v["rule"].as_str().filter(|r| *r != "exact") {
-        s.push_str(&format!(" (rule: {rule})"));
-    }
-    if let Some(e) = v["evidence"].as_str() {
-        s.push_str(&format!("; evidence {e}"));
-    }
-    Some(s)
+    s
 }
 
-fn compare_cell(c: &CellView) -> Option<CompareCell> {
-    let list = c.info.get("comparison")?.as_array()?;
-    let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("?").to_string();
-    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    let mut rows: Vec<CompareRow> = list
+fn compare_cell(c: &CellView, info: &CompareInfo) -> CompareCell {
+    let mut rows: Vec<CompareRow> = info
+        .comparison
         .iter()
-        .map(|x| {
-            let metric = s(x, "metric");
-            CompareRow {
-                key: KEY_COMPARE_METRICS.contains(&metric.as_str()),
-                primary: x["role"] == "primary",
-                n: x["n"].as_u64(),
-                mde: x["mde"].as_f64(),
-                p: x["p_adjusted"].as_f64().or(x["p_value"].as_f64()),
-                base: s(x, "base"),
-                other: s(x, "other"),
-                ratio: f(x, "ratio"),
-                ci_low: f(x, "ci_low"),
-                ci_high: f(x, "ci_high"),
-                speedup: f(x, "speedup"),
-                verdict: s(x, "verdict"),
-                speed_verdict: x["speed_verdict"].as_str().map(String::from),
-                metric,
-            }
+        .map(|x| CompareRow {
+            key: KEY_COMPARE_METRICS.contains(&x.metric.as_str()),
+            primary: x.is_primary(),
+            n: x.n.map(|n| n as u64),
+            mde: x.mde,
+            p: x.p_adjusted.or(x.p_value),
+            base: x.base.clone(),
+            other: x.other.clone(),
+            ratio: x.ratio,
+            ci_low: x.ci_low,
+            ci_high: x.ci_high,
+            speedup: x.speedup,
+            verdict: x.verdict.to_string(),
+            speed_verdict: x.speed_verdict.map(|v| v.to_string()),
+            metric: x.metric.clone(),
         })
         .collect();
     // Per pair: the primary metric, the headline metrics in their documented
@@ -1105,76 +1109,53 @@ fn compare_cell(c: &CellView) -> Option<CompareCell> {
                 b.metric.as_str(),
             ))
     });
-    let primary_metric = c
-        .info
-        .get("primary_metric")
-        .and_then(|v| v.as_str())
-        .map(String::from);
-    let variants = c
-        .info
-        .get("variants")
-        .and_then(|v| v.as_object())
-        .map(|vars| {
-            vars.iter()
-                .map(|(name, v)| VariantRow {
-                    name: name.clone(),
-                    status: s(v, "status"),
-                    rounds: v["rounds"].as_u64(),
-                    failure: v["failure"].as_str().map(String::from),
-                    diagnosis: serde_json::from_value(v["diagnosis"].clone()).ok(),
-                    values: primary_metric
-                        .as_deref()
-                        .and_then(|m| v["values"][m].as_array())
-                        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
-                        .unwrap_or_default(),
-                    gate: v["gate"]["kind"].as_str().map(String::from),
-                    gate_why: v["gate"]["why"].as_str().map(String::from),
-                    output_check: output_check_text(&v["output_check"]),
-                    flags: v["flags"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
-                        .unwrap_or_default(),
-                    drift: match (
-                        v["drift"]["slope_per_round"].as_f64(),
-                        v["drift"]["ci_low"].as_f64(),
-                        v["drift"]["ci_high"].as_f64(),
-                    ) {
-                        (Some(slope), Some(ci_low), Some(ci_high)) => Some(Drift {
-                            slope,
-                            ci_low,
-                            ci_high,
-                        }),
-                        _ => None,
-                    },
-                })
-                .collect()
+    let primary_metric = info.primary_metric.clone();
+    let variants = info
+        .variants
+        .iter()
+        .map(|(name, v)| VariantRow {
+            name: name.clone(),
+            status: v.status.to_string(),
+            rounds: Some(v.rounds as u64),
+            failure: v.failure.clone(),
+            diagnosis: v.diagnosis.clone(),
+            values: primary_metric
+                .as_deref()
+                .and_then(|m| v.values.get(m))
+                .cloned()
+                .unwrap_or_default(),
+            gate: v.gate.as_ref().map(|g| g.kind.to_string()),
+            gate_why: v.gate.as_ref().map(|g| g.why.clone()),
+            output_check: v.output_check.as_ref().map(output_check_text),
+            flags: v.flags.clone(),
+            drift: v.drift.map(|d: compare::Drift| Drift {
+                slope: d.slope_per_round,
+                ci_low: d.ci_low,
+                ci_high: d.ci_high,
+            }),
         })
-        .unwrap_or_default();
-    Some(CompareCell {
+        .collect();
+    CompareCell {
         cell: c.id.clone(),
         gpu: c.gpu.clone(),
         status: c.status.clone(),
-        rounds: c.info.get("rounds").and_then(|v| v.as_u64()),
-        noise: c.info.get("noise").and_then(|v| v.as_f64()),
-        method: c.info.get("method").and_then(|v| v.as_str()).map(String::from),
-        rounds_requested: c.info.get("rounds_requested").map(|v| match v.as_str() {
-            Some(s) => s.to_string(),
-            None => v.to_string(),
-        }),
-        stopped_by: c
-            .info
-            .get("stopped_by")
-            .and_then(|v| v.as_str())
-            .map(String::from),
-        seed: c.info.get("seed").and_then(|v| v.as_u64()),
-        warmup: c.info.get("warmup_stopped_by").map(|why| {
-            let n = c.info.get("warmup_rounds").and_then(|v| v.as_u64()).unwrap_or(0);
-            format!("{n} warm-up rounds (auto: {})", why.as_str().unwrap_or("?"))
+        rounds: Some(u64::from(info.rounds)),
+        noise: Some(info.noise),
+        method: info.method.map(|m| m.to_string()),
+        rounds_requested: info.rounds_requested.map(|r| r.to_string()),
+        stopped_by: info.stopped_by.map(|s| s.to_string()),
+        seed: info.seed,
+        warmup: info.warmup_stopped_by.map(|why| {
+            format!(
+                "{} warm-up rounds (auto: {})",
+                info.warmup_rounds,
+                why.map_or("?", |w| w.as_str())
+            )
         }),
         primary_metric,
         rows,
         variants,
-    })
+    }
 }
 
 /// The columns of the GPU telemetry table, the same in every format.

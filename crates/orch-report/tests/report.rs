@@ -637,3 +637,19 @@ fn a_comparison_with_a_primary_metric_ranks_its_variants_and_prints_its_rounds()
     let html = render(&r, Format::Html).unwrap();
     assert!(html.contains("(primary)") && html.contains("per round"), "{html}");
 }
+
+#[test]
+fn a_comparison_with_a_renamed_key_is_an_error_naming_the_cell() {
+    let mut run = fixture::run();
+    let cmp = run.cells.iter_mut().find(|c| c.id == "vllm-3way.h100x2").unwrap();
+    let vars = cmp.info.get_mut("variants").unwrap();
+    vars["human"]["gates"] = serde_json::json!(null);
+    let e = Report::build(&run, &Options::default()).unwrap_err();
+    assert!(matches!(e, ReportError::Comparison { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("`vllm-3way.h100x2`") && text.contains("`gates`"),
+        "{text}"
+    );
+    assert!(!e.is_user_error());
+}

@@ -2,20 +2,23 @@
 //! variant's from its own logs, and a command that ran out of GPU memory recorded `oom`.
 
 use orch_protocol::Status;
+use orch_record::CompareInfo;
 use orch_store::CellRecord;
 
 /// For a comparison, name the cause of each failed variant from its own logs
 /// (the rounds' server and client logs, its install log) into
 /// `info.variants.<name>.diagnosis`; the first one is the cell's diagnosis.
+/// A comparison whose `info` does not read as `orch_record::CompareInfo`
+/// (an agent of another schema) is left as it is: the reports name it.
 pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: &orch_diagnose::Rules) {
-    let Some(serde_json::Value::Object(variants)) = record.info.get_mut("variants") else {
+    let Some(Ok(mut cmp)) = CompareInfo::from_info(&record.info) else {
         return;
     };
     let mut first = None;
-    for (name, v) in variants.iter_mut() {
+    for (name, v) in cmp.variants.iter_mut() {
         // Variant names come from the agent: one that is not a plain name
         // (`../..`) never names a folder to read.
-        if v["status"] != "failed" || orch_store::check_name("variant name", name).is_err() {
+        if !v.failed() || orch_store::check_name("variant name", name).is_err() {
             continue;
         }
         let vdir = dir.join("variants").join(name);
@@ -37,15 +40,16 @@ pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: 
             .filter_map(|p| std::fs::read_to_string(p).ok())
             .collect::<Vec<_>>()
             .join("\n");
-        if let Some(f) = v["failure"].as_str() {
+        if let Some(f) = &v.failure {
             text.push('\n');
             text.push_str(f);
         }
         let d = orch_diagnose::diagnose(&text, rules);
-        v["diagnosis"] = serde_json::to_value(&d).unwrap_or_default();
+        v.diagnosis = Some(d.clone());
         first.get_or_insert(d);
     }
     if first.is_some() {
+        cmp.write_variants_into(&mut record.info);
         record.diagnosis = first;
     }
 }
@@ -114,4 +118,95 @@ pub fn diagnose_cell(
         Some(&exit),
         rules,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orch_protocol::StreamInfo;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn record(info: BTreeMap<String, serde_json::Value>) -> CellRecord {
+        let at = chrono::Utc::now();
+        CellRecord {
+            id: "cmp".into(),
+            benchmark: "cmp".into(),
+            status: Status::Failed,
+            gpu: "none".into(),
+            params: BTreeMap::new(),
+            metrics: BTreeMap::new(),
+            timings: BTreeMap::new(),
+            failure: None,
+            started_at: at,
+            finished_at: at,
+            duration_s: 0.0,
+            stdout: StreamInfo::default(),
+            stderr: StreamInfo::default(),
+            info,
+            attempt: 1,
+            diagnosis: None,
+            hardware: None,
+            flags: vec![],
+            cost: None,
+        }
+    }
+
+    fn variant(status: &str, failure: Option<&str>) -> serde_json::Value {
+        json!({"status": status, "failure": failure, "rounds": 0, "values": {}, "warmup_values": [],
+            "drift": null, "output_check": null, "flags": [], "lengths": null, "gate": null, "logs": "variants/x"})
+    }
+
+    #[test]
+    fn a_failed_variant_is_named_from_its_own_logs_and_the_rest_of_info_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let round = dir.path().join("variants/crash/round-0");
+        std::fs::create_dir_all(&round).unwrap();
+        std::fs::write(
+            round.join("server.log"),
+            "RuntimeError: CUDA error: out of memory\n",
+        )
+        .unwrap();
+        let info = BTreeMap::from([
+            (
+                "variants".to_string(),
+                json!({"baseline": variant("succeeded", None), "crash": variant("failed", Some("round 1: server exited"))}),
+            ),
+            ("comparison".to_string(), json!([])),
+            ("rounds".to_string(), json!(0)),
+            ("noise".to_string(), json!(0.02)),
+            ("hostname".to_string(), json!("h")),
+        ]);
+        let mut r = record(info.clone());
+        diagnose_variants(&mut r, dir.path(), &orch_diagnose::Rules::default());
+        assert_eq!(r.diagnosis.as_ref().map(|d| d.kind.as_str()), Some("cuda_oom"));
+        assert_eq!(r.info["variants"]["crash"]["diagnosis"]["kind"], "cuda_oom");
+        // Nothing else changed.
+        r.info
+            .get_mut("variants")
+            .and_then(|v| v["crash"].as_object_mut())
+            .unwrap()
+            .remove("diagnosis");
+        assert_eq!(r.info, info);
+    }
+
+    #[test]
+    fn a_comparison_that_does_not_read_is_left_alone() {
+        let mut v = variant("failed", Some("x"));
+        v["renamed"] = json!(1);
+        let info = BTreeMap::from([
+            ("variants".to_string(), json!({ "a": v })),
+            ("comparison".to_string(), json!([])),
+            ("rounds".to_string(), json!(0)),
+            ("noise".to_string(), json!(0.02)),
+        ]);
+        let mut r = record(info.clone());
+        diagnose_variants(
+            &mut r,
+            std::path::Path::new("/nonexistent"),
+            &orch_diagnose::Rules::default(),
+        );
+        assert_eq!(r.info, info);
+        assert!(r.diagnosis.is_none());
+    }
 }

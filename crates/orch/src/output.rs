@@ -2,6 +2,7 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orch_protocol::{Event, Phase};
+use orch_record::compare::{CompareInfo, Method, Role, Rounds};
 use orch_record::RunRecord;
 use orch_runner::Progress;
 use std::collections::BTreeMap;
@@ -330,11 +331,18 @@ fn hardware_text(rec: &RunRecord) -> String {
 /// The comparison table of a `compare` cell (empty for other cells): per
 /// pair the primary metric (which decides the verdict) with its n, interval,
 /// minimum detectable effect and per-round values, then the headline
-/// secondary metrics with Holm-adjusted p-values.
+/// secondary metrics with Holm-adjusted p-values. A comparison whose `info`
+/// does not read is a warning on stderr.
 fn comparison_text(c: &orch_record::CellView) -> String {
-    let Some(list) = c.info.get("comparison").and_then(|v| v.as_array()) else {
-        return String::new();
+    let info = match CompareInfo::from_info(&c.info) {
+        None => return String::new(),
+        Some(Ok(info)) => info,
+        Some(Err(e)) => {
+            eprintln!("warning: cannot read the comparison of cell `{}`: {e}", c.id);
+            return String::new();
+        }
     };
+    let list = &info.comparison;
     let key = [
         "output_throughput",
         "request_throughput",
@@ -343,61 +351,43 @@ fn comparison_text(c: &orch_record::CellView) -> String {
         "mean_tpot_ms",
         "mean_e2el_ms",
     ];
-    let has_key = list
-        .iter()
-        .any(|x| key.contains(&x["metric"].as_str().unwrap_or("")));
-    let primary = |x: &serde_json::Value| x["role"] == "primary";
+    let has_key = list.iter().any(|x| key.contains(&x.metric.as_str()));
     let pct = |v: Option<f64>| v.map(|m| format!("{:.1}%", m * 100.0)).unwrap_or_default();
     let rows: Vec<Vec<String>> = list
         .iter()
-        .filter(|x| primary(x) || !has_key || key.contains(&x["metric"].as_str().unwrap_or("")))
+        .filter(|x| x.is_primary() || !has_key || key.contains(&x.metric.as_str()))
         .map(|x| {
-            let f = |k: &str| x[k].as_f64().unwrap_or(f64::NAN);
-            let p = x["p_adjusted"].as_f64().or(x["p_value"].as_f64());
+            let p = x.p_adjusted.or(x.p_value);
             vec![
-                format!(
-                    "{} vs {}",
-                    x["other"].as_str().unwrap_or("?"),
-                    x["base"].as_str().unwrap_or("?")
-                ),
-                format!(
-                    "{}{}",
-                    x["metric"].as_str().unwrap_or("?"),
-                    if primary(x) { " (primary)" } else { "" }
-                ),
-                x["n"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
-                format!("{:.3}", f("ratio")),
-                format!("[{:.3}, {:.3}]", f("ci_low"), f("ci_high")),
-                pct(x["mde"].as_f64()),
+                format!("{} vs {}", x.other, x.base),
+                format!("{}{}", x.metric, if x.is_primary() { " (primary)" } else { "" }),
+                x.n.map(|n| n.to_string()).unwrap_or_default(),
+                format!("{:.3}", x.ratio),
+                format!("[{:.3}, {:.3}]", x.ci_low, x.ci_high),
+                pct(x.mde),
                 p.map(|p| format!("{p:.3}")).unwrap_or_default(),
-                x["verdict"].as_str().unwrap_or("?").to_string(),
+                x.verdict.to_string(),
             ]
         })
         .collect();
-    let info = &c.info;
     let mut facts = Vec::new();
-    if let Some(m) = info.get("primary_metric").and_then(|v| v.as_str()) {
+    if let Some(m) = &info.primary_metric {
         facts.push(format!("primary metric {m}"));
     }
-    match info.get("method").and_then(|v| v.as_str()) {
-        Some("student_t") => facts.push("paired log-ratios, Student t 95%".to_string()),
+    match info.method {
+        Some(Method::StudentT) => facts.push("paired log-ratios, Student t 95%".to_string()),
         Some(m) => facts.push(format!("{m} 95%")),
         None => facts.push("95% bootstrap interval".to_string()),
     }
-    if let Some(n) = info.get("rounds").and_then(|v| v.as_u64()) {
-        let mut r = format!("{n} rounds");
-        if info.get("rounds_requested").and_then(|v| v.as_str()) == Some("auto") {
-            r.push_str(&format!(
-                " (auto, at most {})",
-                info.get("max_rounds").and_then(|v| v.as_u64()).unwrap_or(0)
-            ));
-        }
-        if let Some(why) = info.get("stopped_by").and_then(|v| v.as_str()) {
-            r.push_str(&format!(", stopped by {why}"));
-        }
-        facts.push(r);
+    let mut r = format!("{} rounds", info.rounds);
+    if info.rounds_requested == Some(Rounds::Auto) {
+        r.push_str(&format!(" (auto, at most {})", info.max_rounds.unwrap_or(0)));
     }
-    if let Some(seed) = info.get("seed").and_then(|v| v.as_u64()) {
+    if let Some(why) = info.stopped_by {
+        r.push_str(&format!(", stopped by {why}"));
+    }
+    facts.push(r);
+    if let Some(seed) = info.seed {
         facts.push(format!("order seed {seed}"));
     }
     let mut out = format!("\ncomparison in {} ({}):\n", c.id, facts.join("; "));
@@ -405,40 +395,28 @@ fn comparison_text(c: &orch_record::CellView) -> String {
         &["PAIR", "METRIC", "N", "RATIO", "95% CI", "MDE", "P", "VERDICT"],
         &rows,
     ));
-    if list.iter().any(|x| x["role"] == "secondary") {
+    if list.iter().any(|x| x.role == Some(Role::Secondary)) {
         out.push_str(
             "ratio = other / base; the primary metric decides the verdict; other metrics: p adjusted (Holm) over the pair's metrics; MDE: smallest difference found 80% of the time at this n\n",
         );
     }
     // The primary metric's value in every round, per variant.
-    if let (Some(m), Some(vars)) = (
-        info.get("primary_metric").and_then(|v| v.as_str()),
-        info.get("variants").and_then(|v| v.as_object()),
-    ) {
-        for (name, v) in vars {
-            if let Some(vals) = v["values"][m].as_array().filter(|a| !a.is_empty()) {
-                let vals: Vec<String> = vals
-                    .iter()
-                    .filter_map(|x| x.as_f64())
-                    .map(|x| format!("{x:.2}"))
-                    .collect();
+    if let Some(m) = &info.primary_metric {
+        for (name, v) in &info.variants {
+            if let Some(vals) = v.values.get(m).filter(|a| !a.is_empty()) {
+                let vals: Vec<String> = vals.iter().map(|x| format!("{x:.2}")).collect();
                 out.push_str(&format!("  {m} per round, {name}: {}\n", vals.join(" ")));
             }
         }
     }
-    if let Some(vars) = c.info.get("variants").and_then(|v| v.as_object()) {
-        for (name, v) in vars {
-            if v["status"] == "failed" {
-                out.push_str(&format!(
-                    "variant {name} failed: {}\n",
-                    v["failure"].as_str().unwrap_or("")
-                ));
-                if let Some(kind) = v["diagnosis"]["kind"].as_str() {
-                    out.push_str(&format!(
-                        "  cause: {kind}; hint: {}\n",
-                        v["diagnosis"]["hint"].as_str().unwrap_or("")
-                    ));
-                }
+    for (name, v) in &info.variants {
+        if v.failed() {
+            out.push_str(&format!(
+                "variant {name} failed: {}\n",
+                v.failure.as_deref().unwrap_or("")
+            ));
+            if let Some(d) = &v.diagnosis {
+                out.push_str(&format!("  cause: {}; hint: {}\n", d.kind, d.hint));
             }
         }
     }

@@ -18,6 +18,7 @@ use orch_backend::host::{Flags, Host};
 use orch_history::bisect::{Bisection, Class, Effect, Next, Outcome, Step};
 use orch_manifest::{CellPlan, ExpandOptions, Plan};
 use orch_protocol::{Variant, Workload};
+use orch_record::compare::{CompareInfo, VariantEntry};
 use orch_runner::{execute, RunnerOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -282,8 +283,8 @@ fn step_plan(plan: &Plan, cell: &CellPlan, good: &str, candidate: &str, metric: 
 }
 
 /// The cause of a failed variant or cell, with its diagnosis when named.
-fn cause_of(c: &orch_store::CellView, variant: Option<&Value>) -> String {
-    let mut why = match variant.and_then(|v| v["failure"].as_str()) {
+fn cause_of(c: &orch_store::CellView, variant: Option<&VariantEntry>) -> String {
+    let mut why = match variant.and_then(|v| v.failure.as_deref()) {
         Some(f) => f.to_string(),
         None => c
             .failure
@@ -297,8 +298,14 @@ fn cause_of(c: &orch_store::CellView, variant: Option<&Value>) -> String {
     why
 }
 
-/// What a finished step's run says of its commit.
-fn classify(rec: &orch_store::RunRecord, index: usize, commit: &str, bad: Option<&Effect>) -> Step {
+/// What a finished step's run says of its commit; an error when its
+/// comparison does not read (`orch_record::CompareInfo`).
+fn classify(
+    rec: &orch_store::RunRecord,
+    index: usize,
+    commit: &str,
+    bad: Option<&Effect>,
+) -> anyhow::Result<Step> {
     let mut step = Step {
         index,
         commit: commit.to_string(),
@@ -311,28 +318,25 @@ fn classify(rec: &orch_store::RunRecord, index: usize, commit: &str, bad: Option
     };
     let Some(c) = rec.cells.first() else {
         step.cause = Some("the run has no cell".into());
-        return step;
+        return Ok(step);
     };
     step.cost_usd = c.cost.as_ref().map(|x| x.usd).unwrap_or(0.0);
     step.wall_s = c.duration_s.unwrap_or(0.0);
-    let variants = c.info.get("variants");
-    let variant = |name: &str| variants.and_then(|v| v.get(name));
-    let failed = |name: &str| variant(name).is_some_and(|v| v["status"] == "failed");
+    let cmp = CompareInfo::from_info(&c.info)
+        .transpose()
+        .with_context(|| format!("cannot read the comparison of run `{}`", rec.id))?;
+    let variant = |name: &str| cmp.as_ref().and_then(|x| x.variants.get(name));
+    let failed = |name: &str| variant(name).is_some_and(VariantEntry::failed);
     if failed(GOOD) {
         step.class = Class::Fatal;
         step.cause = Some(cause_of(c, variant(GOOD)));
-        return step;
+        return Ok(step);
     }
     if failed(CANDIDATE) {
         step.cause = Some(cause_of(c, variant(CANDIDATE)));
-        return step;
+        return Ok(step);
     }
-    let pair = c
-        .info
-        .get("pairs")
-        .and_then(Value::as_array)
-        .and_then(|ps| ps.iter().find(|p| p["base"] == GOOD && p["other"] == CANDIDATE));
-    let Some(pair) = pair else {
+    let Some((cmp, pair)) = cmp.as_ref().and_then(|x| x.pair(GOOD, CANDIDATE).map(|p| (x, p))) else {
         // No verdict: the cell failed as a whole (a config the rounds cannot
         // meet is the suite's fault, so nothing can be compared; anything
         // else is this commit's).
@@ -341,22 +345,21 @@ fn classify(rec: &orch_store::RunRecord, index: usize, commit: &str, bad: Option
             step.class = Class::Fatal;
         }
         step.cause = Some(cause);
-        return step;
+        return Ok(step);
     };
-    let verdict = pair["verdict"].as_str().unwrap_or("").to_string();
-    let metric = pair["metric"].as_str().unwrap_or("").to_string();
-    let cmp = c.info.get("comparison").and_then(Value::as_array).and_then(|cs| {
-        cs.iter()
-            .find(|x| x["base"] == GOOD && x["other"] == CANDIDATE && x["metric"] == metric.as_str())
-    });
-    let num = |v: Option<&Value>| v.and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let verdict = pair.verdict.to_string();
+    let metric = pair.metric.clone();
+    let row = cmp
+        .comparison
+        .iter()
+        .find(|x| x.base == GOOD && x.other == CANDIDATE && x.metric == metric);
     let effect = Effect {
         metric,
         verdict: verdict.clone(),
-        ratio: num(cmp.map(|x| &x["ratio"]).or(pair.get("speedup"))),
-        ci_low: num(cmp.map(|x| &x["ci_low"]).or(pair.get("ci_low"))),
-        ci_high: num(cmp.map(|x| &x["ci_high"]).or(pair.get("ci_high"))),
-        n: pair["n"].as_u64().unwrap_or(0) as u32,
+        ratio: row.map_or(pair.speedup, |x| x.ratio),
+        ci_low: row.map_or(pair.ci_low, |x| x.ci_low),
+        ci_high: row.map_or(pair.ci_high, |x| x.ci_high),
+        n: pair.n as u32,
     };
     let class = orch_history::bisect::classify(&effect, bad);
     step.effect = Some(effect);
@@ -364,7 +367,7 @@ fn classify(rec: &orch_store::RunRecord, index: usize, commit: &str, bad: Option
         Some(class) => step.class = class,
         None => step.cause = Some(format!("the pair's verdict `{verdict}` is not one bisect knows")),
     }
-    step
+    Ok(step)
 }
 
 fn step_line(n: usize, s: &Step) -> String {
@@ -601,7 +604,7 @@ pub async fn bisect(
         if let Some(p) = state.pending.take() {
             match finished(store, &p.run)? {
                 Some(rec) => {
-                    let step = classify(&rec, p.index, &p.commit, state.bisection.bad_effect());
+                    let step = classify(&rec, p.index, &p.commit, state.bisection.bad_effect())?;
                     eprintln!("{}", step_line(state.bisection.steps.len() + 1, &step));
                     state.bisection.record(step);
                 }
@@ -691,7 +694,7 @@ pub async fn bisect(
             return Ok(130);
         }
         let rec = run.record()?;
-        let step = classify(&rec, index, &commit, state.bisection.bad_effect());
+        let step = classify(&rec, index, &commit, state.bisection.bad_effect())?;
         eprintln!("{}", step_line(state.bisection.steps.len() + 1, &step));
         state.bisection.record(step);
         state.pending = None;

@@ -10,7 +10,8 @@ use crate::output;
 fn checks_text(store: &orch_store::Store, record: &orch_record::RunRecord) -> String {
     let mut out = String::new();
     let options = orch_report::Options::default();
-    // Without `--metric`/`--latency`, building the report cannot fail.
+    // Without `--metric`/`--latency`, building the report fails only on a
+    // comparison that does not read, which `output::run_text` warned of.
     if let Ok(report) = orch_report::Report::build(record, &options) {
         for cmp in &report.comparisons {
             let lines = cmp.checks_text();

@@ -264,19 +264,25 @@ fn show_prints_each_variants_gate_and_each_pairs_verdict_with_drift() {
     for (v, x) in [("baseline", 100.0), ("human", 120.0), ("agent", 150.0)] {
         result.metrics.insert(format!("{v}.output_throughput"), x);
     }
+    // The shapes the agent writes (`orch_record::compare`).
     let drift = |s: f64| json!({"slope_per_round": s, "ci_low": s - 0.01, "ci_high": s + 0.01, "p_value": 0.5, "n": 5});
     result
         .info
         .insert("primary_metric".into(), json!("output_throughput"));
+    result.info.insert("rounds".into(), json!(5));
+    result.info.insert("noise".into(), json!(0.02));
     result.info.insert(
         "variants".into(),
         json!({
             "baseline": {"status": "succeeded", "rounds": 5, "drift": drift(0.004),
                 "output_check": {"status": "reference", "answered": 8}, "flags": [], "gate": null},
             "human": {"status": "succeeded", "rounds": 5, "drift": drift(-0.002),
-                "output_check": {"status": "passed", "exact": 8, "compared": 8, "unit": "tokens"}, "flags": [], "gate": null},
+                "output_check": {"status": "passed", "passed": true, "exact": 8, "compared": 8, "exact_match_rate": 1.0,
+                    "first_divergence": null, "unit": "tokens", "rule": "exact", "evidence": "output-check/human.json"},
+                "flags": [], "gate": null},
             "agent": {"status": "succeeded", "rounds": 5, "drift": drift(0.031),
-                "output_check": {"status": "output_mismatch", "exact": 2, "compared": 8, "first_divergence": 3,
+                "output_check": {"status": "output_mismatch", "passed": false, "exact": 2, "compared": 8,
+                    "exact_match_rate": 0.25, "first_divergence": 3,
                     "unit": "tokens", "rule": "exact", "evidence": "output-check/agent.json"},
                 "flags": ["short_responses"],
                 "gate": {"kind": "output_mismatch", "why": "6 of 8 answers to the output check differ from the baseline's"}},
@@ -284,7 +290,8 @@ fn show_prints_each_variants_gate_and_each_pairs_verdict_with_drift() {
     );
     let pair = |other: &str, verdict: &str, speed: Option<&str>, ratio: f64| {
         let mut p = json!({"base": "baseline", "other": other, "metric": "output_throughput", "role": "primary",
-            "verdict": verdict, "ratio": ratio, "ci_low": ratio - 0.05, "ci_high": ratio + 0.05, "speedup": ratio, "n": 5});
+            "better": "higher", "verdict": verdict, "ratio": ratio, "ci_low": ratio - 0.05, "ci_high": ratio + 0.05,
+            "speedup": ratio, "n": 5, "n_base": 5, "n_other": 5});
         if let Some(s) = speed {
             p["speed_verdict"] = json!(s);
         }
