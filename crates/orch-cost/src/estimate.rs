@@ -61,7 +61,7 @@ impl History {
 
     /// Add a ledger line (only succeeded cells count; the latest wins).
     pub fn add(&mut self, line: &LedgerLine) {
-        if line.status != "succeeded" || !line.billed_s.is_finite() {
+        if line.status != orch_protocol::Status::Succeeded.as_str() || !line.billed_s.is_finite() {
             return;
         }
         let newer = self

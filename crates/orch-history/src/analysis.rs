@@ -6,7 +6,7 @@ use crate::changepoints::{self, ChangePoint};
 use crate::judge::{better_for, judge_all, Better, JudgeOptions, Judgment, Verdict};
 use crate::series::{Point, Series, Testbed};
 use chrono::{DateTime, Utc};
-use orch_record::RunRecord;
+use orch_record::{CellStatus, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -222,7 +222,7 @@ pub fn judge_run_with(
         })
         .collect();
     let mut out = Vec::new();
-    for c in new.cells.iter().filter(|c| c.status == "succeeded") {
+    for c in new.cells.iter().filter(|c| c.status == CellStatus::Succeeded) {
         let testbed = Testbed::of(&new.backend, c);
         let pl = crate::series::params_label(&c.params);
         for metric in select(c) {

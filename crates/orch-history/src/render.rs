@@ -6,6 +6,7 @@
 
 use crate::analysis::{History, SeriesReport};
 use crate::judge::Verdict;
+use orch_record::CellStatus;
 
 /// The series table, then one line per change point.
 pub fn table(h: &History) -> String {
@@ -109,11 +110,7 @@ pub fn csv(h: &History) -> String {
         let params = s.params_label();
         for (i, p) in s.points.iter().enumerate() {
             let pt = &p.point;
-            let status = pt
-                .failure
-                .as_ref()
-                .map(|f| f.status.as_str())
-                .unwrap_or("succeeded");
+            let status = pt.failure.as_ref().map_or(CellStatus::Succeeded, |f| f.status);
             let fields = [
                 s.benchmark.clone(),
                 params.clone(),
@@ -351,7 +348,7 @@ fn chart(s: &SeriesReport) -> String {
                     .as_ref()
                     .map(|f| match &f.kind {
                         Some(k) => format!("{} ({k})", f.status),
-                        None => f.status.clone(),
+                        None => f.status.to_string(),
                     })
                     .unwrap_or_else(|| "no value".into());
                 svg.push_str(&format!(

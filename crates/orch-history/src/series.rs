@@ -4,7 +4,7 @@
 
 use crate::HistoryError;
 use chrono::{DateTime, Duration, Utc};
-use orch_record::{CellView, RunRecord};
+use orch_record::{CellStatus, CellView, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -81,7 +81,7 @@ impl Testbed {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PointFailure {
     /// `failed`, `oom`, `timeout`, `cancelled`.
-    pub status: String,
+    pub status: CellStatus,
     /// The diagnosis kind (`cuda_oom`, `nccl_timeout`), when one was named;
     /// else the failure's own kind (`exit_code`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,8 +192,9 @@ pub fn build(runs: &[RunRecord], filter: &Filter) -> Vec<Series> {
         .filter(|r| filter.since.is_none_or(|s| r.created_at >= s))
         .collect();
     order.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
-    let wanted_cell =
-        |c: &CellView| c.status != "pending" && filter.benchmark.as_ref().is_none_or(|b| *b == c.benchmark);
+    let wanted_cell = |c: &CellView| {
+        c.status != CellStatus::Pending && filter.benchmark.as_ref().is_none_or(|b| *b == c.benchmark)
+    };
     let wanted_metric = |m: &str| filter.metric.as_ref().is_none_or(|w| w == m);
 
     // Pass 1: the metrics of each cell and testbed, and the GPU requests
@@ -208,7 +209,7 @@ pub fn build(runs: &[RunRecord], filter: &Filter) -> Vec<Series> {
                 .entry((c.benchmark.clone(), pl.clone()))
                 .or_insert_with(|| c.params.clone());
             let key = (c.benchmark.clone(), pl, Testbed::of(&run.backend, c));
-            if c.status == "succeeded" {
+            if c.status == CellStatus::Succeeded {
                 let set = metrics.entry(key.clone()).or_default();
                 set.extend(c.metrics.keys().filter(|m| wanted_metric(m)).cloned());
                 requests.entry(key).or_default().insert(c.gpu.clone());
@@ -229,7 +230,7 @@ pub fn build(runs: &[RunRecord], filter: &Filter) -> Vec<Series> {
                 value: None,
                 failure: None,
             };
-            if c.status == "succeeded" {
+            if c.status == CellStatus::Succeeded {
                 let key = (c.benchmark.clone(), pl, testbed);
                 for (m, v) in c
                     .metrics
@@ -244,7 +245,7 @@ pub fn build(runs: &[RunRecord], filter: &Filter) -> Vec<Series> {
                 continue;
             }
             let failure = PointFailure {
-                status: c.status.clone(),
+                status: c.status,
                 kind: c
                     .diagnosis
                     .as_ref()
@@ -325,7 +326,7 @@ pub(crate) mod tests {
         CellView {
             id: "a-x1".into(),
             benchmark: "a".into(),
-            status: status.into(),
+            status: status.parse().unwrap(),
             gpu: "H100:1".into(),
             params: [("x".to_string(), serde_json::json!(1))].into(),
             metrics: value
@@ -449,7 +450,7 @@ pub(crate) mod tests {
         assert_eq!(s.len(), 1, "{s:#?}");
         let p = &s[0].points;
         assert_eq!(p.len(), 3);
-        assert_eq!(p[1].failure.as_ref().unwrap().status, "oom");
+        assert_eq!(p[1].failure.as_ref().unwrap().status, CellStatus::Oom);
         assert_eq!(p[1].failure.as_ref().unwrap().kind.as_deref(), Some("cuda_oom"));
         assert!(p[2].failure.is_some() && p[2].value.is_none());
     }

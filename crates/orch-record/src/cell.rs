@@ -77,13 +77,85 @@ impl CellRecord {
     }
 }
 
+/// A cell's status as a run record shows it: its record's, or `pending`
+/// (no record yet). Serialised as the word (`succeeded`, ..., `pending`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellStatus {
+    Succeeded,
+    Failed,
+    Oom,
+    Timeout,
+    Cancelled,
+    /// Not run yet, or its run did not finish.
+    Pending,
+}
+
+impl CellStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellStatus::Pending => "pending",
+            CellStatus::Succeeded => Status::Succeeded.as_str(),
+            CellStatus::Failed => Status::Failed.as_str(),
+            CellStatus::Oom => Status::Oom.as_str(),
+            CellStatus::Timeout => Status::Timeout.as_str(),
+            CellStatus::Cancelled => Status::Cancelled.as_str(),
+        }
+    }
+
+    /// Its record's status; `None` while pending.
+    pub fn recorded(self) -> Option<Status> {
+        match self {
+            CellStatus::Pending => None,
+            CellStatus::Succeeded => Some(Status::Succeeded),
+            CellStatus::Failed => Some(Status::Failed),
+            CellStatus::Oom => Some(Status::Oom),
+            CellStatus::Timeout => Some(Status::Timeout),
+            CellStatus::Cancelled => Some(Status::Cancelled),
+        }
+    }
+
+    /// A record whose cell `--resume` never runs again (not `cancelled`,
+    /// not `pending`): [`Status::is_finished`].
+    pub fn is_finished(self) -> bool {
+        self.recorded().is_some_and(Status::is_finished)
+    }
+}
+
+impl From<Status> for CellStatus {
+    fn from(s: Status) -> CellStatus {
+        match s {
+            Status::Succeeded => CellStatus::Succeeded,
+            Status::Failed => CellStatus::Failed,
+            Status::Oom => CellStatus::Oom,
+            Status::Timeout => CellStatus::Timeout,
+            Status::Cancelled => CellStatus::Cancelled,
+        }
+    }
+}
+
+impl std::fmt::Display for CellStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CellStatus {
+    type Err = String;
+
+    /// The word, as records write it.
+    fn from_str(s: &str) -> Result<CellStatus, String> {
+        serde_json::from_value(serde_json::Value::String(s.to_string()))
+            .map_err(|_| format!("unknown cell status `{s}`"))
+    }
+}
+
 /// A cell as shown in a run record: its record, or `pending`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellView {
     pub id: String,
     pub benchmark: String,
-    /// `succeeded`, `failed`, `oom`, `timeout`, `cancelled` or `pending`.
-    pub status: String,
+    pub status: CellStatus,
     pub gpu: String,
     pub params: BTreeMap<String, serde_json::Value>,
     pub metrics: BTreeMap<String, f64>,
@@ -105,12 +177,12 @@ pub struct CellView {
 }
 
 impl From<CellRecord> for CellView {
-    /// The view of a recorded cell (its status as text, its duration known).
+    /// The view of a recorded cell (its duration known).
     fn from(r: CellRecord) -> CellView {
         CellView {
             id: r.id,
             benchmark: r.benchmark,
-            status: r.status.to_string(),
+            status: r.status.into(),
             gpu: r.gpu,
             params: r.params,
             metrics: r.metrics,
@@ -123,5 +195,33 @@ impl From<CellRecord> for CellView {
             flags: r.flags,
             cost: r.cost,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_status_is_its_word() {
+        for s in [
+            CellStatus::Succeeded,
+            CellStatus::Failed,
+            CellStatus::Oom,
+            CellStatus::Timeout,
+            CellStatus::Cancelled,
+            CellStatus::Pending,
+        ] {
+            let word = serde_json::to_value(s).unwrap();
+            assert_eq!(word, s.as_str());
+            assert_eq!(s.as_str().parse::<CellStatus>(), Ok(s));
+            if let Some(r) = s.recorded() {
+                assert_eq!(serde_json::to_value(r).unwrap(), word);
+                assert_eq!(CellStatus::from(r), s);
+            }
+        }
+        assert!("running".parse::<CellStatus>().is_err());
+        assert!(CellStatus::Succeeded.is_finished() && CellStatus::Oom.is_finished());
+        assert!(!CellStatus::Cancelled.is_finished() && !CellStatus::Pending.is_finished());
     }
 }

@@ -31,7 +31,7 @@ pub mod cost;
 pub mod diagnosis;
 pub mod run;
 
-pub use cell::{CellRecord, CellView};
+pub use cell::{CellRecord, CellStatus, CellView};
 pub use compare::CompareInfo;
 pub use cost::{BudgetRecord, CellCost, RunCost, OTHER_PHASE};
 pub use diagnosis::Diagnosis;

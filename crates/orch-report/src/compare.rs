@@ -7,7 +7,7 @@ use crate::fmt::{num, params, ratio, usd};
 use crate::metrics;
 use crate::model::usd_per_1k_tokens;
 use crate::ReportError;
-use orch_record::{CellView, RunRecord};
+use orch_record::{CellStatus, CellView, RunRecord};
 use orch_stats::Better;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -52,8 +52,8 @@ pub struct Pair {
     pub cell_b: String,
     pub gpu_a: String,
     pub gpu_b: String,
-    pub status_a: String,
-    pub status_b: String,
+    pub status_a: CellStatus,
+    pub status_b: CellStatus,
     /// The metric compared; `None` when the two cells share none.
     pub metric: Option<String>,
     /// The metric's sense ([`orch_stats::better_for`]).
@@ -101,7 +101,9 @@ fn side(r: &RunRecord) -> RunSide {
             any.then(|| {
                 costs
                     .iter()
-                    .filter(|(c, _)| c.status != "succeeded" || c.cost.as_ref().is_some_and(|k| k.wasted))
+                    .filter(|(c, _)| {
+                        c.status != CellStatus::Succeeded || c.cost.as_ref().is_some_and(|k| k.wasted)
+                    })
                     .map(|(_, u)| u)
                     .sum()
             })
@@ -165,7 +167,7 @@ pub fn match_cells<'a>(a: &'a RunRecord, b: &'a RunRecord) -> Vec<(&'a CellView,
 
 fn per_1k_units(c: &CellView, value: f64) -> Option<f64> {
     let k = c.cost.as_ref().filter(|k| k.priced)?;
-    if c.status != "succeeded" {
+    if c.status != CellStatus::Succeeded {
         return None;
     }
     usd_per_1k_tokens(k.usd_per_s, value)
@@ -230,8 +232,8 @@ fn pair(ca: &CellView, cb: &CellView, wanted: Option<&str>) -> Pair {
         cell_b: cb.id.clone(),
         gpu_a: ca.gpu.clone(),
         gpu_b: cb.gpu.clone(),
-        status_a: ca.status.clone(),
-        status_b: cb.status.clone(),
+        status_a: ca.status,
+        status_b: cb.status,
         unit: metric.as_deref().map(metrics::work_unit),
         metric,
         better,
@@ -335,8 +337,8 @@ impl RunComparison {
                 } else {
                     format!("{} {}", p.benchmark, params(&p.params))
                 };
-                let status = |s: &str| {
-                    if s == "succeeded" {
+                let status = |s: CellStatus| {
+                    if s == CellStatus::Succeeded {
                         String::new()
                     } else {
                         format!(" ({s})")
@@ -344,8 +346,8 @@ impl RunComparison {
                 };
                 vec![
                     name,
-                    format!("{}{}", p.gpu_a, status(&p.status_a)),
-                    format!("{}{}", p.gpu_b, status(&p.status_b)),
+                    format!("{}{}", p.gpu_a, status(p.status_a)),
+                    format!("{}{}", p.gpu_b, status(p.status_b)),
                     p.metric.clone().unwrap_or_else(|| "-".into()),
                     o(p.value_a, num),
                     o(p.value_b, num),

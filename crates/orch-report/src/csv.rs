@@ -7,6 +7,7 @@
 //! fixed columns.
 
 use crate::model::Report;
+use orch_record::CellStatus;
 use std::collections::BTreeSet;
 
 /// RFC 4180: quoted when it holds a comma, a quote or a line break.
@@ -97,7 +98,7 @@ pub fn render(r: &Report) -> String {
             r.run.id.clone(),
             c.id.clone(),
             c.benchmark.clone(),
-            c.status.clone(),
+            c.status.to_string(),
             c.gpu.clone(),
             f(c.duration_s),
             c.throughput.as_ref().map(|t| t.name.clone()).unwrap_or_default(),
@@ -115,7 +116,7 @@ pub fn render(r: &Report) -> String {
             f(l.and_then(|l| l.p99)),
             f(l.and_then(|l| l.std)),
             f(k.map(|k| k.usd)),
-            k.map(|k| (k.wasted || c.status != "succeeded").to_string())
+            k.map(|k| (k.wasted || c.status != CellStatus::Succeeded).to_string())
                 .unwrap_or_default(),
             f(k.map(|k| k.usd_per_s)),
             f(c.usd_per_gpu_hour),

@@ -9,6 +9,7 @@ use crate::text::{
     hardware_text, mj, peak_gib, TELEMETRY_NOTE,
 };
 use crate::ReportError;
+use orch_record::CellStatus;
 use std::fmt::Write;
 
 const CSS: &str = include_str!("report.css");
@@ -132,7 +133,7 @@ fn flagged(f: &[String]) -> &'static str {
 
 fn cost_cell(c: &CellRow) -> String {
     match &c.cost {
-        Some(k) if c.status != "succeeded" || k.wasted => {
+        Some(k) if c.status != CellStatus::Succeeded || k.wasted => {
             format!("<span class=\"status-failed\">{} wasted</span>", h(&usd(k.usd)))
         }
         Some(k) => h(&usd(k.usd)),
@@ -561,7 +562,7 @@ fn cost_efficiency(o: &mut String, r: &Report) {
 /// Latency distributions, one chart per family.
 fn latency(o: &mut String, r: &Report) {
     let mut families: Vec<(String, String)> = Vec::new();
-    for c in r.cells.iter().filter(|c| c.status == "succeeded") {
+    for c in r.cells.iter().filter(|c| c.status == CellStatus::Succeeded) {
         if let Some(l) = &c.latency {
             if !families.iter().any(|(f, _)| *f == l.family) {
                 families.push((l.family.clone(), l.label()));
@@ -615,7 +616,7 @@ fn cells(o: &mut String, r: &Report) {
             flagged(&c.flags),
             &[
                 format!("<code title=\"{}\">{}</code>", h(&params(&c.params)), h(&c.id)),
-                status(&c.status),
+                status(c.status.as_str()),
                 h(&c.gpu),
                 c.throughput
                     .as_ref()
@@ -654,7 +655,7 @@ fn comparisons(o: &mut String, r: &Report) {
 /// One comparison cell: its chart and pairs' verdicts, the primary metric
 /// per round, the variants that failed.
 fn comparison(o: &mut String, cmp: &CompareCell) {
-    let mut facts = vec![h(&cmp.gpu), status(&cmp.status)];
+    let mut facts = vec![h(&cmp.gpu), status(cmp.status.as_str())];
     if let Some(n) = cmp.rounds {
         facts.push(format!("{n} rounds"));
     }
@@ -752,12 +753,12 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
             parts.join("; ")
         );
     }
-    for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
+    for v in cmp.variants.iter().filter(|v| v.status != CellStatus::Succeeded) {
         let _ = write!(
             o,
             "<p>variant {} {}: {}",
             code(&v.name),
-            status(&v.status),
+            status(v.status.as_str()),
             h(v.failure.as_deref().unwrap_or(""))
         );
         if let Some(d) = &v.diagnosis {
@@ -834,7 +835,7 @@ fn failures(o: &mut String, r: &Report) {
             o,
             "<div class=\"failure\"><h3>{} {} <span class=\"note\">{}</span></h3>",
             code(&f.cell),
-            status(&f.status),
+            status(f.status.as_str()),
             h(&f.gpu)
         );
         if let Some(x) = &f.failure {

@@ -6,6 +6,7 @@ use crate::text::{
     below_text, better_text, budget_text, calibration_gpu, cost_summary, counts_text, cpu_text, free_note,
     hardware_text, mj, peak_gib, TELEMETRY_NOTE,
 };
+use orch_record::CellStatus;
 use std::fmt::Write;
 
 /// Text safe inside a markdown table cell.
@@ -54,7 +55,7 @@ fn cell_name(id: &str, f: &[String]) -> String {
 
 fn cost_cell(c: &CellRow) -> String {
     match &c.cost {
-        Some(k) if c.status != "succeeded" || k.wasted => format!("{} wasted", usd(k.usd)),
+        Some(k) if c.status != CellStatus::Succeeded || k.wasted => format!("{} wasted", usd(k.usd)),
         Some(k) => usd(k.usd),
         None => String::new(),
     }
@@ -341,7 +342,7 @@ fn cells(out: &mut String, r: &Report) {
             let l = c.latency.as_ref();
             vec![
                 code(&c.id),
-                c.status.clone(),
+                c.status.to_string(),
                 esc(&c.gpu),
                 c.throughput
                     .as_ref()
@@ -407,7 +408,7 @@ fn comparisons(out: &mut String, r: &Report) {
 /// One comparison cell: its pairs' verdicts, the primary metric per round,
 /// the variants that failed.
 fn comparison(out: &mut String, cmp: &CompareCell) {
-    let mut facts = vec![esc(&cmp.gpu), cmp.status.clone()];
+    let mut facts = vec![esc(&cmp.gpu), cmp.status.to_string()];
     if let Some(n) = cmp.rounds {
         facts.push(format!("{n} rounds"));
     }
@@ -504,19 +505,19 @@ fn comparison(out: &mut String, cmp: &CompareCell) {
     {
         out.push('\n');
     }
-    for v in cmp.variants.iter().filter(|v| v.status != "succeeded") {
+    for v in cmp.variants.iter().filter(|v| v.status != CellStatus::Succeeded) {
         let _ = writeln!(
             out,
             "- variant `{}` {}: {}",
             v.name,
-            esc(&v.status),
+            esc(v.status.as_str()),
             esc(v.failure.as_deref().unwrap_or(""))
         );
         if let Some(d) = &v.diagnosis {
             let _ = writeln!(out, "  - cause `{}`; hint: {}", d.kind, esc(&d.hint));
         }
     }
-    if cmp.variants.iter().any(|v| v.status != "succeeded") {
+    if cmp.variants.iter().any(|v| v.status != CellStatus::Succeeded) {
         out.push('\n');
     }
 }
@@ -528,7 +529,7 @@ fn failures(out: &mut String, r: &Report) {
     }
     out.push_str("## Failures\n\n");
     for f in &r.failures {
-        let _ = writeln!(out, "### `{}`: {}\n", f.cell, esc(&f.status));
+        let _ = writeln!(out, "### `{}`: {}\n", f.cell, esc(f.status.as_str()));
         if let Some(x) = &f.failure {
             let _ = writeln!(out, "- **failure** `{}`: {}", x.kind, esc(&x.message));
         }

@@ -6,7 +6,7 @@ use crate::ReportError;
 use chrono::{DateTime, Utc};
 use orch_protocol::{Failure, Hardware};
 use orch_record::compare::{self, CompareInfo, VariantCheck};
-use orch_record::{BudgetRecord, CellCost, CellView, Diagnosis, RunRecord};
+use orch_record::{BudgetRecord, CellCost, CellStatus, CellView, Diagnosis, RunRecord};
 use orch_stats::Better;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -138,7 +138,7 @@ pub struct MetricValue {
 pub struct CellRow {
     pub id: String,
     pub benchmark: String,
-    pub status: String,
+    pub status: CellStatus,
     /// The GPUs asked for (`H100:8`, `none`).
     pub gpu: String,
     pub params: BTreeMap<String, serde_json::Value>,
@@ -205,7 +205,7 @@ pub struct CostEntry {
 pub struct CompareCell {
     pub cell: String,
     pub gpu: String,
-    pub status: String,
+    pub status: CellStatus,
     pub rounds: Option<u64>,
     pub noise: Option<f64>,
     /// The metric that decides each pair's verdict.
@@ -266,7 +266,7 @@ pub struct CompareRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VariantRow {
     pub name: String,
-    pub status: String,
+    pub status: CellStatus,
     pub rounds: Option<u64>,
     pub failure: Option<String>,
     pub diagnosis: Option<Diagnosis>,
@@ -318,7 +318,7 @@ impl Drift {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailureRow {
     pub cell: String,
-    pub status: String,
+    pub status: CellStatus,
     pub gpu: String,
     pub failure: Option<Failure>,
     pub diagnosis: Option<Diagnosis>,
@@ -334,7 +334,7 @@ pub struct FailureRow {
 pub struct TelemetryRow {
     pub cell: String,
     pub gpu: String,
-    pub status: String,
+    pub status: CellStatus,
     pub util_mean_pct: Option<f64>,
     pub power_mean_w: Option<f64>,
     pub energy_j: Option<f64>,
@@ -353,7 +353,7 @@ pub struct CalibrationCell {
     pub cell: String,
     /// The GPUs asked for.
     pub gpu: String,
-    pub status: String,
+    pub status: CellStatus,
     /// The GPU found (`NVIDIA H100 80GB HBM3`), from the check.
     pub gpu_name: Option<String>,
     /// The model whose expected figures were used (`H100`).
@@ -491,7 +491,7 @@ impl Report {
 
         // Throughput rankings, one per metric, groups in plan order.
         let mut rankings: Vec<Ranking> = Vec::new();
-        for c in cells.iter().filter(|c| c.status == "succeeded") {
+        for c in cells.iter().filter(|c| c.status == CellStatus::Succeeded) {
             let Some(t) = &c.throughput else { continue };
             if !rankings.iter().any(|r| r.metric == t.name) {
                 rankings.push(Ranking {
@@ -519,7 +519,8 @@ impl Report {
             let mut members: Vec<RankEntry> = cells
                 .iter()
                 .filter(|c| {
-                    c.status == "succeeded" && c.throughput.as_ref().is_some_and(|t| t.name == r.metric)
+                    c.status == CellStatus::Succeeded
+                        && c.throughput.as_ref().is_some_and(|t| t.name == r.metric)
                 })
                 .map(|c| RankEntry {
                     rank: 0,
@@ -602,10 +603,10 @@ impl Report {
             failures: rec
                 .cells
                 .iter()
-                .filter(|c| c.status != "succeeded" && c.status != "pending")
+                .filter(|c| !matches!(c.status, CellStatus::Succeeded | CellStatus::Pending))
                 .map(|c| FailureRow {
                     cell: c.id.clone(),
-                    status: c.status.clone(),
+                    status: c.status,
                     gpu: c.gpu.clone(),
                     failure: c.failure.clone(),
                     diagnosis: c.diagnosis.clone(),
@@ -714,7 +715,7 @@ fn telemetry_row(c: &CellView) -> Option<TelemetryRow> {
     Some(TelemetryRow {
         cell: c.id.clone(),
         gpu: c.gpu.clone(),
-        status: c.status.clone(),
+        status: c.status,
         util_mean_pct: m("gpu_util_mean_pct"),
         power_mean_w: m("gpu_power_mean_w"),
         energy_j: m("gpu_energy_j"),
@@ -795,7 +796,7 @@ fn calibration_cell(c: &CellView) -> Option<CalibrationCell> {
     Some(CalibrationCell {
         cell: c.id.clone(),
         gpu: c.gpu.clone(),
-        status: c.status.clone(),
+        status: c.status,
         gpu_name: text("gpu"),
         model: text("model"),
         threshold,
@@ -857,7 +858,7 @@ fn finite(m: Option<(&str, f64)>) -> Option<MetricValue> {
 }
 
 fn cell_row(c: &CellView, options: &Options) -> CellRow {
-    let succeeded = c.status == "succeeded";
+    let succeeded = c.status == CellStatus::Succeeded;
     let throughput = finite(metrics::throughput_metric(&c.metrics, options.metric.as_deref()));
     let token_rate = finite(metrics::token_rate(&c.metrics));
     let families = metrics::latency_families(&c.metrics);
@@ -875,7 +876,7 @@ fn cell_row(c: &CellView, options: &Options) -> CellRow {
     CellRow {
         id: c.id.clone(),
         benchmark: c.benchmark.clone(),
-        status: c.status.clone(),
+        status: c.status,
         gpu: c.gpu.clone(),
         params: c.params.clone(),
         duration_s: c.duration_s,
@@ -906,7 +907,7 @@ fn totals(rec: &RunRecord) -> Totals {
                     t.unpriced_cells += 1;
                 }
                 usd += k.usd;
-                if k.wasted || c.status != "succeeded" {
+                if k.wasted || c.status != CellStatus::Succeeded {
                     wasted += k.usd;
                 }
                 gpu_s += k.billed_s * k.gpus as f64;
@@ -914,7 +915,7 @@ fn totals(rec: &RunRecord) -> Totals {
                     *t.by_phase.entry(p.clone()).or_insert(0.0) += v;
                 }
             }
-            None if c.status != "pending" => t.cells_without_cost += 1,
+            None if c.status != CellStatus::Pending => t.cells_without_cost += 1,
             None => {}
         }
     }
@@ -1115,7 +1116,7 @@ fn compare_cell(c: &CellView, info: &CompareInfo) -> CompareCell {
         .iter()
         .map(|(name, v)| VariantRow {
             name: name.clone(),
-            status: v.status.to_string(),
+            status: v.status.into(),
             rounds: Some(v.rounds as u64),
             failure: v.failure.clone(),
             diagnosis: v.diagnosis.clone(),
@@ -1138,7 +1139,7 @@ fn compare_cell(c: &CellView, info: &CompareInfo) -> CompareCell {
     CompareCell {
         cell: c.id.clone(),
         gpu: c.gpu.clone(),
-        status: c.status.clone(),
+        status: c.status,
         rounds: Some(u64::from(info.rounds)),
         noise: Some(info.noise),
         method: info.method.map(|m| m.to_string()),

@@ -173,7 +173,7 @@ async fn budget_stops_a_cell_that_runs_past_its_estimate_and_launches_no_more() 
     let rec = run.record().unwrap();
     assert_eq!(rec.state, RunState::Interrupted);
     for c in &rec.cells {
-        assert_eq!(c.status, "cancelled");
+        assert_eq!(c.status, orch_store::CellStatus::Cancelled);
         assert_eq!(c.failure.as_ref().unwrap().kind, orch_runner::BUDGET_FAILURE);
     }
     // Spent: within the cap plus what the cell cost while it stopped.
@@ -226,7 +226,7 @@ async fn cells_get_their_cost_without_a_budget() {
     for c in &rec.cells {
         let cost = c.cost.as_ref().unwrap();
         assert!((cost.usd - 2.0 * c.duration_s.unwrap()).abs() < 1e-9);
-        assert_eq!(cost.wasted, c.status != "succeeded");
+        assert_eq!(cost.wasted, c.status != orch_store::CellStatus::Succeeded);
     }
     let total = rec.cost.unwrap();
     assert_eq!(total.cells, 2);

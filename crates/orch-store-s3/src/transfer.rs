@@ -359,7 +359,7 @@ pub fn pull(src: &std::sync::Arc<S3Store>, id: &str, root: &Path) -> Result<Move
     let statuses = |r: &orch_store::RunRecord| {
         r.cells
             .iter()
-            .map(|c| (c.id.clone(), c.status.clone()))
+            .map(|c| (c.id.clone(), c.status))
             .collect::<Vec<_>>()
     };
     if statuses(&got) != statuses(&want) {

@@ -69,7 +69,9 @@ pub use folder::{FolderStore, UNRECORDED};
 pub use ledger::{cell_model, parallel_map, parallel_map_with, LEDGER_FILE};
 pub use lock::{Writer, WriterLock, LOCK_FILE, WRITER_FILE};
 pub use names::{check_name, check_relative};
-pub use orch_record::{CellRecord, CellView, Environment, RunMeta, RunRecord, RunState, RunSummary};
+pub use orch_record::{
+    CellRecord, CellStatus, CellView, Environment, RunMeta, RunRecord, RunState, RunSummary,
+};
 pub use run::Run;
 pub use store::Store;
 pub use warnings::Warnings;

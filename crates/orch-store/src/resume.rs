@@ -39,7 +39,7 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use crate::test_support::{env, plan};
-    use crate::{CellRecord, RunState, Store, StoreError};
+    use crate::{CellRecord, CellStatus, RunState, Store, StoreError};
     use chrono::Utc;
     use orch_protocol::{CellResult, Status};
 
@@ -138,7 +138,7 @@ mod tests {
 
         assert_eq!(run.unfinished_cells().unwrap().len(), 2);
         let record = run.record().unwrap();
-        assert!(record.cells.iter().all(|c| c.status == "pending"));
+        assert!(record.cells.iter().all(|c| c.status == CellStatus::Pending));
         let warned = store.take_warnings();
         assert!(
             warned

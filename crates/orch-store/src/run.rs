@@ -7,7 +7,7 @@ use crate::{
 };
 use chrono::Utc;
 use orch_manifest::{CellPlan, Plan};
-use orch_record::{BudgetRecord, RunCost};
+use orch_record::{BudgetRecord, CellStatus, RunCost};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,7 +95,7 @@ impl Run {
                 Some(r) => CellView::from(r),
                 None => pending(c),
             };
-            *counts.entry(view.status.clone()).or_insert(0) += 1;
+            *counts.entry(view.status.to_string()).or_insert(0) += 1;
             cells.push(view);
         }
         for r in earlier {
@@ -103,9 +103,7 @@ impl Run {
                 cost.add(c, true);
             }
         }
-        let all_done = cells
-            .iter()
-            .all(|c| c.status != "pending" && c.status != "cancelled");
+        let all_done = cells.iter().all(|c| c.status.is_finished());
         let state = match self.meta.state {
             RunState::Running if all_done => RunState::Complete,
             s => s,
@@ -157,7 +155,7 @@ fn pending(c: &CellPlan) -> CellView {
     CellView {
         id: c.id.clone(),
         benchmark: c.benchmark.clone(),
-        status: "pending".into(),
+        status: CellStatus::Pending,
         gpu: c.gpu.to_string(),
         params: c.params.clone(),
         metrics: BTreeMap::new(),

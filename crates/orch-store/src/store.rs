@@ -239,7 +239,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::test_support::{env, plan};
-    use crate::CellRecord;
+    use crate::{CellRecord, CellStatus};
     use orch_protocol::{CellResult, Status};
 
     /// The folder store, whose first run id is taken by another run.
@@ -382,7 +382,7 @@ mod tests {
         // The damaged record costs its own cell: the run reads, the cell is
         // pending (run again by `--resume`) and a warning names the file.
         let r = bad_record.record().unwrap();
-        assert_eq!(r.cells[0].status, "pending");
+        assert_eq!(r.cells[0].status, CellStatus::Pending);
         assert_eq!(bad_record.unfinished_cells().unwrap().len(), 2);
         let warned = store.take_warnings();
         assert!(

@@ -236,7 +236,7 @@ pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
         .map(|c| {
             vec![
                 c.id.clone(),
-                c.status.clone(),
+                c.status.to_string(),
                 c.gpu.clone(),
                 c.duration_s.map(|d| format!("{d:.1}s")).unwrap_or_default(),
                 crate::commands::cost::cell_cost_text(c),

@@ -63,7 +63,7 @@ pub fn cell(id: &str, benchmark: &str, gpu: &str, status: &str) -> CellView {
     CellView {
         id: id.into(),
         benchmark: benchmark.into(),
-        status: status.into(),
+        status: status.parse().unwrap(),
         gpu: gpu.into(),
         params: BTreeMap::new(),
         metrics: BTreeMap::new(),
@@ -317,7 +317,7 @@ pub fn run() -> RunRecord {
     cells.extend([serve, oom, cmp, old]);
     let mut counts = BTreeMap::new();
     for c in &cells {
-        *counts.entry(c.status.clone()).or_insert(0) += 1;
+        *counts.entry(c.status.to_string()).or_insert(0) += 1;
     }
     RunRecord {
         id: "20261122-061502-lm-sweep-3fa2".into(),

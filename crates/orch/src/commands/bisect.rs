@@ -743,16 +743,14 @@ pub async fn bisect(
     })
 }
 
-/// The record of a step's run when its cell finished (not cancelled).
+/// The record of a step's run when its cell finished: recorded, not
+/// cancelled (`CellStatus::is_finished`, what `--resume` goes by).
 fn finished(store: &orch_store::Store, run: &str) -> anyhow::Result<Option<orch_store::RunRecord>> {
     let Ok(r) = store.open_exact(run) else {
         return Ok(None);
     };
     let rec = r.record()?;
-    let done = rec
-        .cells
-        .first()
-        .is_some_and(|c| !matches!(c.status.as_str(), "cancelled" | "pending" | "running" | ""));
+    let done = rec.cells.first().is_some_and(|c| c.status.is_finished());
     Ok(done.then_some(rec))
 }
 

@@ -1,4 +1,5 @@
 use crate::cli::{LogsArgs, Stream};
+use orch_record::CellStatus;
 use std::io::Write;
 
 pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
@@ -14,7 +15,7 @@ pub fn logs(store: &orch_store::Store, args: LogsArgs) -> anyhow::Result<i32> {
             let failed: Vec<_> = record
                 .cells
                 .iter()
-                .filter(|c| c.status != "succeeded" && c.status != "pending")
+                .filter(|c| !matches!(c.status, CellStatus::Succeeded | CellStatus::Pending))
                 .collect();
             if failed.is_empty() {
                 record.cells.iter().collect()

@@ -4,6 +4,7 @@ use crate::output::{self, Reporter};
 use anyhow::Context;
 use orch_backend::host::{Flags, Host, Weights};
 use orch_manifest::{ExpandOptions, GpuSpec};
+use orch_record::CellStatus;
 use orch_runner::{execute, RunnerOptions};
 use tokio::sync::{mpsc, watch};
 
@@ -291,11 +292,13 @@ pub async fn run(
         );
         return Ok(130);
     }
-    Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
-        0
-    } else {
-        1
-    })
+    Ok(
+        if record.cells.iter().all(|c| c.status == CellStatus::Succeeded) {
+            0
+        } else {
+            1
+        },
+    )
 }
 
 /// Cells of more nodes than the backend gives are refused.

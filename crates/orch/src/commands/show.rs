@@ -4,6 +4,7 @@
 
 use crate::cli::ShowArgs;
 use crate::output;
+use orch_record::CellStatus;
 
 /// The lines `orch show` adds under the run's table: the gates and drift of
 /// every comparison, and the history verdicts.
@@ -49,9 +50,11 @@ pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
         );
         print!("{}", checks_text(store, &record));
     }
-    Ok(if record.cells.iter().all(|c| c.status == "succeeded") {
-        0
-    } else {
-        1
-    })
+    Ok(
+        if record.cells.iter().all(|c| c.status == CellStatus::Succeeded) {
+            0
+        } else {
+            1
+        },
+    )
 }
