@@ -68,21 +68,25 @@ impl Tokens {
         prefix: &[u32],
         suffix: &str,
     ) -> Option<String> {
-        if suffix.is_empty() {
-            return self.random_text(rng, len, prefix, "");
-        }
-        let own = self.count_output(suffix).unwrap_or(0) as usize;
-        self.random_text(rng, len.saturating_sub(own).max(1), prefix, suffix)
+        // The suffix's own tokens come off the random part (counted once).
+        let own = if suffix.is_empty() {
+            0
+        } else {
+            self.count_output(suffix).unwrap_or(0) as usize
+        };
+        let random = len.saturating_sub(own).max(1);
+        self.random_text(rng, random, prefix.len() + random + own, prefix, suffix)
             .map(|t| t.strip_suffix(suffix).map(String::from).unwrap_or(t))
     }
 
-    /// Random ids after `prefix`, decoded, with `suffix` appended, searched
-    /// until the whole encodes to `prefix.len() + len + tokens(suffix)`
-    /// (the closest found otherwise).
+    /// `len` random ids after `prefix`, decoded, with `suffix` appended,
+    /// searched until the whole encodes to `target` tokens (the closest
+    /// found otherwise).
     fn random_text(
         &self,
         rng: &mut impl rand::Rng,
         len: usize,
+        target: usize,
         prefix: &[u32],
         suffix: &str,
     ) -> Option<String> {
@@ -91,12 +95,6 @@ impl Tokens {
             return None;
         }
         let draw = |rng: &mut dyn rand::RngCore| clean[(rng.next_u64() % clean.len() as u64) as usize];
-        let own = if suffix.is_empty() {
-            0
-        } else {
-            self.count_output(suffix).unwrap_or(0) as usize
-        };
-        let target = prefix.len() + len + own;
         let mut ids: Vec<u32> = prefix.to_vec();
         ids.extend((0..len).map(|_| draw(rng)));
         let mut best: Option<(usize, String)> = None;
