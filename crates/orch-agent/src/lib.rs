@@ -67,7 +67,6 @@ pub mod cellinit;
 pub mod cgroup;
 pub mod command;
 pub mod compare;
-pub mod ctx;
 pub mod dataset;
 pub mod device;
 pub mod evclient;
@@ -83,10 +82,12 @@ pub mod run;
 pub mod secrets;
 pub mod server;
 pub mod ship;
-pub mod stats;
-pub mod sysmem;
 pub mod tokens;
 pub mod transformer;
+
+// The agent's own crates, under the paths its modules (and `orch`'s `main`:
+// `orch_agent::cellinit::dispatch`) use.
+pub use orch_workload::{ctx, stats, sysmem};
 
 pub use ctx::Ctx;
 pub use run::{run_task, AgentError};
