@@ -63,8 +63,6 @@
 
 pub mod calibrate;
 pub mod capture;
-pub mod cellinit;
-pub mod cgroup;
 pub mod command;
 pub mod compare;
 pub mod dataset;
@@ -77,7 +75,6 @@ pub mod launch;
 pub mod lengths;
 pub mod loadgen;
 pub mod outcheck;
-pub mod reaper;
 pub mod run;
 pub mod secrets;
 pub mod server;
@@ -87,6 +84,7 @@ pub mod transformer;
 
 // The agent's own crates, under the paths its modules (and `orch`'s `main`:
 // `orch_agent::cellinit::dispatch`) use.
+pub use orch_contain::{cellinit, cgroup, reaper};
 pub use orch_workload::{ctx, stats, sysmem};
 
 pub use ctx::Ctx;

@@ -39,7 +39,7 @@ static CELL: OnceLock<Option<CellCgroup>> = OnceLock::new();
 
 /// Create the cell's cgroup (once; later calls return the first answer).
 /// `Err` says why there is none.
-pub fn setup(name: &str) -> Result<&'static CellCgroup, String> {
+pub(crate) fn setup(name: &str) -> Result<&'static CellCgroup, String> {
     let mut why = String::new();
     let cell = CELL.get_or_init(|| match create(name) {
         Ok(c) => Some(c),

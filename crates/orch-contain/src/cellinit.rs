@@ -223,7 +223,7 @@ impl Spawned {
 /// [`mode`] allows and `via_launcher` (the task did not opt out), else
 /// directly. `configure` gives the command its environment, folder, stdio
 /// and `pre_exec` hooks, the same either way.
-pub(crate) fn spawn(
+pub fn spawn(
     argv: &[String],
     via_launcher: bool,
     configure: &dyn Fn(&mut Command),
