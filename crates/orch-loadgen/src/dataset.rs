@@ -80,7 +80,7 @@ enum Item {
 
 /// The requests of the dataset at `path`. `make` draws a random prompt of a
 /// number of tokens (trace entries).
-pub fn load(
+pub(crate) fn load(
     path: &str,
     n: usize,
     tok: Option<&Tokens>,

@@ -22,7 +22,47 @@
 //! are the encoding of the text that arrived, without special tokens (the
 //! load generator's count, whatever the server's `usage` says).
 
+use orch_protocol::ErrorClass;
 use std::path::{Path, PathBuf};
+
+/// Why a tokenizer that was named did not load; the text is a cell failure's
+/// (one line, `; hint:` where there is one).
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// The file is not a tokenizer `tokenizers` loads.
+    #[error("cannot load the tokenizer `{}`: {source}", file.display())]
+    Load {
+        file: PathBuf,
+        source: tokenizers::Error,
+    },
+    /// The file's own truncation could not be turned off.
+    #[error("cannot turn off the truncation of the tokenizer `{}`: {source}", file.display())]
+    Truncation {
+        file: PathBuf,
+        source: tokenizers::Error,
+    },
+    /// `loadgen.tokenizer` names a Hub repo that no cache the cell sees holds.
+    #[error(
+        "no `tokenizer.json` of `{repo}` in {}; hint: `orch setup` fetches it with the model's weights, or give `tokenizer: path/to/tokenizer.json`",
+        in_backticks(caches)
+    )]
+    NotFound { repo: String, caches: Vec<PathBuf> },
+}
+
+impl ErrorClass for TokensError {
+    fn is_user_error(&self) -> bool {
+        // A file or repo the suite named; turning off truncation is ours.
+        !matches!(self, TokensError::Truncation { .. })
+    }
+}
+
+fn in_backticks(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|c| format!("`{}`", c.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The model's tokenizer and where it came from.
 pub struct Tokens {
@@ -155,7 +195,7 @@ pub fn load(
     tokenizer: Option<&str>,
     model: Option<&str>,
     weights_dir: Option<&str>,
-) -> Result<Option<Tokens>, String> {
+) -> Result<Option<Tokens>, TokensError> {
     if let Some(t) = tokenizer.filter(|t| t.ends_with(".json")) {
         return from_file(Path::new(t)).map(Some);
     }
@@ -169,14 +209,10 @@ pub fn load(
         }
     }
     if tokenizer.is_some() {
-        return Err(format!(
-            "no `tokenizer.json` of `{repo}` in {}; hint: `orch setup` fetches it with the model's weights, or give `tokenizer: path/to/tokenizer.json`",
-            caches
-                .iter()
-                .map(|c| format!("`{}`", c.display()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        return Err(TokensError::NotFound {
+            repo: repo.to_string(),
+            caches,
+        });
     }
     Ok(None)
 }
@@ -186,16 +222,17 @@ pub fn load(
 /// `Fixed(128)` and `max_length: 128`, for the training they came from) are
 /// turned off, so that a count is the text's tokens, never a padded or cut
 /// length.
-pub fn from_file(file: &Path) -> Result<Tokens, String> {
-    let mut tok = tokenizers::Tokenizer::from_file(file)
-        .map_err(|e| format!("cannot load the tokenizer `{}`: {e}", file.display()))?;
-    tok.with_padding(None);
-    tok.with_truncation(None).map_err(|e| {
-        format!(
-            "cannot turn off the truncation of the tokenizer `{}`: {e}",
-            file.display()
-        )
+pub fn from_file(file: &Path) -> Result<Tokens, TokensError> {
+    let mut tok = tokenizers::Tokenizer::from_file(file).map_err(|source| TokensError::Load {
+        file: file.to_path_buf(),
+        source,
     })?;
+    tok.with_padding(None);
+    tok.with_truncation(None)
+        .map_err(|source| TokensError::Truncation {
+            file: file.to_path_buf(),
+            source,
+        })?;
     Ok(Tokens {
         tok,
         source: file.display().to_string(),
@@ -388,7 +425,7 @@ pub(crate) mod tests {
         // A model without a tokenizer in the cache: counted otherwise, silently.
         assert!(load(None, Some("org/none"), w).unwrap().is_none());
         // A tokenizer named and missing is an error naming where it looked.
-        let e = load(Some("org/none"), None, w).err().unwrap();
+        let e = load(Some("org/none"), None, w).err().unwrap().to_string();
         assert!(e.contains("org/none") && e.contains("orch setup"), "{e}");
     }
 }

@@ -41,7 +41,7 @@ pub struct Target {
 
 impl Target {
     /// The target of an `http://` URL (resolved once, here).
-    pub fn parse(url: &str) -> Result<Target, String> {
+    pub(crate) fn parse(url: &str) -> Result<Target, String> {
         let rest = url.strip_prefix("http://").ok_or_else(|| {
             format!("the load generator speaks plain `http://`, not `{url}`; hint: point it at the server's port inside the cell")
         })?;
@@ -198,7 +198,7 @@ struct Loop<'a> {
 /// Sends `jobs` (and whatever the handler adds) to `target`; returns once
 /// every request ended, or at once on `stop` (requests in flight then end
 /// with an error). `Err` only when the loop itself cannot run.
-pub fn run(
+pub(crate) fn run(
     target: &Target,
     jobs: Vec<Job>,
     opts: &Options,
@@ -1169,7 +1169,7 @@ mod tests {
     }
 
     /// Throughput and schedule lag against a fast server (run by hand:
-    /// `cargo test -p orch-agent --lib --release evclient -- --ignored --nocapture`).
+    /// `cargo test -p orch-loadgen --lib --release evclient -- --ignored --nocapture`).
     #[test]
     #[ignore]
     fn thousands_of_requests_a_second_keep_the_schedule() {

@@ -70,12 +70,12 @@
 //! where from, `usage`, the tokenizer's count, the text cut at 4096
 //! characters).
 
-use crate::ctx::Ctx;
 use crate::dataset::{Req, Turn};
 use crate::evclient;
-use crate::stats;
 use crate::tokens::Tokens;
 use orch_protocol::{CellResult, LoadGen, Phase, RampStrategy, RampUp, Status, TaskSpec};
+use orch_workload::ctx::Ctx;
+use orch_workload::stats;
 use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
 use serde_json::{json, Value};
@@ -1022,7 +1022,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         task.weights_dir.as_deref(),
     ) {
         Ok(t) => t.map(Arc::new),
-        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e.to_string()),
     };
     let all = match prompts(
         cfg,
