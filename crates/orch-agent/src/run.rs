@@ -148,7 +148,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
 /// refuse, and say which agent to use. (On a host without GPUs the cell runs
 /// on the CPU, flagged `hardware_mismatch`.)
 fn builtin_without_cuda(task: &TaskSpec, hw: &orch_protocol::Hardware) -> Option<String> {
-    if cfg!(feature = "cuda") || hw.gpus.is_empty() {
+    if orch_kernels::CUDA || hw.gpus.is_empty() {
         return None;
     }
     if task.gpu.is_cpu() {
@@ -270,42 +270,6 @@ fn install(dest: &Path, src: Option<PathBuf>) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn check_kernels(device: Option<&str>) -> i32 {
-    use candle_core::{DType, Device};
-    let device = match device.unwrap_or("cuda") {
-        "cpu" => Ok(Device::Cpu),
-        _ => Device::new_cuda(0),
-    };
-    let device = match device {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("orch-agent: error: opening the device: {e}");
-            return 1;
-        }
-    };
-    let mut failed = 0;
-    for dtype in [DType::F32, DType::BF16] {
-        let checks = crate::fused::check::run_all(&device, dtype).and_then(|mut c| {
-            c.extend(crate::transformer::check_model(&device, dtype)?);
-            Ok(c)
-        });
-        match checks {
-            Ok(checks) => {
-                for c in checks {
-                    failed += usize::from(!c.ok);
-                    let line = serde_json::json!({"dtype": format!("{dtype:?}").to_lowercase(), "check": c});
-                    println!("{line}");
-                }
-            }
-            Err(e) => {
-                eprintln!("orch-agent: error: kernel checks in {dtype:?}: {e}");
-                failed += 1;
-            }
-        }
-    }
-    i32::from(failed > 0)
-}
-
 fn try_main(args: &[String]) -> Result<i32, AgentError> {
     let mut task_path = None;
     let mut task_b64 = None;
@@ -329,7 +293,7 @@ fn try_main(args: &[String]) -> Result<i32, AgentError> {
             // `orch-agent check-kernels [cpu|cuda]`: the fused ops' gradient
             // checks on this machine's device, one JSON object per line; exit 1
             // when one is out of tolerance.
-            return Ok(check_kernels(it.next().map(String::as_str)));
+            return Ok(orch_kernels::check_kernels(it.next().map(String::as_str)));
         }
         Some("version") | Some("--version") | Some("-V") => {
             println!(
@@ -554,7 +518,7 @@ mod tests {
         };
         let tr = Workload::Builtin(BuiltinWorkload::Transformer(TransformerConfig::default()));
         let cal = Workload::Builtin(BuiltinWorkload::Calibrate(CalibrateConfig::default()));
-        if cfg!(feature = "cuda") {
+        if orch_kernels::CUDA {
             assert_eq!(builtin_without_cuda(&task("H100", tr), &with_gpu), None);
             return;
         }

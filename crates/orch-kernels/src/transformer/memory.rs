@@ -4,9 +4,9 @@
 
 use super::config::{Kernels, Resolved};
 use crate::device::DeviceKind;
-use crate::sysmem;
 use candle_core::Device;
 use orch_protocol::TaskSpec;
+use orch_workload::sysmem;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 

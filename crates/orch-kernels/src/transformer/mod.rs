@@ -35,12 +35,12 @@ mod tests;
 pub use check::check_model;
 pub use config::Kernels;
 
-use crate::ctx::Ctx;
 use crate::device::DeviceKind;
-use crate::{stats, sysmem};
 use bench::{bench, BenchError, Outcome};
 use config::{resolve, Resolved};
 use orch_protocol::{CellResult, Status, TaskSpec, TransformerConfig};
+use orch_workload::ctx::Ctx;
+use orch_workload::{stats, sysmem};
 use serde_json::Value;
 use std::collections::BTreeMap;
 

@@ -22,7 +22,7 @@ impl DeviceKind {
 }
 
 /// `f32`, `bf16`, `f16` (and their common spellings).
-pub fn parse_dtype(s: &str, workload: &str) -> Result<DType, String> {
+pub(crate) fn parse_dtype(s: &str, workload: &str) -> Result<DType, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "f32" | "float32" | "fp32" => Ok(DType::F32),
         "bf16" | "bfloat16" => Ok(DType::BF16),
@@ -42,7 +42,7 @@ pub fn dtype_name(dtype: DType) -> &'static str {
 }
 
 /// `cpu`, `cuda`, `cuda:<n>`; CUDA only in agents built with it.
-pub fn parse_device(s: &str, workload: &str) -> Result<DeviceKind, String> {
+pub(crate) fn parse_device(s: &str, workload: &str) -> Result<DeviceKind, String> {
     let lower = s.trim().to_ascii_lowercase();
     let kind = match lower.as_str() {
         "cpu" => DeviceKind::Cpu,
