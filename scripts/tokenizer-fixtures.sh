@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real `tokenizer.json` files of four families, and Python `tokenizers`' encodings of a fixed list
-# of texts with each, for crates/orch-agent/tests/real_tokenizers.rs. Made once into
+# of texts with each, for crates/orch-loadgen/tests/real_tokenizers.rs. Made once into
 # ${ORCH_CACHE_DIR:-$HOME/.cache/orch}/tokenizer-fixtures/FAMILY/{tokenizer.json,reference.json};
 # a later run with the same scripts and the same `tokenizers` version (Cargo.lock's) does nothing.
 #

@@ -246,7 +246,7 @@ mod tests {
     /// Every metric name the project emits, with where it comes from, and
     /// its sense.
     const EMITTED: &[(&str, Better, &str)] = &[
-        // orch-agent `loadgen.rs` (the `server` workload's load generator,
+        // orch-loadgen `loadgen.rs` (the `server` workload's load generator,
         // vLLM `bench serve` names).
         ("duration", Lower, "loadgen: the benchmark's wall time"),
         ("completed", Higher, "loadgen"),
@@ -327,7 +327,7 @@ mod tests {
         ("gpu_energy_per_step_j", Lower, "telemetry"),
         ("gpu_energy_per_token_j", Lower, "telemetry"),
         ("telemetry_cpu_pct", Lower, "telemetry: its own overhead"),
-        // orch-agent `transformer/` (`stats.rs`'s summary) and `calibrate.rs`.
+        // orch-kernels `transformer/` (`orch-workload`'s `stats.rs` summary) and `calibrate.rs`.
         ("step_time_mean_ms", Lower, "transformer"),
         ("step_time_median_ms", Lower, "transformer"),
         ("step_time_p95_ms", Lower, "transformer"),
