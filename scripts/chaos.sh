@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault tests of `crates/orch/tests/it/faults.rs`, longer: random `kill -9` of
+# The fault tests of `crates/orch/tests/it/store/faults.rs`, longer: random `kill -9` of
 # `orch run` and of `orch run --resume` (ITERS kills each, seeded by SEED), two
 # writers of one run, a full disk (a tmpfs: needs root, else that scenario is
 # skipped with a note), too few open files. Each scenario checks its invariant
@@ -19,7 +19,7 @@ mkdir -p results
 start=$(date +%s)
 status=0
 ORCH_CHAOS_DIR="$dir" ORCH_FAULT_ITERS="$ITERS" ORCH_FAULT_SEED="$SEED" \
-  cargo test --locked -p orch --test it faults:: -- --test-threads=1 >&2 || status=$?
+  cargo test --locked -p orch --test it store::faults:: -- --test-threads=1 >&2 || status=$?
 end=$(date +%s)
 python3 - "$dir" "$out" "$ITERS" "$SEED" "$((end - start))" "$status" <<'PY'
 import json, os, sys

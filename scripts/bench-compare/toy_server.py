@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A toy OpenAI-compatible server whose tokens cost CPU work, for measuring
-orch's comparisons (scripts/bench-compare.sh, crates/orch/tests/it/compare_check.rs).
+orch's comparisons (scripts/bench-compare.sh, crates/orch/tests/it/workloads/compare_check.rs).
 
     python3 toy_server.py PORT
 

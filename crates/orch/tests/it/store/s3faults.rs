@@ -7,6 +7,7 @@
 //! Under CI=true a missing server fails the test; elsewhere it is skipped.
 //! No timing is asserted beyond generous bounds that prove nothing hangs.
 
+use crate::support::{dump, orch_s3};
 use orch_store_s3::objects::Settings;
 use orch_store_s3::S3Store;
 use orch_testkit::faultproxy::{FaultProxy, Mode};
@@ -26,29 +27,13 @@ fn moto() -> Option<S3Server> {
 /// `orch` against the proxy, with short attempts so that a silent
 /// request is tried again within seconds.
 fn orch(server: &S3Server, proxy: &FaultProxy, work: &Path, extra: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("AWS_PROFILE")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove(orch_store_s3::UNCONDITIONAL_ENV)
-        .envs(server.env())
+    let mut c = orch_s3(work);
+    c.envs(server.env())
         .env("AWS_ENDPOINT_URL", &proxy.endpoint)
-        .env("ORCH_S3_WORKDIR", work)
         .env("ORCH_S3_ATTEMPT_TIMEOUT_S", "2")
         .env("ORCH_S3_CONNECT_TIMEOUT_S", "1")
-        .envs(extra.iter().copied())
-        .stdin(Stdio::null());
+        .envs(extra.iter().copied());
     c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn manifest(dir: &Path, cells: usize, sleep: &str) -> PathBuf {
@@ -75,7 +60,7 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
         if start.elapsed() > limit {
             let _ = child.kill();
             let out = child.wait_with_output().unwrap();
-            panic!("orch hung for {:?}: {}", start.elapsed(), text(&out));
+            panic!("orch hung for {:?}: {}", start.elapsed(), dump(&out));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -152,16 +137,16 @@ fn outages_of_every_kind_in_a_run_lose_and_skip_no_cell() {
     ]);
     let out = wait_bounded(child, s(300));
     timetable.join().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     for mode in [Mode::SlowDown, Mode::Drop, Mode::Silent] {
         assert!(
             proxy.count(mode) > 0,
             "the {mode:?} outage met no request: {}",
-            text(&out)
+            dump(&out)
         );
     }
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rec["state"], "complete", "{}", text(&out));
+    assert_eq!(rec["state"], "complete", "{}", dump(&out));
     let cells = rec["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 30);
     assert!(cells.iter().all(|c| c["status"] == "succeeded"), "{rec}");
@@ -195,14 +180,14 @@ fn a_silent_endpoint_fails_within_the_budget_not_after_minutes() {
     .spawn()
     .unwrap();
     let out = wait_bounded(child, Duration::from_secs(120));
-    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert_ne!(out.status.code(), Some(0), "{}", dump(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("did not answer") && err.contains("hint:"),
         "{}",
-        text(&out)
+        dump(&out)
     );
-    assert!(proxy.count(Mode::Silent) >= 2, "not retried: {}", text(&out));
+    assert!(proxy.count(Mode::Silent) >= 2, "not retried: {}", dump(&out));
 }
 
 #[test]
@@ -232,7 +217,7 @@ fn a_long_outage_keeps_finished_records_and_resume_uploads_them() {
     let timetable = proxy.schedule(vec![(Duration::from_secs(2), Mode::Refuse)]);
     let first = wait_bounded(child, Duration::from_secs(300));
     timetable.join().unwrap();
-    let all = text(&first);
+    let all = dump(&first);
     assert!(all.contains("is kept at"), "no record was kept: {all}");
     // `<work>/<bucket>/<prefix>/.spool/<run>/`.
     let spool = find_spool(&work).unwrap_or_else(|| work.join(".spool"));
@@ -261,10 +246,10 @@ fn a_long_outage_keeps_finished_records_and_resume_uploads_them() {
         out.status.code(),
         Some(0),
         "first:\n{all}\nresume:\n{}",
-        text(&out)
+        dump(&out)
     );
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rec["state"], "complete", "{}", text(&out));
+    assert_eq!(rec["state"], "complete", "{}", dump(&out));
     let (_, per_cell, done) = recorded(&server, &work, "l");
     assert_eq!(done, 10, "{per_cell:?}");
     for (cell, statuses) in &per_cell {
@@ -301,13 +286,13 @@ fn credentials_refused_in_the_middle_of_a_run_exit_2_with_a_hint() {
     let timetable = proxy.schedule(vec![(Duration::from_secs(2), Mode::Deny)]);
     let out = wait_bounded(child, Duration::from_secs(300));
     timetable.join().unwrap();
-    assert!(proxy.count(Mode::Deny) > 0, "{}", text(&out));
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(proxy.count(Mode::Deny) > 0, "{}", dump(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("`team`") && err.contains("refused") && err.contains("hint:"),
         "{}",
-        text(&out)
+        dump(&out)
     );
 }
 

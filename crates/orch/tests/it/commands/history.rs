@@ -1,13 +1,7 @@
 //! `orch history` end to end: a folder store of synthetic runs with a planted
 //! level shift (orch-history's `synth`), read back by the real binary.
 
-use std::process::Command;
-
-fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE");
-    c
-}
+use crate::support::orch;
 
 #[test]
 fn history_finds_a_planted_shift_and_charts_it() {

@@ -1,9 +1,10 @@
 //! Cost, spend and budgets end to end: the real `orch` binary, the local
 //! backend, real `sleep` workloads, prices from a user prices file.
 
+use crate::support::{json, orch, write_suite};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// USD per second of a CPU-only cell on the local backend in these tests.
@@ -40,18 +41,15 @@ impl Env {
 
     /// `orch ARGS --store STORE --prices FILE`, with no user config around.
     fn orch(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
+        let mut c = orch();
         c.args(args)
             .arg("--store")
             .arg(self.store())
             .arg("--prices")
             .arg(self.prices())
-            .env_remove("ORCH_STORE")
-            .env_remove("ORCH_AGENT")
             .env_remove("ORCH_PRICES")
             .env("HOME", self.path())
-            .env("XDG_CONFIG_HOME", self.path().join("config"))
-            .stdin(Stdio::null());
+            .env("XDG_CONFIG_HOME", self.path().join("config"));
         c
     }
 
@@ -60,20 +58,8 @@ impl Env {
     }
 
     fn manifest(&self, text: &str) -> String {
-        let p = self.path().join("suite.yaml");
-        std::fs::write(&p, text).unwrap();
-        p.to_str().unwrap().to_string()
+        write_suite(self.path(), text).to_str().unwrap().to_string()
     }
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 fn stderr(out: &Output) -> String {

@@ -3,6 +3,7 @@
 //! placeholder devices). Under CI a machine without Slurm fails these
 //! tests; elsewhere they are skipped with the reason (`orch_testkit::skip`).
 
+use crate::support::{cell, json, repo};
 use orch_testkit::skip;
 use orch_testkit::slurm::SlurmCluster;
 use serde_json::Value;
@@ -21,35 +22,11 @@ fn cluster() -> Option<SlurmCluster> {
     Some(SlurmCluster::start().unwrap_or_else(|e| panic!("cannot start the test cluster: {e}")))
 }
 
+/// [`crate::support::orch`] at this cluster, with no prices file of this machine's user.
 fn orch(c: &SlurmCluster) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
-    cmd.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("ORCH_PRICES")
-        .envs(c.env())
-        .stdin(Stdio::null());
+    let mut cmd = crate::support::orch();
+    cmd.env_remove("ORCH_PRICES").envs(c.env());
     cmd
-}
-
-use crate::repo;
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn cell<'a>(record: &'a Value, id: &str) -> &'a Value {
-    record["cells"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == id)
-        .unwrap_or_else(|| panic!("no cell {id} in {record}"))
 }
 
 fn run(c: &SlurmCluster, manifest: &Path, store: &Path, extra: &[&str]) -> (Output, Value) {

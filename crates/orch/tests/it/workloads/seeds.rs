@@ -6,42 +6,23 @@
 //! the shipped manifest with only its sizes, GPU list and paths rewritten, and
 //! assert that each rewrite matched.
 
+use crate::support::{json, numpy_or_skip, orch_without_hub_token, text};
 use orch_testkit::fixtures::{write_test_model, ModelOptions};
 use orch_testkit::hub::HubServer;
 use orch_testkit::skip;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
+/// The repository root, canonical: the stand-in's `repo:` is rewritten to it.
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    crate::support::repo().canonicalize().unwrap()
 }
 
+/// [`orch_without_hub_token`] with no prices file of this machine's user.
 fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("ORCH_PRICES")
-        .env_remove("ORCH_WEIGHTS_DIR")
-        .env_remove("HF_TOKEN")
-        .env("HF_HOME", "/nonexistent-orch-test-hf-home")
-        .stdin(Stdio::null());
+    let mut c = orch_without_hub_token();
+    c.env_remove("ORCH_PRICES");
     c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", text(out)))
 }
 
 fn seed_manifests() -> Vec<PathBuf> {
@@ -282,24 +263,10 @@ benchmarks:
     assert_eq!(cell("train.cpu.size-small2")["status"], "succeeded");
 }
 
-fn numpy_available() -> bool {
-    Command::new("python3")
-        .args(["-c", "import numpy"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
 #[test]
 fn seed_threeway_standin_compares_three_variants_on_the_cpu() {
     let test = "seed_threeway_standin_compares_three_variants_on_the_cpu";
-    if !numpy_available() {
-        skip::skip_or_fail(
-            test,
-            "python3 with numpy is not installed (the stand-in server needs it: `pip install numpy`)",
-        );
+    if !numpy_or_skip("the stand-in server needs it: `pip install numpy`") {
         return;
     }
     let root = repo();

@@ -16,6 +16,7 @@
 //! context mount, its files of 4 MiB or more as blobs (multipart when the
 //! fake asks for it), never inline in `ImageGetOrCreate`.
 
+use crate::support::{cell, container_agent, json, repo, write_suite};
 use orch_testkit::modal::FakeModal;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -24,14 +25,8 @@ use std::time::{Duration, Instant};
 
 const TOKEN_SECRET: &str = "as-NEVER-PRINT-THIS-0042";
 
-use crate::repo;
-
-fn static_agent() -> PathBuf {
-    crate::container_agent()
-}
-
 fn ready() -> bool {
-    crate::containers_ready("modal tests")
+    crate::support::containers_ready("modal tests")
 }
 
 /// The fake, with the registry images these tests use.
@@ -47,18 +42,16 @@ fn fake_modal() -> FakeModal {
         .unwrap()
 }
 
+/// [`crate::support::orch`] at the fake, with its token and the static agent.
 fn orch(fake: &FakeModal, tmp: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("MODAL_PROFILE")
+    let mut c = crate::support::orch();
+    c.env_remove("MODAL_PROFILE")
         .env("HOME", tmp)
         .env("MODAL_SERVER_URL", fake.url())
         .env("MODAL_TOKEN_ID", "ak-test")
         .env("MODAL_TOKEN_SECRET", TOKEN_SECRET)
-        .env("ORCH_AGENT_STATIC", static_agent())
-        .env("ORCH_MODAL_SCHEDULE_TIMEOUT", "2")
-        .stdin(Stdio::null());
+        .env("ORCH_AGENT_STATIC", container_agent())
+        .env("ORCH_MODAL_SCHEDULE_TIMEOUT", "2");
     c
 }
 
@@ -72,13 +65,7 @@ fn run(fake: &FakeModal, tmp: &Path, manifest: &Path, extra: &[&str]) -> (Output
         .args(extra)
         .output()
         .unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let v = json(&out);
     assert_no_token(&out, &tmp.join("store"));
     (out, v)
 }
@@ -103,26 +90,11 @@ fn assert_no_token(out: &Output, store: &Path) {
     walk(store);
 }
 
-fn cell<'a>(record: &'a Value, id: &str) -> &'a Value {
-    record["cells"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == id)
-        .unwrap_or_else(|| panic!("no cell {id} in {record}"))
-}
-
 fn cell_dir(tmp: &Path, record: &Value, id: &str) -> PathBuf {
     tmp.join("store")
         .join(record["id"].as_str().unwrap())
         .join("cells")
         .join(id)
-}
-
-fn write(dir: &Path, text: &str) -> PathBuf {
-    let p = dir.join("suite.yaml");
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 #[test]
@@ -190,7 +162,7 @@ fn a_server_cell_runs_and_transient_errors_are_retried() {
     });
     let tmp = tempfile::tempdir().unwrap();
     let port = 19000 + (std::process::id() % 1000) as u16;
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         &format!(
             r#"
@@ -240,7 +212,7 @@ fn failures_are_cells_with_logs_and_causes() {
         s.kill_after = Duration::from_millis(1500);
     });
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         r#"
 name: fails
@@ -278,7 +250,7 @@ benchmarks:
         "FROM python:3.11-slim\nRUN pip install nope==9\n",
     )
     .unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: badimg\nimage: {build: bad}\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo never'}\n",
     );
@@ -306,7 +278,7 @@ fn an_unavailable_gpu_falls_back_and_the_record_says_which_ran() {
     let fake = fake_modal();
     fake.scenario(|s| s.unavailable_gpus = vec!["H100".into()]);
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         r#"
 name: fallback
@@ -355,7 +327,7 @@ fn down_terminates_every_sandbox_of_a_killed_run() {
     }
     let fake = fake_modal();
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: long\nimage: debian:bookworm-slim\nconcurrency: 2\nbenchmarks:\n  - name: a\n    workload: {shell: 'sleep 60'}\n  - name: b\n    workload: {shell: 'sleep 60'}\n",
     );
@@ -402,7 +374,7 @@ fn setup_fills_the_volume_from_a_sandbox_and_plan_sees_it() {
     let root = tmp.path().join("hub");
     write_test_model(&root, "acme/tiny", &ModelOptions::tiny()).unwrap();
     let hub = HubServer::start(&root);
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: w\nimage: debian:bookworm-slim\nmodels: [{repo: acme/tiny}]\nbenchmarks:\n  - name: a\n    workload: {shell: 'echo ok'}\n",
     );
@@ -476,7 +448,7 @@ fn gpu_and_cpu_cells_in_real_images() {
         return;
     }
     let stub = orch_testkit::gpu::nvml_stub().unwrap();
-    let images = crate::gpu_images::image_roots("registry.local");
+    let images = super::gpu_images::image_roots("registry.local");
     let mut b = FakeModal::builder().nvml_stub(&stub);
     for (image, root, _) in &images {
         b = b.image(image, root);
@@ -484,7 +456,7 @@ fn gpu_and_cpu_cells_in_real_images() {
     let fake = b.start().unwrap();
     for (image, _, glibc) in &images {
         let tmp = tempfile::tempdir().unwrap();
-        let suite = crate::gpu_images::suite(tmp.path(), image);
+        let suite = super::gpu_images::suite(tmp.path(), image);
         let (out, rec) = run(&fake, tmp.path(), &suite, &[]);
         assert_eq!(
             out.status.code(),
@@ -492,7 +464,7 @@ fn gpu_and_cpu_cells_in_real_images() {
             "{image}: {}\n{rec:#}",
             String::from_utf8_lossy(&out.stderr)
         );
-        crate::gpu_images::check_record(&rec, glibc.as_deref(), false, image);
+        super::gpu_images::check_record(&rec, glibc.as_deref(), false, image);
     }
     assert!(fake.running().is_empty());
 }
@@ -710,7 +682,7 @@ fn cells_naming_the_same_files_share_one_mount() {
     std::fs::create_dir_all(bench.join("sub")).unwrap();
     std::fs::write(bench.join("data.txt"), "from the host\n").unwrap();
     std::fs::write(bench.join("sub/more.txt"), "nested\n").unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         r#"
 name: shared-files
@@ -778,7 +750,7 @@ fn a_throttled_sandbox_create_is_retried_not_a_gpu_refusal() {
         s.throttle_after = Duration::from_millis(200);
     });
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         r#"
 name: throttled
@@ -828,7 +800,7 @@ fn slowly_ingested_uploads_still_make_their_mounts() {
     let fake = fake_modal();
     fake.scenario(|s| s.slow_ingestion = 2);
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: slow\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
     );
@@ -861,7 +833,7 @@ fn uploads_modal_needs_again_are_sent_again_with_their_data() {
     let fake = fake_modal();
     fake.scenario(|s| s.drop_uploads = 2);
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: again\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
     );
@@ -892,7 +864,7 @@ fn sandboxes_get_open_network_and_calls_the_go_client_type() {
     }
     let fake = fake_modal();
     let tmp = tempfile::tempdir().unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: net\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: x\n    workload: {shell: 'echo ran'}\n",
     );
@@ -946,7 +918,7 @@ fn a_large_dockerfile_context_travels_as_a_mount_and_a_multipart_blob() {
         "FROM debian:bookworm-slim\nCOPY big.bin /data/big.bin\n",
     )
     .unwrap();
-    let m = write(
+    let m = write_suite(
         tmp.path(),
         "name: bigctx\nimage: {build: big}\nbenchmarks:\n  - name: x\n    workload: {shell: 'sha256sum /data/big.bin; wc -c < /data/big.bin'}\n",
     );

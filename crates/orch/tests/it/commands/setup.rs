@@ -2,30 +2,20 @@
 //! Hub-compatible server (orch-testkit), and the interop check: the Python
 //! `huggingface_hub` package loads what orch wrote, offline, byte-identical.
 
+use crate::support::{orch_without_hub_token, text};
 use orch_testkit::fixtures::{write_test_model, GeneratedModel, ModelOptions};
 use orch_testkit::hub::{HubServer, RequestKind};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "hf_orchTestSecretToken123";
 
+/// [`orch_without_hub_token`] at the Hub `endpoint`.
 fn orch(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env("HF_ENDPOINT", endpoint)
-        .env_remove("HF_TOKEN")
-        .env("HF_HOME", "/nonexistent-orch-test-hf-home") // no token file
-        .env_remove("ORCH_WEIGHTS_DIR")
-        .stdin(Stdio::null());
+    let mut c = orch_without_hub_token();
+    c.env("HF_ENDPOINT", endpoint);
     c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn assert_same_files(model: &GeneratedModel, snapshot: &Path) {

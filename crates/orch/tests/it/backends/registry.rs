@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::repo;
+use crate::support::{container_agent, orch};
 use orch_testkit::skip;
 
 /// Docker, the static agent and `docker-registry` are here; else skip or fail
@@ -26,10 +26,7 @@ fn ready() -> bool {
     if !matches!(docker, Ok(s) if s.success()) {
         return skip::skip_or_fail(&test, "no Docker engine reachable");
     }
-    let agent = repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ));
+    let agent = container_agent();
     if !agent.is_file() {
         return skip::skip_or_fail(
             &test,
@@ -122,10 +119,9 @@ fn the_agent_image_is_built_from_scratch_and_pushed_to_a_real_registry() {
         return;
     }
     let reg = start_registry();
-    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+    let out = orch()
         .args(["build", "--agent", "--push", &reg.addr])
         .env_remove("ORCH_AGENT_STATIC")
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

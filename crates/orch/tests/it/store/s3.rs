@@ -4,39 +4,19 @@
 //! proxy that drops `If-None-Match` for a server that ignores it. Under
 //! CI=true a missing server fails the test; elsewhere it is skipped.
 
+use crate::support::{dump, json, orch_s3, repo};
 use orch_testkit::s3::{require, IgnoringProxy, S3Server, ACCESS_KEY, SECRET_KEY};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// [`orch_s3`] with `env` (a server's endpoint and credentials) on top.
 fn orch(env: &[(&'static str, String)], work: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("AWS_PROFILE")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove(orch_store_s3::UNCONDITIONAL_ENV)
-        .env("ORCH_S3_WORKDIR", work)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(Stdio::null());
+    let mut c = orch_s3(work);
+    c.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     c
 }
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
-}
-
-use crate::repo;
 
 fn s3s(tmp: &Path) -> Option<S3Server> {
     let s = require(S3Server::s3s_fs(&tmp.join("s3root")))?;
@@ -103,7 +83,7 @@ fn quickstart_on_s3_is_read_back_by_every_command() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     let rec = json(&out);
     let id = rec["id"].as_str().unwrap().to_string();
     let cells = rec["cells"].as_array().unwrap();
@@ -126,46 +106,46 @@ fn quickstart_on_s3_is_read_back_by_every_command() {
             .unwrap()
     };
     let ls = read(&["ls", "--json"]);
-    assert_eq!(ls.status.code(), Some(0), "{}", text(&ls));
+    assert_eq!(ls.status.code(), Some(0), "{}", dump(&ls));
     let runs = json(&ls);
     assert_eq!(runs[0]["id"], id.as_str());
     assert_eq!(runs[0]["counts"]["succeeded"], 4, "{runs}");
     assert_eq!(runs[0]["state"], "complete");
 
     let show = read(&["show", &id, "--json"]);
-    assert_eq!(show.status.code(), Some(0), "{}", text(&show));
+    assert_eq!(show.status.code(), Some(0), "{}", dump(&show));
     let shown = json(&show);
     assert_eq!(shown["cells"], rec["cells"]);
 
     let logs = read(&["logs", &id, "command.cpu", "--stream", "stdout"]);
-    assert_eq!(logs.status.code(), Some(0), "{}", text(&logs));
+    assert_eq!(logs.status.code(), Some(0), "{}", dump(&logs));
     assert!(
         String::from_utf8_lossy(&logs.stdout).contains("hello from command.cpu"),
         "{}",
-        text(&logs)
+        dump(&logs)
     );
     let tail = read(&["logs", &id, "command.cpu", "--stream", "stdout", "--tail", "1"]);
     assert_eq!(
         String::from_utf8_lossy(&tail.stdout).lines().count(),
         1,
         "{}",
-        text(&tail)
+        dump(&tail)
     );
 
     let report = read(&["report", &id, "--format", "md"]);
-    assert_eq!(report.status.code(), Some(0), "{}", text(&report));
+    assert_eq!(report.status.code(), Some(0), "{}", dump(&report));
     assert!(String::from_utf8_lossy(&report.stdout).contains(&id));
 
     let cost = read(&["cost", "--json"]);
-    assert_eq!(cost.status.code(), Some(0), "{}", text(&cost));
+    assert_eq!(cost.status.code(), Some(0), "{}", dump(&cost));
     let c = json(&cost);
     assert_eq!(c["store"], store);
     assert_eq!(c["total"]["cells"], 4, "{c}");
 
     let down = read(&["down", &id]);
-    assert_eq!(down.status.code(), Some(0), "{}", text(&down));
+    assert_eq!(down.status.code(), Some(0), "{}", dump(&down));
     let compare = read(&["compare", &id, &id, "--json"]);
-    assert_eq!(compare.status.code(), Some(0), "{}", text(&compare));
+    assert_eq!(compare.status.code(), Some(0), "{}", dump(&compare));
 
     // Nothing the server was given holds the secret.
     let mut stack = vec![tmp.path().join("s3root")];
@@ -214,7 +194,7 @@ fn kill_9_then_resume_from_another_folder_loses_and_reruns_nothing() {
         .args(["run", "--resume", "latest", "--store", "s3://team/k", "--json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     let rec = json(&out);
     assert_eq!(rec["state"], "complete");
     let after = done_objects(tmp.path(), "k");
@@ -227,7 +207,7 @@ fn kill_9_then_resume_from_another_folder_loses_and_reruns_nothing() {
         .args(["cost", "--json", "--store", "s3://team/k"])
         .output()
         .unwrap();
-    assert_eq!(json(&cost)["total"]["cells"], 6, "{}", text(&cost));
+    assert_eq!(json(&cost)["total"]["cells"], 6, "{}", dump(&cost));
 }
 
 #[test]
@@ -255,7 +235,7 @@ fn concurrent_resumes_record_each_cell_once() {
         if ls.status.success() && json(&ls).as_array().is_some_and(|a| !a.is_empty()) {
             break;
         }
-        assert!(Instant::now() < deadline, "the run never appeared: {}", text(&ls));
+        assert!(Instant::now() < deadline, "the run never appeared: {}", dump(&ls));
         std::thread::sleep(Duration::from_millis(100));
     }
     child.kill().unwrap();
@@ -274,7 +254,7 @@ fn concurrent_resumes_record_each_cell_once() {
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     // The first to end may see the other's last cell still running (exit 1).
     for o in [&a, &b] {
-        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(o));
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", dump(o));
     }
     let show = orch(&env, &tmp.path().join("w0"))
         .args(["show", "latest", "--json", "--store", "s3://team/r"])
@@ -295,7 +275,7 @@ fn concurrent_resumes_record_each_cell_once() {
         .args(["cost", "--json", "--store", "s3://team/r"])
         .output()
         .unwrap();
-    assert_eq!(json(&cost)["total"]["cells"], 8, "{}", text(&cost));
+    assert_eq!(json(&cost)["total"]["cells"], 8, "{}", dump(&cost));
 }
 
 #[test]
@@ -317,7 +297,7 @@ fn a_server_that_ignores_conditional_writes_is_refused() {
         .args(["run", "-f", m.to_str().unwrap(), "--store", "s3://team/i"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("ignores conditional writes") && err.contains("hint:"),
@@ -329,11 +309,11 @@ fn a_server_that_ignores_conditional_writes_is_refused() {
         .args(["run", "-f", m.to_str().unwrap(), "--store", "s3://team/i"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("warning:"),
         "{}",
-        text(&out)
+        dump(&out)
     );
 }
 
@@ -352,8 +332,8 @@ fn wrong_credentials_exit_2_naming_the_bucket_and_the_source() {
         .args(["ls", "--store", "s3://team/x"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
+    let all = dump(&out);
     assert!(
         all.contains("`team`") && all.contains("AWS_ACCESS_KEY_ID") && all.contains("hint:"),
         "{all}"
@@ -364,8 +344,8 @@ fn wrong_credentials_exit_2_naming_the_bucket_and_the_source() {
         .args(["ls", "--store", "s3://nope-bucket/x"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("nope-bucket"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
+    assert!(dump(&out).contains("nope-bucket"), "{}", dump(&out));
 }
 
 /// Keys, region and endpoint from a named profile (`AWS_PROFILE`, the
@@ -415,16 +395,16 @@ fn a_named_profile_gives_keys_region_and_endpoint() {
         .args(["ls", "--store", "s3://team/x", "--json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(!text(&out).contains(SECRET_KEY), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
+    assert!(!dump(&out).contains(SECRET_KEY), "{}", dump(&out));
 
     let wrong = "profile-secret-that-must-not-be-printed";
     let out = profile_orch(wrong)
         .args(["ls", "--store", "s3://team/x"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
+    let all = dump(&out);
     assert!(all.contains("`team`") && all.contains("`bench-team`"), "{all}");
     assert!(!all.contains(wrong), "{all}");
 }
@@ -447,7 +427,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     let id = json(&out)["id"].as_str().unwrap().to_string();
     let push = orch(&env, &tmp.path().join("w"))
         .args([
@@ -460,7 +440,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         ])
         .output()
         .unwrap();
-    assert_eq!(push.status.code(), Some(0), "{}", text(&push));
+    assert_eq!(push.status.code(), Some(0), "{}", dump(&push));
     let show = |store: &str| {
         let o = orch(&env, &tmp.path().join("w"))
             .args(["show", &id, "--json", "--store", store])
@@ -486,7 +466,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         ])
         .output()
         .unwrap();
-    assert_eq!(pull.status.code(), Some(0), "{}", text(&pull));
+    assert_eq!(pull.status.code(), Some(0), "{}", dump(&pull));
     assert_eq!(
         show(back.to_str().unwrap())["cells"],
         show(local.to_str().unwrap())["cells"]
@@ -521,7 +501,7 @@ fn push_then_pull_round_trip_and_logs_follow_a_running_cell() {
         if ls.status.success() && json(&ls).as_array().is_some_and(|a| !a.is_empty()) {
             break;
         }
-        assert!(Instant::now() < deadline, "{}", text(&ls));
+        assert!(Instant::now() < deadline, "{}", dump(&ls));
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut follow = orch(&env, &tmp.path().join("w4"))

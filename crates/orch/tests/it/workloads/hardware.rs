@@ -4,17 +4,10 @@
 //! These run on any host: a host without NVML records no GPUs and a note (no
 //! error), and `B200:8` is a request that no test host satisfies.
 
+use crate::support::{json, orch, write_suite};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .stdin(Stdio::null());
-    c
-}
+use std::process::Output;
 
 const SUITE: &str = r#"
 name: hw
@@ -29,8 +22,7 @@ benchmarks:
 "#;
 
 fn run(dir: &Path, extra: &[&str]) -> (Output, Value) {
-    let manifest = dir.join("suite.yaml");
-    std::fs::write(&manifest, SUITE).unwrap();
+    let manifest = write_suite(dir, SUITE);
     let store = dir.join("store");
     let out = orch()
         .args([
@@ -44,13 +36,7 @@ fn run(dir: &Path, extra: &[&str]) -> (Output, Value) {
         .args(extra)
         .output()
         .unwrap();
-    let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let rec = json(&out);
     (out, rec)
 }
 

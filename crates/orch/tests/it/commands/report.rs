@@ -2,20 +2,18 @@
 //! quickstart run into a real store, the four report files, the HTML opened
 //! in headless Chromium.
 
-#[path = "../../../orch-report/tests/support/browser.rs"]
+#[path = "../../../../orch-report/tests/support/browser.rs"]
 mod browser;
 
+use crate::support::repo;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
+/// [`crate::support::orch`] on `store`.
 fn orch(store: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .arg("--store")
-        .arg(store)
-        .stdin(Stdio::null());
+    let mut c = crate::support::orch();
+    c.arg("--store").arg(store);
     c
 }
 
@@ -37,8 +35,6 @@ fn ok(out: &Output) -> String {
     );
     text(&out.stdout)
 }
-
-use crate::repo;
 
 fn quickstart(store: &Path) -> String {
     let manifest = repo().join("manifests/quickstart.yaml");

@@ -9,28 +9,12 @@
 //! `ORCH_CHAOS_DIR` (scenario, iterations, cells lost, cells run twice) into
 //! `results/chaos.json`. No timing is asserted: a kill lands wherever it lands.
 
+use crate::support::{dump, orch, wait_for};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .stdin(Stdio::null());
-    c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use std::time::Duration;
 
 /// A small seeded generator (xorshift64*): the same seed, the same kills.
 struct Rng(u64);
@@ -150,7 +134,7 @@ fn check(store: &Path, run: &Path, finished: &mut BTreeMap<String, Vec<u8>>) -> 
     }
     for args in [vec!["ls", "--store", s], vec!["cost", "--store", s, "--json"]] {
         let out = orch().args(&args).output().unwrap();
-        assert_eq!(out.status.code(), Some(0), "orch {args:?}: {}", text(&out));
+        assert_eq!(out.status.code(), Some(0), "orch {args:?}: {}", dump(&out));
     }
     // `show` exits 1 while cells are pending; it must read the run either way.
     let out = orch()
@@ -160,9 +144,9 @@ fn check(store: &Path, run: &Path, finished: &mut BTreeMap<String, Vec<u8>>) -> 
     assert!(
         matches!(out.status.code(), Some(0 | 1)),
         "orch show: {}",
-        text(&out)
+        dump(&out)
     );
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", dump(&out)));
     assert_eq!(shown["id"], id);
     ledger_once(run);
     changed
@@ -209,7 +193,7 @@ fn resume_to_end(store: &Path, id: &str) -> Output {
         }
     }
     let out = last.unwrap();
-    assert_eq!(out.status.code(), Some(0), "resume to the end: {}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "resume to the end: {}", dump(&out));
     out
 }
 
@@ -222,7 +206,7 @@ fn complete_once(store: &Path, run: &Path, cells: usize) -> u64 {
         .args(["cost", "--store", store.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     let ledger = std::fs::read_to_string(run.join("costs.jsonl")).unwrap_or_default();
     let lines = ledger.lines().filter(|l| !l.trim().is_empty()).count();
     assert_eq!(lines, cells, "one ledger line per cell:\n{ledger}");
@@ -297,7 +281,7 @@ fn kill_loop(scenario: &str, seed: u64, iterations: u64, resumes: bool) {
         let id = r.file_name().unwrap().to_str().unwrap().to_string();
         let out = resume_to_end(&store, &id);
         let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(rec["state"], "complete", "{}", text(&out));
+        assert_eq!(rec["state"], "complete", "{}", dump(&out));
         tally.cells_run_twice += check(&store, r, &mut finished);
         tally.cells_lost += complete_once(&store, r, cells);
     }
@@ -334,7 +318,7 @@ fn the_agents_result_left_at_the_records_place_costs_only_its_cell() {
         .args(["run", "-f", m.to_str().unwrap(), "--store", s])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", dump(&out));
     let run = run_dir(&store).unwrap();
     let id = run.file_name().unwrap().to_str().unwrap().to_string();
     let mut ids: Vec<String> = records(&run).into_keys().collect();
@@ -359,15 +343,15 @@ fn the_agents_result_left_at_the_records_place_costs_only_its_cell() {
         assert!(
             matches!(out.status.code(), Some(0 | 1)),
             "orch {args:?}: {}",
-            text(&out)
+            dump(&out)
         );
         assert!(
             !String::from_utf8_lossy(&out.stderr).contains("error:"),
             "orch {args:?}: {}",
-            text(&out)
+            dump(&out)
         );
         if args[0] != "show" {
-            assert_eq!(out.status.code(), Some(0), "orch {args:?}: {}", text(&out));
+            assert_eq!(out.status.code(), Some(0), "orch {args:?}: {}", dump(&out));
         }
         let err = String::from_utf8_lossy(&out.stderr);
         if args[0] != "ls" && args[0] != "cost" {
@@ -407,14 +391,12 @@ fn a_second_writer_exits_2_naming_the_holder_and_a_dead_ones_run_is_taken_over()
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let run = loop {
-        if let Some(r) = run_dir(&store).filter(|r| r.join("writer.json").is_file()) {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "the run never started");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let run = wait_for(
+        "the run never started",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || run_dir(&store).filter(|r| r.join("writer.json").is_file()),
+    );
     let id = run.file_name().unwrap().to_str().unwrap().to_string();
     let mut tally = Tally::default();
     for _ in 0..2 {
@@ -423,7 +405,7 @@ fn a_second_writer_exits_2_naming_the_holder_and_a_dead_ones_run_is_taken_over()
             .args(["run", "--resume", &id, "--store", s])
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("pid {}", first.id())), "{err}");
         assert!(
@@ -486,7 +468,7 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_disk_names_the_cause_and_the_run_resumes() {
-    let test = "faults::a_full_disk_names_the_cause_and_the_run_resumes";
+    let test = "store::faults::a_full_disk_names_the_cause_and_the_run_resumes";
     let tmp = tempfile::tempdir().unwrap();
     let disk = tmp.path().join("disk");
     let Some(_fs) = orch_testkit::skip::require(test, Tmpfs::mount(&disk, "2m")) else {
@@ -530,7 +512,7 @@ fn a_full_disk_names_the_cause_and_the_run_resumes() {
         assert!(
             err.contains("no space left on device") || err.contains("disk is full"),
             "the cause is named: {}",
-            text(&out)
+            dump(&out)
         );
     } else {
         tally.notes.push("the run fit on the disk".into());
@@ -591,14 +573,14 @@ fn a_low_open_file_limit_names_the_cause_and_the_run_resumes() {
         assert!(
             err.contains("too many open files"),
             "the cause is named: {}",
-            text(&out)
+            dump(&out)
         );
     } else {
         tally.notes.push("the run fit in the limit".into());
     }
-    let run = run_dir(&store).unwrap_or_else(|| panic!("no run: {}", text(&out)));
+    let run = run_dir(&store).unwrap_or_else(|| panic!("no run: {}", dump(&out)));
     let meta: Value = serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
-    assert_ne!(meta["state"], "running", "{}", text(&out));
+    assert_ne!(meta["state"], "running", "{}", dump(&out));
     let mut finished = records(&run);
     let id = run.file_name().unwrap().to_str().unwrap().to_string();
     tally.cells_run_twice += check(&store, &run, &mut finished);

@@ -4,6 +4,7 @@
 //! shipped Role; a bucket whose credentials may read but not write), and
 //! the wheel (`maturin build`) installed into a fresh virtual environment.
 
+use crate::support::{container_agent, dump, orch_at, repo};
 use orch_testkit::kube::{FakeKube, FakeNode};
 use orch_testkit::s3::{require, S3Server};
 use orch_testkit::slurm::SlurmCluster;
@@ -11,16 +12,12 @@ use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-use crate::repo;
+use std::process::{Command, Stdio};
 
 /// `orch` with nothing of this machine's setup: its own HOME and store.
 fn orch(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("ORCH_WEIGHTS_DIR")
+    let mut c = crate::support::orch();
+    c.env_remove("ORCH_WEIGHTS_DIR")
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("MODAL_TOKEN_ID")
@@ -34,18 +31,8 @@ fn orch(home: &Path) -> Command {
         .env("XDG_CACHE_HOME", home.join("cache"))
         .env("XDG_CONFIG_HOME", home.join("config"))
         .env("HOME", home)
-        .current_dir(home)
-        .stdin(Stdio::null());
+        .current_dir(home);
     c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// `orch init NAME` then `orch run` there, and the run's two cells ok.
@@ -55,7 +42,7 @@ fn init_and_run(orch_cmd: impl Fn() -> Command, work: &Path) {
         .args(["init", "demo"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let dir = work.join("demo");
     assert!(dir.join("orch.yaml").is_file());
     let out = orch_cmd()
@@ -63,8 +50,8 @@ fn init_and_run(orch_cmd: impl Fn() -> Command, work: &Path) {
         .args(["run", "-f", "orch.yaml", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert!(out.status.success(), "{}", dump(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", dump(&out)));
     let cells = record["cells"].as_array().unwrap_or_else(|| panic!("{record}"));
     assert_eq!(cells.len(), 2, "{record}");
     for c in cells {
@@ -83,7 +70,7 @@ fn init_then_run_in_a_folder_without_a_checkout() {
         .args(["init", "demo"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already exists") && err.contains("hint:"), "{err}");
     // `--containers` adds the Dockerfile skeleton beside a suite that uses it.
@@ -92,7 +79,7 @@ fn init_then_run_in_a_folder_without_a_checkout() {
         .args(["init", "boxed", "--containers"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     assert!(tmp.path().join("boxed/containers/boxed/Dockerfile").is_file());
     let suite = std::fs::read_to_string(tmp.path().join("boxed/orch.yaml")).unwrap();
     assert!(suite.contains("image: {build: boxed}"), "{suite}");
@@ -103,7 +90,7 @@ fn completions_for_each_shell() {
     let tmp = tempfile::tempdir().unwrap();
     for shell in ["bash", "zsh", "fish"] {
         let out = orch(tmp.path()).args(["completions", shell]).output().unwrap();
-        assert!(out.status.success(), "{shell}: {}", text(&out));
+        assert!(out.status.success(), "{shell}: {}", dump(&out));
         let script = String::from_utf8_lossy(&out.stdout);
         assert!(
             script.len() > 200 && script.contains("doctor"),
@@ -111,7 +98,7 @@ fn completions_for_each_shell() {
         );
     }
     let out = orch(tmp.path()).args(["completions", "tcsh"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", dump(&out));
 }
 
 #[test]
@@ -124,7 +111,7 @@ fn version_names_the_version_commit_and_agents() {
         .arg("--version")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let v = String::from_utf8_lossy(&out.stdout);
     assert!(
         v.starts_with(&format!("orch {} (commit ", env!("CARGO_PKG_VERSION"))),
@@ -152,8 +139,8 @@ fn version_names_the_version_commit_and_agents() {
 /// `orch doctor ... --json`: its exit code and the checks of one section by name.
 fn doctor(mut c: Command, args: &[&str]) -> (Option<i32>, Value, String) {
     let out = c.arg("doctor").args(args).arg("--json").output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
-    (out.status.code(), v, text(&out))
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", dump(&out)));
+    (out.status.code(), v, dump(&out))
 }
 
 fn check<'a>(v: &'a Value, section: &str, name: &str) -> &'a Value {
@@ -174,7 +161,7 @@ fn doctor_on_the_local_backend_as_json() {
         .arg("init")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let mut c = orch(tmp.path());
     c.current_dir(tmp.path());
     let (code, v, all) = doctor(c, &["--backend", "local", "-f", suite.to_str().unwrap()]);
@@ -498,9 +485,9 @@ fn doctor_on_the_local_slurm_names_its_partition_and_gres() {
 /// other tests spawn meanwhile (`No such file or directory`); `.ci/run`
 /// runs it alone after the suite.
 #[test]
-#[ignore = "relinks target/debug/orch; run alone: cargo test -p orch --test it install::the_wheel -- --ignored"]
+#[ignore = "relinks target/debug/orch; run alone: cargo test -p orch --test it commands::install::the_wheel -- --ignored"]
 fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
-    let test = "install::the_wheel_installs_into_a_fresh_venv_and_runs_a_suite";
+    let test = "commands::install::the_wheel_installs_into_a_fresh_venv_and_runs_a_suite";
     let maturin = std::env::var_os("MATURIN")
         .map(PathBuf::from)
         .or_else(|| {
@@ -526,7 +513,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     // agent, when scripts/build-agent.sh made one.
     let data = repo().join("target/wheel-data/scripts");
     std::fs::create_dir_all(&data).unwrap();
-    let agent = crate::container_agent();
+    let agent = container_agent();
     let carried = data.join("orch-agent-static");
     let _ = std::fs::remove_file(&carried);
     if orch_testkit::container::is_static_elf(&agent) {
@@ -540,7 +527,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
         .current_dir(repo())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let wheel = std::fs::read_dir(&wheels)
         .unwrap()
         .flatten()
@@ -554,30 +541,27 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
         .arg(&venv)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let out = Command::new(venv.join("bin/pip"))
         .args(["install", "--no-index", "--disable-pip-version-check", "-q"])
         .arg(&wheel)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", dump(&out));
     let installed = venv.join("bin/orch");
     assert!(installed.is_file(), "no orch in {}", venv.join("bin").display());
     let work = tmp.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let home = tmp.path().to_path_buf();
     let from = |exe: &Path| {
-        let mut c = Command::new(exe);
-        c.env_remove("ORCH_STORE")
-            .env_remove("ORCH_AGENT")
-            .env_remove("ORCH_AGENT_STATIC")
+        let mut c = orch_at(exe);
+        c.env_remove("ORCH_AGENT_STATIC")
             .env_remove("ORCH_STATIC")
             .env_remove("ORCH_AGENT_IMAGE")
             .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
             .env("HOME", &home)
             .env("XDG_CACHE_HOME", home.join("cache"))
-            .env("XDG_CONFIG_HOME", home.join("config"))
-            .stdin(Stdio::null());
+            .env("XDG_CONFIG_HOME", home.join("config"));
         c
     };
     init_and_run(|| from(&installed), &work);
@@ -596,7 +580,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     std::os::unix::fs::symlink(&installed, links.join("orch")).unwrap();
     for exe in [installed.clone(), links.join("orch")] {
         let out = from(&exe).arg("--version").output().unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", dump(&out));
         let v = String::from_utf8_lossy(&out.stdout);
         assert!(v.starts_with("orch "), "{v}");
         if agent.is_file() {
@@ -618,12 +602,12 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
             .env("HOME", tmp.path())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", dump(&out));
         let out = from(&tmp.path().join("uv-bin/orch"))
             .arg("--version")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", dump(&out));
         let v = String::from_utf8_lossy(&out.stdout);
         if agent.is_file() {
             let beside = tmp.path().join("uv-tools/orch/bin/orch-agent-static");
@@ -671,7 +655,7 @@ fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path
             test,
             &format!(
                 "the wheel carries no static agent (`{}` is missing): run `bash scripts/prepare-docker.sh` first",
-                crate::container_agent().display()
+                container_agent().display()
             ),
         );
         return;
@@ -690,7 +674,7 @@ fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path
             Some(0),
             "orch {}: {}",
             args.join(" "),
-            text(&out)
+            dump(&out)
         );
         out
     };
@@ -705,7 +689,7 @@ fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path
     .unwrap();
     run(&dir, &["build", "-f", "orch.yaml"]);
     let out = run(&dir, &["run", "-f", "orch.yaml", "--backend", "docker", "--json"]);
-    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", dump(&out)));
     let cells = record["cells"].as_array().unwrap_or_else(|| panic!("{record}"));
     assert_eq!(cells.len(), 2, "{record}");
     for c in cells {
@@ -719,7 +703,7 @@ fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path
     assert!(
         err.contains(&format!("(the static agent `{}`)", agent.display())),
         "{}",
-        text(&out)
+        dump(&out)
     );
     let tag = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -727,10 +711,10 @@ fn wheel_on_docker(test: &str, from: &dyn Fn(&Path) -> Command, installed: &Path
         .unwrap_or_default()
         .trim()
         .to_string();
-    assert!(tag.contains("orch-agent"), "{}", text(&out));
+    assert!(tag.contains("orch-agent"), "{}", dump(&out));
     let out = Command::new("docker")
         .args(["run", "--rm", &tag, "version"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "docker run {tag} version: {}", text(&out));
+    assert!(out.status.success(), "docker run {tag} version: {}", dump(&out));
 }

@@ -23,6 +23,7 @@
 //! with a headless Service: its ranks resolve each other by DNS name and
 //! talk over TCP.
 
+use crate::support::{container_agent, json, repo, wait_for};
 use orch_testkit::kube::{FakeAutoscaler, FakeKube, FakeNode};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -32,14 +33,8 @@ use std::time::{Duration, Instant};
 const AGENT_IMAGE: &str = "registry.local/orch/orch-agent:test";
 const TOKEN: &str = "hf_CANARY-k8s-NEVER-SHOWN-7731";
 
-use crate::repo;
-
-fn static_agent() -> PathBuf {
-    crate::container_agent()
-}
-
 fn ready() -> bool {
-    crate::containers_ready("kubernetes tests")
+    crate::support::containers_ready("kubernetes tests")
 }
 
 /// The agent image's file system, FROM scratch: the static agent at
@@ -48,7 +43,7 @@ fn ready() -> bool {
 fn agent_image_root(tmp: &Path) -> PathBuf {
     let root = tmp.join("agent-image");
     std::fs::create_dir_all(&root).unwrap();
-    std::fs::copy(static_agent(), root.join("orch-agent")).unwrap();
+    std::fs::copy(container_agent(), root.join("orch-agent")).unwrap();
     std::fs::copy(env!("CARGO_BIN_EXE_orch"), root.join("orch-cli")).unwrap();
     root
 }
@@ -107,15 +102,13 @@ fn cluster(
 }
 
 impl Cluster {
+    /// [`crate::support::orch`] at this cluster, its agent image and registry.
     fn orch(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-        c.env_remove("ORCH_STORE")
-            .env_remove("ORCH_AGENT")
-            .env("HOME", self.tmp.path())
+        let mut c = crate::support::orch();
+        c.env("HOME", self.tmp.path())
             .env("KUBECONFIG", &self.kubeconfig)
             .env("ORCH_AGENT_IMAGE", AGENT_IMAGE)
-            .env("ORCH_REGISTRY", "registry.local")
-            .stdin(Stdio::null());
+            .env("ORCH_REGISTRY", "registry.local");
         c
     }
 
@@ -138,13 +131,7 @@ impl Cluster {
         let mut extra = extra.to_vec();
         extra.push("--json");
         let out = self.run_cmd(manifest, &extra).output().unwrap();
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        let v = json(&out);
         (out, v)
     }
 
@@ -165,14 +152,12 @@ impl Cluster {
 
     /// The first pod whose container runs (waits up to 30 s).
     fn wait_running(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(p) = self.fake.running_pods().first() {
-                return p.clone();
-            }
-            assert!(Instant::now() < deadline, "the pod never ran");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for(
+            "the pod never ran",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || self.fake.running_pods().first().cloned(),
+        )
     }
 
     /// Nothing of orch's is left on the cluster.
@@ -820,7 +805,7 @@ fn gpu_and_cpu_cells_in_real_images() {
         return;
     }
     let stub = orch_testkit::gpu::nvml_stub().unwrap();
-    let images = crate::gpu_images::image_roots("registry.local");
+    let images = super::gpu_images::image_roots("registry.local");
     let c = cluster(
         vec![FakeNode::h100("gpu-1", 8), FakeNode::cpu("cpu-1")],
         |mut b| {
@@ -831,14 +816,14 @@ fn gpu_and_cpu_cells_in_real_images() {
         },
     );
     for (image, _, glibc) in &images {
-        let suite = crate::gpu_images::suite(c.tmp.path(), image);
+        let suite = super::gpu_images::suite(c.tmp.path(), image);
         let (out, v) = c.run(&suite, &[]);
         assert!(
             out.status.success(),
             "{image}: {}\n{v:#}",
             String::from_utf8_lossy(&out.stderr)
         );
-        crate::gpu_images::check_record(&v, glibc.as_deref(), false, image);
+        super::gpu_images::check_record(&v, glibc.as_deref(), false, image);
     }
     c.assert_nothing_left();
 }

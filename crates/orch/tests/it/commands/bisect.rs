@@ -8,31 +8,17 @@
 //! `kill -9` without redoing finished steps, and says "no significant
 //! change" on a flat range. User errors exit 2 with a hint.
 
-use crate::repo;
+use crate::support::{git, json, repo};
+use orch_testkit::suites::free_port;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The commit (1-based, commit 0 is the root) that slows every token by 10%.
 pub const SLOW_COMMIT: usize = 20;
 /// The commit whose server exits before it is ready (fixed by the next).
 pub const BROKEN_COMMIT: usize = 15;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.email=t@t", "-c", "user.name=t"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// A repository of 32 commits (0..=31) of the toy server; returns it and
 /// the SHA of every commit.
@@ -58,17 +44,9 @@ pub fn toy_repo(dir: &Path, commits: usize, slow: usize, broken: Option<usize>) 
         std::fs::write(repo_dir.join("server.py"), s).unwrap();
         git(&repo_dir, &["add", "."]);
         git(&repo_dir, &["commit", "-q", "-m", &format!("revision {k}")]);
-        shas.push(git(&repo_dir, &["rev-parse", "HEAD"]));
+        shas.push(git(&repo_dir, &["rev-parse", "HEAD"]).trim().to_string());
     }
     (repo_dir, shas)
-}
-
-pub fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The suite: one comparison of the toy server, small rounds.
@@ -108,25 +86,13 @@ benchmarks:
     m
 }
 
+/// [`crate::support::orch`] with its cache and store in `dir`.
 fn orch(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env("ORCH_CACHE_DIR", dir.join("cache"))
-        .stdin(Stdio::null())
+    let mut c = crate::support::orch();
+    c.env("ORCH_CACHE_DIR", dir.join("cache"))
         .arg("--store")
         .arg(dir.join("store"));
     c
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 fn wait_port_free(port: u16) {
@@ -141,7 +107,7 @@ fn wait_port_free(port: u16) {
 fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
     let tmp = tempfile::tempdir().unwrap();
     let (toy, shas) = toy_repo(tmp.path(), 32, SLOW_COMMIT, Some(BROKEN_COMMIT));
-    let port = port();
+    let port = free_port();
     let m = suite(tmp.path(), &toy, port);
     let args = |c: &mut Command| {
         c.args(["bisect", "-f"])
@@ -200,7 +166,7 @@ fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("continuing bisection"), "{stderr}");
-    let v = json_of(&out);
+    let v = json(&out);
     let outcome = &v["outcome"];
     assert_eq!(outcome["kind"], "culprit", "{v}\n{stderr}");
     assert_eq!(outcome["commit"], shas[SLOW_COMMIT], "{v}\n{stderr}");
@@ -261,7 +227,7 @@ fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
     assert_eq!(out.status.code(), Some(0));
     assert!(t1.elapsed() < Duration::from_secs(10));
     assert_eq!(
-        json_of(&out)["bisection"]["steps"].as_array().unwrap().len(),
+        json(&out)["bisection"]["steps"].as_array().unwrap().len(),
         steps.len()
     );
 }
@@ -270,7 +236,7 @@ fn finds_the_planted_slowdown_skips_a_broken_commit_and_resumes_after_kill_9() {
 fn a_flat_range_is_no_significant_change_and_user_errors_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let (toy, shas) = toy_repo(tmp.path(), 12, 100, None);
-    let port = port();
+    let port = free_port();
     let m = suite(tmp.path(), &toy, port);
     let out = orch(tmp.path())
         .args(["bisect", "-f"])

@@ -7,24 +7,10 @@
 //! faster at all); the A/A pair is `same` with no alarm. Also the `check:`
 //! command of command clients and `warmup_rounds: auto`.
 
-use crate::repo;
+use crate::support::{git, json, orch, repo, write_suite};
+use orch_testkit::suites::free_port;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args(["-c", "user.email=t@t", "-c", "user.name=t"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A repository whose `main` is the honest toy server, with a branch per
 /// planted variant (`sed`-like edits of its constants).
@@ -59,32 +45,14 @@ fn toy_repo(dir: &Path) -> std::path::PathBuf {
 }
 
 fn run(dir: &Path, manifest: &str) -> Value {
-    let m = dir.join("suite.yaml");
-    std::fs::write(&m, manifest).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .stdin(Stdio::null())
+    let m = write_suite(dir, manifest);
+    let out = orch()
         .args(["run", "-f", m.to_str().unwrap(), "--store"])
         .arg(dir.join("store"))
         .arg("--json")
         .output()
         .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    json(&out)
 }
 
 fn pair<'a>(info: &'a Value, other: &str) -> &'a Value {
@@ -100,7 +68,7 @@ fn pair<'a>(info: &'a Value, other: &str) -> &'a Value {
 fn only_the_true_speedup_is_faster_and_gamed_variants_are_caught() {
     let tmp = tempfile::tempdir().unwrap();
     let toy = toy_repo(tmp.path());
-    let port = port();
+    let port = free_port();
     let rec = run(
         tmp.path(),
         &format!(
@@ -204,7 +172,7 @@ benchmarks:
     // The drift of the measured rounds is recorded per variant.
     assert_eq!(v["fast"]["drift"]["n"], 4, "{}", v["fast"]);
     // The report shows the gate.
-    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+    let out = orch()
         .args(["report", rec["id"].as_str().unwrap(), "--format", "md", "--store"])
         .arg(tmp.path().join("store"))
         .args(["--output"])
@@ -226,7 +194,7 @@ benchmarks:
 fn a_check_command_gates_command_clients_and_warm_up_can_wait_for_steady_rounds() {
     let tmp = tempfile::tempdir().unwrap();
     let toy = toy_repo(tmp.path());
-    let port = port();
+    let port = free_port();
     // The client writes what the server answers beside its metrics file;
     // the check compares it with the baseline's.
     let client = tmp.path().join("client.py");
@@ -314,7 +282,7 @@ benchmarks:
 fn servers_that_lie_in_usage_are_never_faster() {
     let tmp = tempfile::tempdir().unwrap();
     let toy = toy_repo(tmp.path());
-    let port = port();
+    let port = free_port();
     let rec = run(
         tmp.path(),
         &format!(

@@ -4,23 +4,20 @@
 //! secret too short to mask is refused; a `setsid` child of a workload dies
 //! with `orch` killed by SIGKILL.
 
+use crate::support::{container_agent, repo, wait_for};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "hf_CanaryT0ken/With+Eq=Z9x8";
 
-use crate::repo;
-
+/// [`crate::support::orch`] with the Hub and weights folders under `home`.
 fn orch(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("HF_TOKEN_PATH")
+    let mut c = crate::support::orch();
+    c.env_remove("HF_TOKEN_PATH")
         // No Hub token file of this machine's user takes part.
         .env("HF_HOME", home.join("hf-home"))
-        .env("ORCH_WEIGHTS_DIR", home.join("weights"))
-        .stdin(Stdio::null());
+        .env("ORCH_WEIGHTS_DIR", home.join("weights"));
     c
 }
 
@@ -289,17 +286,17 @@ fn a_setsid_child_dies_with_orch_killed_by_sigkill() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
     // The child is found by its command line: in the agent's PID namespace
     // the `$!` the workload writes is not the pid seen here.
-    let pid: i32 = loop {
-        let found = std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.trim().is_empty());
-        if let Some(p) = found.then(|| sleeper(&arg)).flatten() {
-            break p;
-        }
-        assert!(Instant::now() < until, "the workload never started");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let pid: i32 = wait_for(
+        "the workload never started",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            let found = std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.trim().is_empty());
+            found.then(|| sleeper(&arg)).flatten()
+        },
+    );
     assert!(alive(pid));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -321,10 +318,7 @@ fn docker_image() -> Option<String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-    let agent = repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ));
+    let agent = container_agent();
     let busybox = repo().join("containers/quickstart/busybox");
     let test = orch_testkit::skip::current_test();
     if !matches!(docker, Ok(s) if s.success()) {

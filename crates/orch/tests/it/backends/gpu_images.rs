@@ -14,9 +14,10 @@
 //! count and UUID, with telemetry and energy, from the dynamic agent on the
 //! image's own glibc; in the glibc-less image it says why NVML was not read.
 
+use crate::support::{container_agent, orch_without_weights, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use orch_testkit::{gpu, rootfs};
 
@@ -25,26 +26,9 @@ pub(crate) const STUB_UUIDS: [&str; 2] = [
     "GPU-5a6b7c8d-0000-4000-8000-000000000001",
 ];
 
-fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
-        .stdin(Stdio::null());
-    c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// The agent as shipped (`scripts/build-agent.sh`), or `None` (skip) outside CI.
 pub(crate) fn shipped_agent() -> Option<PathBuf> {
-    let agent = crate::container_agent();
+    let agent = container_agent();
     let ok = agent.is_file()
         && Command::new(&agent)
             .arg("version")
@@ -171,7 +155,7 @@ pub(crate) fn check_record(rec: &Value, glibc: Option<&str>, device_nodes: bool,
 /// `orch run --backend docker --json` of [`suite`] in `image`, with `agent` as
 /// the container agent; the store in `dir`.
 fn run_docker(agent: &Path, env: &[(&str, &str)], dir: &Path, image: &str) -> Output {
-    let mut c = orch();
+    let mut c = orch_without_weights();
     c.env("ORCH_AGENT_STATIC", agent);
     for (k, v) in env {
         c.env(k, v);

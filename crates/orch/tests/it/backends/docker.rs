@@ -4,28 +4,11 @@
 //! Needs `bash scripts/prepare-docker.sh` first (CI's `.ci/run` does it);
 //! outside CI the tests are skipped when Docker or the static agent is absent.
 
+use crate::support::{container_agent, orch_without_weights, repo, text, wait_for, write_suite};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use crate::repo;
-
-fn orch() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
-        .stdin(Stdio::null());
-    c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// The quickstart image tag, built if needed; `None` (skip) without Docker.
 fn ready() -> Option<String> {
@@ -34,10 +17,7 @@ fn ready() -> Option<String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-    let agent = repo().join(format!(
-        "target/{}-unknown-linux-gnu/release/orch-agent",
-        std::env::consts::ARCH
-    ));
+    let agent = container_agent();
     let busybox = repo().join("containers/quickstart/busybox");
     if !matches!(docker, Ok(s) if s.success()) {
         eprintln!("note: no Docker engine reachable here; docker tests skipped");
@@ -50,7 +30,7 @@ fn ready() -> Option<String> {
         );
         return None;
     }
-    let out = orch()
+    let out = orch_without_weights()
         .args(["build", "-f"])
         .arg(repo().join("manifests/quickstart.yaml"))
         .output()
@@ -90,7 +70,7 @@ fn build_twice_then_quickstart_on_docker_leaves_nothing() {
     let Some(_tag) = ready() else { return };
     // The second build makes no build call and is quick.
     let started = Instant::now();
-    let out = orch()
+    let out = orch_without_weights()
         .args(["build", "-f"])
         .arg(repo().join("manifests/quickstart.yaml"))
         .output()
@@ -101,7 +81,7 @@ fn build_twice_then_quickstart_on_docker_leaves_nothing() {
 
     let vols = volumes();
     let tmp = tempfile::tempdir().unwrap();
-    let out = orch()
+    let out = orch_without_weights()
         .args(["run", "--backend", "docker", "--json", "-f"])
         .arg(repo().join("manifests/quickstart.yaml"))
         .arg("--store")
@@ -122,9 +102,7 @@ fn build_twice_then_quickstart_on_docker_leaves_nothing() {
 }
 
 fn write(dir: &Path, tag: &str, body: &str) -> PathBuf {
-    let p = dir.join("suite.yaml");
-    std::fs::write(&p, format!("name: d\nimage: {tag}\nbenchmarks:\n{body}")).unwrap();
-    p
+    write_suite(dir, &format!("name: d\nimage: {tag}\nbenchmarks:\n{body}"))
 }
 
 #[test]
@@ -137,7 +115,7 @@ fn container_killed_from_outside_is_failed_with_logs() {
         "  - name: victim\n    workload:\n      shell: 'echo started; echo err-line >&2; sleep 60'\n",
     );
     let store = tmp.path().join("s");
-    let child = orch()
+    let child = orch_without_weights()
         .args(["run", "--backend", "docker", "--json", "-f"])
         .arg(&m)
         .arg("--store")
@@ -147,24 +125,23 @@ fn container_killed_from_outside_is_failed_with_logs() {
         .spawn()
         .unwrap();
     // Wait for the workload to start, then kill its container.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let log = loop {
-        let found = std::fs::read_dir(&store)
-            .ok()
-            .and_then(|mut d| d.next())
-            .and_then(|e| e.ok())
-            .map(|e| e.path().join("cells/victim.cpu/stdout.log"));
-        if let Some(p) = found {
-            if std::fs::read_to_string(&p)
-                .map(|t| t.contains("started"))
-                .unwrap_or(false)
-            {
-                break p;
-            }
-        }
-        assert!(Instant::now() < deadline, "the cell never started");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let log = wait_for(
+        "the cell never started",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            std::fs::read_dir(&store)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| e.ok())
+                .map(|e| e.path().join("cells/victim.cpu/stdout.log"))
+                .filter(|p| {
+                    std::fs::read_to_string(p)
+                        .map(|t| t.contains("started"))
+                        .unwrap_or(false)
+                })
+        },
+    );
     let run_id = log
         .parent()
         .unwrap()
@@ -189,7 +166,7 @@ fn container_killed_from_outside_is_failed_with_logs() {
     let cell = &rec["cells"][0];
     assert_eq!(cell["status"], "failed", "{cell}");
     // The logs outlived the container.
-    let logs = orch()
+    let logs = orch_without_weights()
         .args(["logs", &run_id, "victim.cpu", "--store"])
         .arg(&store)
         .output()
@@ -208,7 +185,7 @@ fn memory_limited_cell_that_is_oom_killed_is_oom() {
         &tag,
         "  - name: hog\n    memory_limit: 48MiB\n    workload:\n      shell: 'echo before; x=$(head -c 300000000 /dev/zero | tr \"\\\\0\" a); echo after'\n  - name: fine\n    workload: {noop: true}\n",
     );
-    let out = orch()
+    let out = orch_without_weights()
         .args(["run", "--backend", "docker", "--json", "-f"])
         .arg(&m)
         .arg("--store")
@@ -247,12 +224,16 @@ fn failed_build_exits_1_showing_the_failing_step() {
         "name: b\nimage: {build: broken}\nbenchmarks:\n  - name: a\n    workload: {noop: true}\n",
     )
     .unwrap();
-    let out = orch().args(["build", "-f"]).arg(&m).output().unwrap();
+    let out = orch_without_weights()
+        .args(["build", "-f"])
+        .arg(&m)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("Step 2/2 : COPY missing-file /x"), "{t}");
     // A run of a suite whose image is not built refuses before any cell.
-    let out = orch()
+    let out = orch_without_weights()
         .args(["run", "--backend", "docker", "-f"])
         .arg(&m)
         .arg("--store")
@@ -273,7 +254,7 @@ fn a_suite_that_names_no_image_is_refused_before_the_run() {
         "name: bare\nbenchmarks:\n  - name: hello\n    workload:\n      shell: 'echo hi'\n",
     )
     .unwrap();
-    let out = orch()
+    let out = orch_without_weights()
         .args(["run", "--backend", "docker", "-f"])
         .arg(&m)
         .arg("--store")

@@ -9,45 +9,24 @@
 //! errors (a missing file, a dirty repository). Kubernetes and Modal have
 //! theirs in `kubernetes.rs` and `modal.rs`.
 
+use crate::support::{numpy_or_skip, orch_without_weights, text};
 use orch_testkit::{rootfs, skip, suites};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
+/// [`orch_without_weights`] with no prices file of this machine's user and its
+/// cache of blobs and bundles in `cache`.
 fn orch(cache: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-    c.env_remove("ORCH_STORE")
-        .env_remove("ORCH_AGENT")
-        .env_remove("ORCH_PRICES")
-        .env("ORCH_WEIGHTS_DIR", "/nonexistent-orch-weights")
-        .env("ORCH_CACHE_DIR", cache)
-        .stdin(Stdio::null());
+    let mut c = orch_without_weights();
+    c.env_remove("ORCH_PRICES").env("ORCH_CACHE_DIR", cache);
     c
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
+/// Whether the stand-in server can run on `--backend local` (NumPy), else skipped.
 fn numpy() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import numpy"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        skip::skip_or_fail(
-            &skip::current_test(),
-            "python3 with numpy is not installed (the stand-in server needs it on `--backend local`)",
-        );
-    }
-    ok
+    numpy_or_skip("the stand-in server needs it on `--backend local`")
 }
 
 /// `orch run --json` of `manifest` on `backend`; the record.
@@ -149,7 +128,7 @@ fn the_travelling_suites_run_on_docker_as_on_local() {
     {
         return;
     }
-    let Some(agent) = crate::gpu_images::shipped_agent() else {
+    let Some(agent) = super::gpu_images::shipped_agent() else {
         return;
     };
     let image = rootfs::debian_image_with("bookworm", suites::PACKAGES).expect("bookworm image");

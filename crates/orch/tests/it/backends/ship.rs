@@ -3,9 +3,10 @@
 //! `orch_backend::home::Home`, the cell folder compared with what the agent
 //! wrote where it ran.
 
+use crate::support::orch;
 use orch_backend::home::{task_b64, Home};
 use orch_protocol::{CommandWorkload, Measure, Status, TaskSpec, Workload};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 fn task(script: &str) -> TaskSpec {
     TaskSpec {
@@ -51,13 +52,12 @@ exit 3
 "#;
     let scratch = tempfile::tempdir().unwrap();
     let agent_out = scratch.path().join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_orch"))
+    let child = orch()
         .args(["agent", "run", "--task-b64", &task_b64(&task(script)), "--out"])
         .arg(&agent_out)
         .args(["--ship", "--summary-file"])
         .arg(scratch.path().join("summary.json"))
         .current_dir(scratch.path())
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
