@@ -7,6 +7,7 @@
 //!
 //! `suite.rs`: the YAML schema (every struct `deny_unknown_fields`);
 //! `gpu.rs`: GPU spec grammar and known types; `units.rs`: durations and byte sizes;
+//! `tasks.rs`: a campaign's task file (JSONL, CSV, YAML) checked row by row;
 //! `plan.rs`: matrix expansion, `{{param}}` templates, stable cell ids, measure defaults;
 //! `error.rs`: `file:line:column` errors with hints. It does not: know backends or the
 //! store.
@@ -27,6 +28,7 @@ pub mod gpu;
 pub mod k8s;
 pub mod plan;
 pub mod suite;
+pub mod tasks;
 pub mod units;
 
 pub use error::{ManifestError, Pos};

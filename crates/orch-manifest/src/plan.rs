@@ -73,6 +73,10 @@ pub struct CellPlan {
     pub nodes: u32,
     /// The agent's task (its `run_id` is filled in when the run starts).
     pub task: TaskSpec,
+    /// The campaign task this cell compares (`tasks:`), read back by the
+    /// scoring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<crate::tasks::TaskInfo>,
 }
 
 /// Command-line overrides applied while expanding.
@@ -80,10 +84,19 @@ pub struct CellPlan {
 pub struct ExpandOptions {
     /// `--gpu`: replaces every GPU list of the manifest.
     pub gpus: Option<Vec<GpuSpec>>,
+    /// Where a task file's inline diffs are kept (default:
+    /// [`crate::tasks::default_patch_dir`]).
+    pub patch_dir: Option<PathBuf>,
+    /// The Hugging Face cache a task dataset is read from (default:
+    /// [`crate::tasks::default_hf_cache`]).
+    pub hf_cache: Option<PathBuf>,
 }
 
 /// Placeholders every template may use besides the matrix parameters.
-const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark", "files"];
+const BUILTIN_VARS: &[&str] = &["gpu", "gpu_count", "cell", "benchmark", "files", "task"];
+
+/// Placeholders a campaign's rows fill (`tasks:`): reserved there only.
+const TASK_VARS: &[&str] = &["model", "base"];
 
 /// Transformer fields a matrix parameter of the same name overrides.
 const TRANSFORMER_FIELDS: &[&str] = &[
@@ -151,7 +164,32 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         })?;
         fallback.insert(key.to_string(), alts.clone());
     }
-    check_cell_count(&suite, opts).map_err(|(pos, m, h)| invalid(pos, m, h))?;
+    // Task files first: their rows count as cells.
+    let mut task_lists = BTreeMap::<String, Vec<crate::tasks::Task>>::new();
+    for bench in &suite.benchmarks {
+        if let Some(t) = &bench.tasks {
+            let bpos = Pos::from_loc(t.referenced).or(Pos::from_loc(bench.name.referenced));
+            if bench.compare.is_none() {
+                return Err(invalid(
+                    bpos,
+                    format!("benchmark `{}`: `tasks` fill a `compare` template", bench.name.value),
+                    "add `compare: {repo: ..., rounds: 3}` and a `server` workload; each row names its variants",
+                ));
+            }
+            let hf = opts
+                .hf_cache
+                .clone()
+                .unwrap_or_else(crate::tasks::default_hf_cache);
+            let file = crate::tasks::tasks_path(&t.value, &base_dir, &hf);
+            let patch_dir = opts
+                .patch_dir
+                .clone()
+                .unwrap_or_else(crate::tasks::default_patch_dir);
+            let tasks = crate::tasks::load_tasks(&file, &t.value, &patch_dir)?;
+            task_lists.insert(bench.name.value.clone(), tasks);
+        }
+    }
+    check_cell_count(&suite, opts, &task_lists).map_err(|(pos, m, h)| invalid(pos, m, h))?;
     let mut cells = Vec::new();
     let mut seen_bench = BTreeSet::new();
     let mut seen_ids = BTreeMap::<String, String>::new();
@@ -169,8 +207,9 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         let wpos = Pos::from_loc(bench.workload.referenced);
         let mut workload = base_workload(&bench.workload.value, &base_dir)
             .map_err(|(m, h)| invalid(wpos, format!("benchmark `{bname}`: `workload`: {m}"), h))?;
+        let tasks = task_lists.get(&bname);
         if let Some(c) = &bench.compare {
-            workload = compare_workload(c, workload, &base_dir)
+            workload = compare_workload(c, workload, &base_dir, tasks.is_some())
                 .map_err(|(m, h)| invalid(bpos, format!("benchmark `{bname}`: `compare`: {m}"), h))?;
         }
         let measure = merge_measure(&suite.measure, &bench.measure);
@@ -189,6 +228,15 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         }
         let combos = matrix_combos(bench)
             .map_err(|(pos, m, h)| invalid(pos.or(bpos), format!("benchmark `{bname}`: {m}"), h))?;
+        if let (Some(_), Some(m)) = (&bench.tasks, &bench.matrix) {
+            if let Some(k) = m.value.keys().find(|k| TASK_VARS.contains(&k.as_str())) {
+                return Err(invalid(
+                    Pos::from_loc(m.referenced).or(bpos),
+                    format!("benchmark `{bname}`: `matrix` key `{k}` is what each task row sets"),
+                    "rename the parameter, or set it per task in the task file",
+                ));
+            }
+        }
         let memory_limit = bench.memory_limit.or(suite.memory_limit).map(|b| b.0);
         let image = bench.image.clone().or_else(|| suite.image.clone());
         if let Some(ImageDef::Build(b)) = &image {
@@ -208,14 +256,51 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
             None => 1,
         };
 
-        for gpu in &gpus {
-            for params in &combos {
-                if excluded(&bench.exclude, gpu, params) {
-                    continue;
-                }
-                let id = cell_id(&bname, gpu, params);
-                if id.len() > MAX_NAME_BYTES {
-                    return Err(invalid(
+        // A campaign: every task its own template and GPUs; else one.
+        type Unit<'a> = (Vec<GpuSpec>, Option<&'a crate::tasks::Task>);
+        let units: Vec<Unit> = match tasks {
+            None => vec![(gpus.clone(), None)],
+            Some(ts) => ts
+                .iter()
+                .map(|t| {
+                    let g = match (&opts.gpus, t.gpu) {
+                        (None, Some(g)) => vec![g],
+                        _ => gpus.clone(),
+                    };
+                    (g, Some(t))
+                })
+                .collect(),
+        };
+        for (unit_gpus, task) in &units {
+            let workload = match task {
+                None => workload.clone(),
+                Some(t) => task_workload(
+                    &workload,
+                    t,
+                    bench.compare.as_ref().and_then(|c| c.install.as_ref()),
+                )
+                .map_err(|(m, h)| {
+                    ManifestError::invalid(
+                        Path::new(&t.info.file),
+                        t.line.map(|line| Pos { line, column: 1 }),
+                        format!("task row {}: {m}", t.info.row),
+                        h,
+                    )
+                })?,
+            };
+            for gpu in unit_gpus {
+                for params in &combos {
+                    if excluded(&bench.exclude, gpu, params) {
+                        continue;
+                    }
+                    let mut params = params.clone();
+                    if let Some(t) = task {
+                        params.insert("task".into(), Value::String(t.info.id.clone()));
+                    }
+                    let params = &params;
+                    let id = cell_id(&bname, gpu, params);
+                    if id.len() > MAX_NAME_BYTES {
+                        return Err(invalid(
                         bpos,
                         format!(
                             "the cell id `{id}` is {} bytes long; the most is {MAX_NAME_BYTES} (it names the cell's folder in the store)",
@@ -223,50 +308,60 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
                         ),
                         "shorten the benchmark name or the matrix values (the id is `<benchmark>.<gpu>.<param>-<value>...`)",
                     ));
-                }
-                if let Some(other) = seen_ids.insert(id.clone(), bname.clone()) {
-                    return Err(invalid(
-                        bpos,
-                        format!("two cells get the id `{id}` (benchmarks `{other}` and `{bname}`)"),
-                        "make parameter values differ by more than case or punctuation",
-                    ));
-                }
-                let vars = template_vars(params, gpu, &id, &bname);
-                let workload = instantiate(&workload, params, &vars)
-                    .map_err(|(m, h)| invalid(wpos, format!("cell `{id}`: {m}"), h))?;
-                let env = env
-                    .iter()
-                    .map(|(k, v)| Ok((k.clone(), substitute(v, &vars)?)))
-                    .collect::<Result<BTreeMap<_, _>, (String, &str)>>()
-                    .map_err(|(m, h)| invalid(bpos, format!("cell `{id}`: `env`: {m}"), h))?;
-                cells.push(CellPlan {
-                    id: id.clone(),
-                    benchmark: bname.clone(),
-                    gpu: *gpu,
-                    params: params.clone(),
-                    image: image.clone(),
-                    nodes,
-                    task: TaskSpec {
-                        version: PROTOCOL_VERSION,
-                        run_id: String::new(),
-                        cell_id: id,
-                        gpu: gpu.to_string().into(),
+                    }
+                    if let Some(other) = seen_ids.insert(id.clone(), bname.clone()) {
+                        return Err(invalid(
+                            bpos,
+                            format!("two cells get the id `{id}` (benchmarks `{other}` and `{bname}`)"),
+                            "make parameter values differ by more than case or punctuation",
+                        ));
+                    }
+                    let mut vars = template_vars(params, gpu, &id, &bname);
+                    if let Some(t) = task {
+                        if let Some(m) = &t.info.model {
+                            vars.insert("model".into(), m.clone());
+                        }
+                        if let Some(b) = &t.info.base {
+                            vars.insert("base".into(), b.clone());
+                        }
+                    }
+                    let workload = instantiate(&workload, params, &vars)
+                        .map_err(|(m, h)| invalid(wpos, format!("cell `{id}`: {m}"), h))?;
+                    let env = env
+                        .iter()
+                        .map(|(k, v)| Ok((k.clone(), substitute(v, &vars)?)))
+                        .collect::<Result<BTreeMap<_, _>, (String, &str)>>()
+                        .map_err(|(m, h)| invalid(bpos, format!("cell `{id}`: `env`: {m}"), h))?;
+                    cells.push(CellPlan {
+                        id: id.clone(),
+                        benchmark: bname.clone(),
+                        gpu: *gpu,
                         params: params.clone(),
-                        env,
-                        secret_env: suite.secrets.clone(),
-                        workload,
-                        measure: measure.clone(),
-                        logs,
-                        memory_limit_bytes: memory_limit,
-                        weights_dir: None,
-                        strict_hardware: false,
-                        gpu_fallback: fallback
-                            .get(&gpu.to_string())
-                            .map(|alts| alts.iter().map(|g| g.to_string().into()).collect())
-                            .unwrap_or_default(),
-                        files: None,
-                    },
-                });
+                        image: image.clone(),
+                        nodes,
+                        task: TaskSpec {
+                            version: PROTOCOL_VERSION,
+                            run_id: String::new(),
+                            cell_id: id,
+                            gpu: gpu.to_string().into(),
+                            params: params.clone(),
+                            env,
+                            secret_env: suite.secrets.clone(),
+                            workload,
+                            measure: measure.clone(),
+                            logs,
+                            memory_limit_bytes: memory_limit,
+                            weights_dir: None,
+                            strict_hardware: false,
+                            gpu_fallback: fallback
+                                .get(&gpu.to_string())
+                                .map(|alts| alts.iter().map(|g| g.to_string().into()).collect())
+                                .unwrap_or_default(),
+                            files: None,
+                        },
+                        campaign: task.map(|t| t.info.clone()),
+                    });
+                }
             }
         }
     }
@@ -277,13 +372,28 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
             "check the `exclude` lists",
         ));
     }
+    // Every task's model is set up and checked like the suite's own.
+    let mut models = suite.models;
+    for tasks in task_lists.values() {
+        for (repo, _) in crate::tasks::models_of(tasks) {
+            if !models.iter().any(|m| m.repo == repo) {
+                models.push(ModelRef {
+                    repo,
+                    revision: None,
+                    include: Vec::new(),
+                    exclude: Vec::new(),
+                    repo_type: None,
+                });
+            }
+        }
+    }
     Ok(Plan {
         suite: suite.name.value,
         description: suite.description,
         manifest: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
         concurrency,
         secrets: suite.secrets,
-        models: suite.models,
+        models,
         cells,
         slurm: check_slurm(suite.slurm, path)?,
         kubernetes: check_kubernetes(suite.kubernetes, path)?,
@@ -977,6 +1087,7 @@ fn compare_workload(
     c: &crate::suite::CompareDef,
     workload: Workload,
     base_dir: &Path,
+    has_tasks: bool,
 ) -> Result<Workload, Msg> {
     let Workload::Server(server) = workload else {
         return Err((
@@ -984,7 +1095,13 @@ fn compare_workload(
             "give the benchmark `workload: {server: {...}, client: {...}}`",
         ));
     };
-    if c.variants.len() < 2 {
+    if has_tasks && !c.variants.is_empty() {
+        return Err((
+            "`variants` and `tasks` together".into(),
+            "with `tasks:`, each row names its variants (baseline, human, agent); drop `variants`",
+        ));
+    }
+    if !has_tasks && c.variants.len() < 2 {
         return Err((
             "a comparison needs at least two `variants`".into(),
             "e.g. baseline, human and agent",
@@ -1105,7 +1222,7 @@ fn compare_workload(
                 name: v.name.clone(),
                 git_ref: v.git_ref.clone(),
                 patch: v.patch.as_ref().map(abs),
-                install: v.install.clone(),
+                install: v.install.clone().or_else(|| c.install.clone()),
             })
             .collect(),
         rounds,
@@ -1139,7 +1256,7 @@ mod compare_tests {
             startup_timeout_s: 1.0,
             client: None,
         });
-        match compare_workload(&c, server, Path::new("/m")) {
+        match compare_workload(&c, server, Path::new("/m"), false) {
             Ok(Workload::Compare(c)) => Ok(c),
             Ok(w) => Err(format!("{w:?}")),
             Err((m, h)) => Err(format!("{m}; hint: {h}")),
@@ -1209,6 +1326,74 @@ mod compare_tests {
 }
 
 /// `command: [...]` or `shell: "..."` (exactly one) as an argv.
+/// The comparison of one task: the template with the row's repository,
+/// variants, install command, server command and load overrides.
+fn task_workload(
+    w: &Workload,
+    t: &crate::tasks::Task,
+    template_install: Option<&String>,
+) -> Result<Workload, Msg> {
+    let Workload::Compare(c) = w else {
+        return Err((
+            "a task fills a `compare` template".into(),
+            "give the benchmark `compare:` and a `server` workload",
+        ));
+    };
+    let mut c = c.clone();
+    if t.repo.is_some() {
+        c.repo = t.repo.clone();
+    }
+    if c.repo.is_none() {
+        return Err((
+            "no repository: the row has no `repo` and the template's `compare` none".into(),
+            "give the row `repo`, or the benchmark `compare: {repo: URL_OR_PATH}`",
+        ));
+    }
+    c.variants = t
+        .variants
+        .iter()
+        .map(|(name, git_ref, patch)| Variant {
+            name: name.clone(),
+            git_ref: git_ref.clone(),
+            patch: patch.clone(),
+            install: t.install.clone().or_else(|| template_install.cloned()),
+        })
+        .collect();
+    if let Some(argv) = &t.server {
+        c.server.argv = argv.clone();
+    }
+    if !t.load.is_empty() {
+        let Some(Client::Loadgen(l)) = &c.server.client else {
+            return Err((
+                "`load` overrides the load generator, and the template's client is a command".into(),
+                "use `client: {loadgen: {...}}` in the template, or drop `load` from the row",
+            ));
+        };
+        let Ok(Value::Object(mut fields)) = serde_json::to_value(l) else {
+            return Err(("the load generator's settings are not an object".into(), ""));
+        };
+        let known: BTreeSet<String> = fields.keys().cloned().collect();
+        let keys: BTreeSet<String> = t.load.keys().cloned().collect();
+        crate::tasks::check_load_keys(&keys, &known).map_err(|m| {
+            (
+                m,
+                "`load` sets fields of the template's `loadgen`, e.g. `{\"num_prompts\": 64}`",
+            )
+        })?;
+        for (k, v) in &t.load {
+            fields.insert(k.clone(), v.clone());
+        }
+        let l = serde_json::from_value(Value::Object(fields)).map_err(|e| {
+            (
+                format!("`load`: {e}"),
+                "`load` values have the template's types (`num_prompts: 64`, `request_rate: 8.0`)",
+            )
+        })?;
+        c.server.client = Some(Client::Loadgen(l));
+    }
+    Ok(Workload::Compare(c))
+}
+
 fn argv_of(command: &Option<Vec<String>>, shell: &Option<String>) -> Option<Vec<String>> {
     match (command, shell) {
         (Some(c), None) if !c.is_empty() && !c[0].is_empty() => Some(c.clone()),
@@ -1222,7 +1407,11 @@ type LocMsg = (Option<Pos>, String, &'static str);
 /// The number of cells the suite expands to, counted from the lengths of
 /// its GPU lists and matrix axes (before `exclude`), without expanding
 /// anything; refused over the suite's `max_cells`.
-fn check_cell_count(suite: &Suite, opts: &ExpandOptions) -> Result<(), LocMsg> {
+fn check_cell_count(
+    suite: &Suite,
+    opts: &ExpandOptions,
+    tasks: &BTreeMap<String, Vec<crate::tasks::Task>>,
+) -> Result<(), LocMsg> {
     let cap = suite.max_cells.unwrap_or(DEFAULT_MAX_CELLS);
     let mut total: Option<u64> = Some(0);
     let mut biggest: Option<(u64, &Benchmark)> = None;
@@ -1233,6 +1422,20 @@ fn check_cell_count(suite: &Suite, opts: &ExpandOptions) -> Result<(), LocMsg> {
             .or(bench.gpus.as_ref())
             .or(suite.gpus.as_ref())
             .map_or(1, Vec::len) as u64;
+        // A task with its own GPU is one cell per combination.
+        let gpus = match tasks.get(&bench.name.value) {
+            None => gpus,
+            Some(ts) => ts
+                .iter()
+                .map(|t| {
+                    if t.gpu.is_some() && opts.gpus.is_none() {
+                        1
+                    } else {
+                        gpus
+                    }
+                })
+                .sum(),
+        };
         let axes = bench.matrix.as_ref().map(|m| &m.value);
         // `None`: more than `u64::MAX`.
         let count = axes
@@ -1436,7 +1639,7 @@ fn substitute(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Msg
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
-                    "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`, `files`",
+                    "placeholders name a matrix parameter or one of `gpu`, `gpu_count`, `cell`, `benchmark`, `files` (a campaign's cells also `task`, and `model` and `base` where the row sets them)",
                 ))
             }
         }

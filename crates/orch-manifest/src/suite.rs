@@ -184,6 +184,10 @@ pub struct Benchmark {
     /// and compare them (baseline vs human patch vs agent patch).
     #[serde(default)]
     pub compare: Option<CompareDef>,
+    /// A campaign: a task file whose rows fill `compare` (one compare cell
+    /// per task: baseline, human, the agent's attempts); `tasks.rs`.
+    #[serde(default)]
+    pub tasks: Option<Spanned<crate::tasks::TasksDef>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -192,7 +196,13 @@ pub struct CompareDef {
     /// Git repository of the variants (relative: to the manifest's folder).
     #[serde(default)]
     pub repo: Option<String>,
+    /// The variants (none with `tasks:`: each row names its own).
+    #[serde(default)]
     pub variants: Vec<VariantDef>,
+    /// The install command of every variant that names none (and of every
+    /// task row without `install`).
+    #[serde(default)]
+    pub install: Option<String>,
     /// Measured rounds (default 5), or `auto`: rounds are added until the
     /// primary metric's interval is within `noise`, up to `max_rounds`.
     #[serde(default)]

@@ -75,6 +75,7 @@ fn expands_matrix_with_stable_ids() {
 fn gpu_override_replaces_every_list() {
     let opts = ExpandOptions {
         gpus: Some(GpuSpec::parse_list("L4:2").unwrap()),
+        ..Default::default()
     };
     let plan = load_str(GOOD, Path::new("suite.yaml"), &opts).unwrap();
     assert!(plan.cells.iter().all(|c| c.gpu.to_string() == "L4:2"));

@@ -96,6 +96,9 @@ pub struct RunArgs {
     /// Run the cells of an earlier run that did not finish (id, id prefix or `latest`)
     #[arg(long, value_name = "RUN")]
     pub resume: Option<String>,
+    /// A new run that takes each cell unchanged since RUN and finished there from RUN's record, and runs the others (a campaign with rows added)
+    #[arg(long, value_name = "RUN", requires = "file")]
+    pub reuse: Option<String>,
     /// Weights volume of the local backend (a hub cache)
     #[arg(long, env = "ORCH_WEIGHTS_DIR", value_name = "DIR")]
     pub weights_dir: Option<PathBuf>,
@@ -319,6 +322,8 @@ pub struct ShowArgs {
     /// Print the run record as JSON
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub score: ScoreArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -371,6 +376,23 @@ pub struct ReportArgs {
     /// Latency family to summarise (`step_time`, `ttft`, `tpot`, `itl`, `e2el`, ...)
     #[arg(long, value_name = "NAME")]
     pub latency: Option<String>,
+    #[command(flatten)]
+    pub score: ScoreArgs,
+}
+
+/// How a campaign (a suite with `tasks:`) is scored; each default is its
+/// paper's (docs/campaigns.md). Re-scoring reads the store and runs nothing.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ScoreArgs {
+    /// ISO-Bench: the agent within this fraction of the human's speed is `matched` [default: 0.05]
+    #[arg(long, value_name = "FRACTION")]
+    pub match_band: Option<f64>,
+    /// GSO Opt@K: the share of the human's speedup an attempt must exceed [default: 0.95]
+    #[arg(long, value_name = "FRACTION")]
+    pub opt_threshold: Option<f64>,
+    /// GSO Opt@K: the least speedup over the baseline, rounded to 0.1 [default: 1.2]
+    #[arg(long, value_name = "X")]
+    pub opt_min_speedup: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -385,6 +407,8 @@ pub struct CompareArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub score: ScoreArgs,
 }
 
 #[derive(Debug, Args)]

@@ -50,6 +50,7 @@ fn class(cause: &(dyn std::error::Error + 'static)) -> Option<bool> {
         orch_backend::BackendError,
         orch_runner::RunnerError,
         orch_history::HistoryError,
+        orch_campaign::CampaignError,
     );
     None
 }

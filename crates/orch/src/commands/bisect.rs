@@ -570,6 +570,7 @@ pub async fn bisect(
             jobs: None,
             json: false,
             resume: None,
+            reuse: None,
             weights_dir: args.weights_dir.clone(),
             no_preflight: args.no_preflight,
             keep: false,
@@ -766,7 +767,7 @@ impl Runner<'_> {
     ) -> anyhow::Result<(orch_store::Run, orch_runner::Outcome)> {
         let host = self.host.as_ref();
         if self.backend.is_none() {
-            let secrets = check(host, &plan, &self.run_args).await?;
+            let (secrets, _) = check(host, &plan, &self.run_args).await?;
             let (backend, images) = host.backend(&plan).await?;
             self.backend = Some((backend, images, secrets));
         }

@@ -234,7 +234,7 @@ fn s3_checks(url: &str) -> Vec<Check> {
 
 /// The Hub token, and each model of the suite: found, gated, and whether
 /// the token may read it (a `HEAD` of one file of a gated model).
-async fn hub_checks(plan: Option<&Plan>) -> Vec<Check> {
+pub(crate) async fn hub_checks(plan: Option<&Plan>) -> Vec<Check> {
     let token = orch_hub::token::resolve_token();
     let models: Vec<_> = plan.map(orch_backend::host::model_requests).unwrap_or_default();
     let mut out = vec![match (&token, models.is_empty()) {

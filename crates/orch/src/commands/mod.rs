@@ -1,10 +1,11 @@
 mod bisect;
 mod build;
+mod campaign;
 mod compare;
 mod completions;
 pub(crate) mod cost;
 pub(crate) mod diagnose;
-mod doctor;
+pub(crate) mod doctor;
 mod down;
 mod history;
 mod init;

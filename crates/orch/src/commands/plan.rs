@@ -30,7 +30,13 @@ pub async fn plan(
         ),
         None => None,
     };
-    let plan = orch_manifest::load(&args.file, &ExpandOptions { gpus })?;
+    let plan = orch_manifest::load(
+        &args.file,
+        &ExpandOptions {
+            gpus,
+            ..Default::default()
+        },
+    )?;
     // A cell that asks for more GPUs than this host has (local, docker) would be refused by `run`.
     crate::commands::run::host_gpus(host, &plan)?;
     let weights = host.weights(Some(&plan), false).await?;
@@ -52,6 +58,8 @@ pub async fn plan(
                     "estimate": e.estimate,
                     "usd_per_s": e.rate.usd_per_s,
                     "price_source": e.rate.source,
+                    "task": c.campaign.as_ref().map(|t| &t.id),
+                    "model": c.campaign.as_ref().and_then(|t| t.model.as_ref()),
                 })
             })
             .collect();
@@ -66,13 +74,39 @@ pub async fn plan(
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("suite {}: {} cells", plan.suite, plan.cells.len());
+        let campaign = plan.cells.iter().any(|c| c.campaign.is_some());
+        if campaign {
+            let tasks: std::collections::BTreeSet<&str> = plan
+                .cells
+                .iter()
+                .filter_map(|c| c.campaign.as_ref().map(|t| t.id.as_str()))
+                .collect();
+            println!(
+                "suite {}: a campaign of {} tasks, {} cells",
+                plan.suite,
+                tasks.len(),
+                plan.cells.len()
+            );
+        } else {
+            println!("suite {}: {} cells", plan.suite, plan.cells.len());
+        }
+        // A task's weights: its model's state, `-` without a model.
+        let weights_of = |c: &orch_manifest::CellPlan| -> String {
+            match c.campaign.as_ref().and_then(|t| t.model.as_ref()) {
+                None => "-".into(),
+                Some(repo) => match models.iter().find(|m| &m.repo == repo) {
+                    Some(m) if m.complete => "present".into(),
+                    Some(_) => "MISSING".into(),
+                    None => "?".into(),
+                },
+            }
+        };
         let rows: Vec<Vec<String>> = plan
             .cells
             .iter()
             .zip(&estimates)
             .map(|(c, e)| {
-                vec![
+                let mut row = vec![
                     c.id.clone(),
                     c.gpu.to_string(),
                     c.benchmark.clone(),
@@ -87,16 +121,18 @@ pub async fn plan(
                         "unpriced".into()
                     },
                     e.estimate.basis.as_str().to_string(),
-                ]
+                ];
+                if campaign {
+                    row.push(weights_of(c));
+                }
+                row
             })
             .collect();
-        print!(
-            "{}",
-            output::table(
-                &["CELL", "GPU", "BENCHMARK", "EST TIME", "EST COST", "BASIS"],
-                &rows
-            )
-        );
+        let mut header = vec!["CELL", "GPU", "BENCHMARK", "EST TIME", "EST COST", "BASIS"];
+        if campaign {
+            header.push("WEIGHTS");
+        }
+        print!("{}", output::table(&header, &rows));
         println!("{}", total_text(&total));
         if !models.is_empty() {
             println!("\nmodels (weights volume {weights}):");
@@ -110,6 +146,20 @@ pub async fn plan(
                     _ => String::new(),
                 };
                 println!("  {}@{}: {state}, {size}{weights}", m.repo, m.revision);
+                let tasks: Vec<&str> = plan
+                    .cells
+                    .iter()
+                    .filter_map(|c| c.campaign.as_ref())
+                    .filter(|t| t.model.as_deref() == Some(m.repo.as_str()))
+                    .map(|t| t.id.as_str())
+                    .collect();
+                if !tasks.is_empty() && !m.complete {
+                    println!(
+                        "    sinks task{} {} until set up",
+                        if tasks.len() == 1 { "" } else { "s" },
+                        tasks.join(", ")
+                    );
+                }
                 for f in &m.fit {
                     match &f.needs {
                         None => println!("    fits {}", f.gpu),

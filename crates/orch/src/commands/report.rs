@@ -93,6 +93,9 @@ pub fn report(store: &orch_store::Store, args: ReportArgs) -> anyhow::Result<i32
     // Bad flags are reported before the store is read.
     let formats = Format::parse_list(&args.format).map_err(lift)?;
     let run = store.open_run(&args.run)?;
+    if let Some(c) = super::campaign::load(&run, &super::campaign::options(&args.score)?)? {
+        return campaign_report(&run, &c, &formats, args.output.as_deref());
+    }
     let record = run.record()?;
     let options = Options {
         metric: args.metric,
@@ -118,6 +121,43 @@ pub fn report(store: &orch_store::Store, args: ReportArgs) -> anyhow::Result<i32
         let text = orch_report::render(&report, format).map_err(lift)?;
         let path = dir.join(format!("{}.{}", record.id, format.extension()));
         orch_store::write_atomic(&path, text.as_bytes())?;
+        println!("{}", path.display());
+    }
+    Ok(0)
+}
+
+/// A campaign's report: the headline, the per-task table and forest plot,
+/// the failure table (`orch_campaign::render`).
+fn campaign_report(
+    run: &orch_store::Run,
+    c: &orch_campaign::Campaign,
+    formats: &[Format],
+    output: Option<&std::path::Path>,
+) -> anyhow::Result<i32> {
+    use orch_campaign::render;
+    let text = |f: Format| match f {
+        Format::Md => render::markdown(c),
+        Format::Csv => render::csv(c),
+        Format::Json => render::json(c),
+        Format::Html => render::html(c),
+    };
+    let dir = match (output, formats) {
+        (None, [one]) => {
+            print!("{}", text(*one));
+            return Ok(0);
+        }
+        (Some(dir), _) => dir.to_path_buf(),
+        (None, _) => run.dir().join("report"),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        crate::error::user(format!(
+            "cannot create the folder `{}` (`-o`): {e}\nhint: give `-o` a folder you can write to",
+            dir.display()
+        ))
+    })?;
+    for format in formats {
+        let path = dir.join(format!("{}.{}", run.id(), format.extension()));
+        orch_store::write_atomic(&path, text(*format).as_bytes())?;
         println!("{}", path.display());
     }
     Ok(0)

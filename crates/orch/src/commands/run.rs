@@ -58,45 +58,216 @@ pub(super) fn stage_files(
 }
 
 /// Refuse (exit 2) when a model the suite needs is not in the weights place.
+/// In a campaign, a model only tasks need sinks those tasks alone: they are
+/// named, and returned (cell, model) to be recorded `weights_missing`
+/// without running; the other tasks run.
 async fn preflight(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
     weights: &Weights,
     args: &RunArgs,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<(String, String)>> {
     if args.no_preflight {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let missing: Vec<String> = host
+    let missing: Vec<(String, String)> = host
         .check_models(plan, weights)
         .await?
         .into_iter()
         .filter(|m| !m.complete)
-        .map(|m| format!("`{}@{}`", m.repo, m.revision))
+        .map(|m| (m.repo.clone(), format!("`{}@{}`", m.repo, m.revision)))
         .collect();
     if missing.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    Err(user(format!(
-        "model weights not set up in {weights}: {}\nhint: run `orch setup -f {}` first (or pass `--no-preflight`)",
-        missing.join(", "),
-        plan.manifest.display()
-    )))
+    // Which tasks each missing model would sink; a model no task names
+    // (the suite's own `models:`) still refuses the run.
+    let tasks_of = |repo: &str| -> Vec<&orch_manifest::CellPlan> {
+        plan.cells
+            .iter()
+            .filter(|c| {
+                c.campaign
+                    .as_ref()
+                    .is_some_and(|t| t.model.as_deref() == Some(repo))
+            })
+            .collect()
+    };
+    let refused: Vec<&String> = missing
+        .iter()
+        .filter(|(repo, _)| tasks_of(repo).is_empty())
+        .map(|(_, shown)| shown)
+        .collect();
+    if !refused.is_empty() {
+        return Err(user(format!(
+            "model weights not set up in {weights}: {}\nhint: run `orch setup -f {}` first (or pass `--no-preflight`)",
+            refused.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            plan.manifest.display()
+        )));
+    }
+    let mut sunk = Vec::new();
+    for (repo, shown) in &missing {
+        let cells = tasks_of(repo);
+        let ids: Vec<&str> = cells
+            .iter()
+            .filter_map(|c| c.campaign.as_ref().map(|t| t.id.as_str()))
+            .collect();
+        eprintln!(
+            "warning: model weights not set up in {weights}: {shown}; its task{} {} {} recorded `weights_missing` without running\nhint: `orch setup -f {}` sets it up (a gated model needs access first)",
+            if ids.len() == 1 { "" } else { "s" },
+            ids.join(", "),
+            if ids.len() == 1 { "is" } else { "are" },
+            plan.manifest.display()
+        );
+        sunk.extend(cells.iter().map(|c| (c.id.clone(), repo.clone())));
+    }
+    Ok(sunk)
+}
+
+/// The cells of campaign tasks whose model is missing, recorded failed
+/// `weights_missing` (nothing rented, nothing run) unless already recorded.
+fn record_sunk(
+    run: &orch_store::Run,
+    sunk: &[(String, String)],
+    manifest: &std::path::Path,
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now();
+    for (cell, model) in sunk {
+        let Some(plan_cell) = run.plan.cells.iter().find(|c| &c.id == cell) else {
+            continue;
+        };
+        if run.cell_record(cell)?.is_some() {
+            continue;
+        }
+        let (_, attempt) = run.prepare_cell(cell)?;
+        let record = orch_record::CellRecord {
+            id: plan_cell.id.clone(),
+            benchmark: plan_cell.benchmark.clone(),
+            status: orch_protocol::Status::Failed,
+            gpu: plan_cell.gpu.to_string(),
+            params: plan_cell.params.clone(),
+            metrics: Default::default(),
+            timings: Default::default(),
+            failure: Some(orch_protocol::Failure::new(
+                "weights_missing",
+                format!(
+                    "model `{model}` is not set up: run `orch setup -f {}` (a gated model needs access first)",
+                    manifest.display()
+                ),
+            )),
+            started_at: now,
+            finished_at: now,
+            duration_s: 0.0,
+            stdout: Default::default(),
+            stderr: Default::default(),
+            info: Default::default(),
+            attempt,
+            diagnosis: None,
+            hardware: None,
+            flags: Vec::new(),
+            cost: None,
+        };
+        run.finish_cell(&record)?;
+    }
+    Ok(())
+}
+
+/// The cells of `plan` that finished in run `old` with the same task
+/// (workload, files by content, GPUs, image): (old run id, record).
+fn reusable(
+    store: &orch_store::Store,
+    old: &str,
+    plan: &orch_manifest::Plan,
+) -> anyhow::Result<Vec<(String, orch_record::CellRecord)>> {
+    let old = store.open_run(old)?;
+    let same = |a: &orch_manifest::CellPlan, b: &orch_manifest::CellPlan| {
+        let mut ta = a.task.clone();
+        let mut tb = b.task.clone();
+        ta.run_id.clear();
+        tb.run_id.clear();
+        ta.strict_hardware = false;
+        tb.strict_hardware = false;
+        ta == tb && a.gpu == b.gpu && a.image == b.image && a.nodes == b.nodes && a.campaign == b.campaign
+    };
+    let mut out = Vec::new();
+    for cell in &plan.cells {
+        let Some(prev) = old.plan.cells.iter().find(|c| c.id == cell.id) else {
+            continue;
+        };
+        if !same(prev, cell) {
+            continue;
+        }
+        if let Some(rec) = old.cell_record(&cell.id)? {
+            if rec.status.is_finished() {
+                out.push((old.id().to_string(), rec));
+            }
+        }
+    }
+    eprintln!(
+        "reusing {} of {} cells from run {} (unchanged and finished there); running the others",
+        out.len(),
+        plan.cells.len(),
+        old.id()
+    );
+    Ok(out)
+}
+
+/// The reused records stored in the new run (their logs copied where both
+/// runs are folders here), marked `info.reused_from`; their cost stays
+/// with the run that paid it.
+fn reuse_cells(
+    store: &orch_store::Store,
+    run: &orch_store::Run,
+    reused: &[(String, orch_record::CellRecord)],
+) -> anyhow::Result<()> {
+    for (old_id, rec) in reused {
+        let (dir, attempt) = run.prepare_cell(&rec.id)?;
+        if let Ok(old) = store.open_exact(old_id) {
+            let from = old.cell_dir(&rec.id);
+            if from.is_dir() {
+                copy_tree(&from, &dir);
+            }
+        }
+        let mut rec = rec.clone();
+        rec.attempt = attempt;
+        rec.cost = None;
+        rec.info
+            .insert("reused_from".into(), serde_json::Value::String(old_id.clone()));
+        run.finish_cell(&rec)?;
+    }
+    Ok(())
+}
+
+/// Best effort: files under `from` copied into `to` (a missing log is not
+/// worth failing a run for; the record names the run it came from).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if src.is_dir() {
+            let _ = std::fs::create_dir_all(&dst);
+            copy_tree(&src, &dst);
+        } else if !dst.exists() {
+            let _ = std::fs::copy(&src, &dst);
+        }
+    }
 }
 
 /// Everything a run needs of the suite and the backend, checked before the
-/// run's folder exists: secrets, node counts, GPU counts, weights.
+/// run's folder exists: secrets, node counts, GPU counts, weights. Returns
+/// the secrets and the campaign cells whose model is missing.
 pub(super) async fn check(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
     args: &RunArgs,
-) -> anyhow::Result<Vec<(String, String)>> {
+) -> anyhow::Result<(Vec<(String, String)>, Vec<(String, String)>)> {
     let secrets = collect_secrets(&plan.secrets)?;
     check_nodes(host, plan)?;
     host_gpus(host, plan)?;
     let weights = host.weights(Some(plan), false).await?;
-    preflight(host, plan, &weights, args).await?;
-    Ok(secrets)
+    let sunk = preflight(host, plan, &weights, args).await?;
+    Ok((secrets, sunk))
 }
 
 pub async fn run(
@@ -149,7 +320,8 @@ pub async fn run(
             }
             // Re-read under the lock: the run may have moved on meanwhile.
             let mut run = store.open_exact(run.id())?;
-            let secrets = check(host, &run.plan, &args).await?;
+            let (secrets, sunk) = check(host, &run.plan, &args).await?;
+            record_sunk(&run, &sunk, &run.plan.manifest)?;
             let (backend, images) = host.backend(&run.plan).await?;
             let files = files_of(&run.plan);
             stage_files(&files, &run.plan, backend.as_ref())?;
@@ -176,7 +348,13 @@ pub async fn run(
                 })?),
                 None => None,
             };
-            let mut plan = orch_manifest::load(file, &ExpandOptions { gpus })?;
+            let mut plan = orch_manifest::load(
+                file,
+                &ExpandOptions {
+                    gpus,
+                    ..Default::default()
+                },
+            )?;
             let files = files_of(&plan);
             prepare_files(&files, &mut plan)?;
             if args.dry_run {
@@ -188,18 +366,32 @@ pub async fn run(
             for cell in &mut plan.cells {
                 cell.task.strict_hardware = args.strict_hardware;
             }
-            let secrets = check(host, &plan, &args).await?;
+            let (secrets, sunk) = check(host, &plan, &args).await?;
             let (backend, images) = host.backend(&plan).await?;
             stage_files(&files, &plan, backend.as_ref())?;
             let cells = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
-            let todo: Vec<String> = plan.cells.iter().map(|c| c.id.clone()).collect();
+            // Cells recorded `weights_missing` rent nothing.
+            let todo: Vec<String> = plan
+                .cells
+                .iter()
+                .map(|c| c.id.clone())
+                .filter(|id| !sunk.iter().any(|(c, _)| c == id))
+                .collect();
             let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
             let argv: Vec<String> = std::env::args().collect();
             let env = orch_store::host_environment(file, argv);
+            // The earlier run's finished cells that have not changed, read
+            // before the new run exists (a wrong id costs nothing).
+            let reused = match &args.reuse {
+                Some(old) => reusable(store, old, &plan)?,
+                None => Vec::new(),
+            };
             let run = store.create_run(&plan, &text, args.backend.as_str(), env)?;
             let lock = run.lock_writer()?;
+            record_sunk(&run, &sunk, &run.plan.manifest)?;
+            reuse_cells(store, &run, &reused)?;
             (run, secrets, backend, images, cost_opts, files, lock)
         }
         (None, None) => {

@@ -23,8 +23,57 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let mut requests = plan.as_ref().map(model_requests).unwrap_or_default();
+    // A campaign: every model's access checked before any byte moves; a
+    // refusal names the tasks it sinks, and the other models are set up.
+    let mut refused: Vec<String> = Vec::new();
+    if let Some(p) = plan
+        .as_ref()
+        .filter(|p| p.cells.iter().any(|c| c.campaign.is_some()))
+    {
+        for check in crate::commands::doctor::hub_checks(Some(p)).await {
+            if check.status != orch_backend::host::CheckStatus::Fail {
+                continue;
+            }
+            let Some(req) = requests
+                .iter()
+                .find(|r| format!("{}@{}", r.repo, r.revision) == check.name)
+            else {
+                continue;
+            };
+            let tasks: Vec<&str> = p
+                .cells
+                .iter()
+                .filter_map(|c| c.campaign.as_ref())
+                .filter(|t| t.model.as_deref() == Some(req.repo.as_str()))
+                .map(|t| t.id.as_str())
+                .collect();
+            let sinks = if tasks.is_empty() {
+                "every task".to_string()
+            } else {
+                format!(
+                    "task{} {}",
+                    if tasks.len() == 1 { "" } else { "s" },
+                    tasks.join(", ")
+                )
+            };
+            eprintln!(
+                "refused: {}: {} (sinks {sinks})\nhint: {}",
+                check.name,
+                check.detail,
+                check.next.clone().unwrap_or_default()
+            );
+            refused.push(req.repo.clone());
+        }
+        requests.retain(|r| !refused.contains(&r.repo));
+    }
     for spec in &args.models {
         requests.push(ModelRequest::parse(spec)?);
+    }
+    if requests.is_empty() && !refused.is_empty() {
+        return Err(user(format!(
+            "no model of the campaign may be set up: {} refused\nhint: see each refusal above",
+            refused.join(", ")
+        )));
     }
     if requests.is_empty() {
         return Err(user(
@@ -91,6 +140,14 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
     sync_dir(&weights_dir);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    if !refused.is_empty() {
+        eprintln!(
+            "error: {} of the campaign's models refused ({}): their tasks are recorded `weights_missing` by `orch run`, the others run\nhint: get access and run `orch setup` again",
+            refused.len(),
+            refused.join(", ")
+        );
+        return Ok(2);
     }
     Ok(0)
 }

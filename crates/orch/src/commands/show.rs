@@ -41,6 +41,7 @@ fn checks_text(store: &orch_store::Store, record: &orch_record::RunRecord) -> St
 pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
     let run = store.open_run(&args.run)?;
     let record = run.record()?;
+    let campaign = super::campaign::load(&run, &super::campaign::options(&args.score)?)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
@@ -49,6 +50,9 @@ pub fn show(store: &orch_store::Store, args: ShowArgs) -> anyhow::Result<i32> {
             output::run_text(&record, std::path::Path::new(&run.location()))
         );
         print!("{}", checks_text(store, &record));
+        if let Some(c) = &campaign {
+            print!("\n{}", orch_campaign::render::headline(c));
+        }
     }
     Ok(
         if record.cells.iter().all(|c| c.status == CellStatus::Succeeded) {

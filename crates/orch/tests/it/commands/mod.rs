@@ -1,6 +1,7 @@
-//! The commands around a run: bisect, cost and budgets, history, report, setup, and orch as installed.
+//! The commands around a run: bisect, campaigns, cost and budgets, history, report, setup, and orch as installed.
 
 mod bisect;
+mod campaign;
 mod cost;
 mod history;
 mod install;

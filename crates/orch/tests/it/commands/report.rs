@@ -3,7 +3,7 @@
 //! in headless Chromium.
 
 #[path = "../../../../orch-report/tests/support/browser.rs"]
-mod browser;
+pub(super) mod browser;
 
 use crate::support::repo;
 use serde_json::Value;
