@@ -18,10 +18,13 @@
 //! - [`spec`]: the objects orch applies (the cell's Job, the run's Secret),
 //!   built without IO, so `orch run --dry-run` prints exactly what is applied;
 //! - [`watch`]: what a pod's status and events say (scheduled, pulling,
-//!   unschedulable, image errors, config errors, OOM, eviction), without IO;
+//!   unschedulable, image errors, config errors, disruption), without IO;
+//! - [`end`]: how a cell's pod ended (OOM kill, eviction, disruption, the
+//!   Job's deadline, a lost node, the agent's summary, a refused log), the
+//!   facts the host gathered → the platform's end, without IO;
 //! - [`backend`]: the [`orch_backend::Backend`] for `--backend kubernetes`:
 //!   create, watch, follow the pod log home through
-//!   [`orch_backend::home::Home`], name failures, delete.
+//!   [`orch_backend::home::Home`], gather the end's facts, delete.
 //!
 //! The cell's files (a command's `workdir`, a local compare `repo`, `patch`
 //! files, a `prompt_file`, `sync.paths`) travel in content-addressed
@@ -41,11 +44,13 @@
 //! without IO: labels, deadlines, GPU limits and node affinity by GFD/GKE/Karpenter
 //! labels, tolerations, `/dev/shm`, the weights PVC, `secretKeyRef` env, the agent's init
 //! container; a multi-node cell's Indexed Job and headless Service; `--dry-run` YAML); `watch.rs` (a pod's status read without IO: pending,
-//! unschedulable, stuck on an image or a Secret, started, how it ended); `backend.rs`
-//! (Secret, Job, the pod watched every 0.5 s, its log followed into `Home` with
-//! reconnects, the termination message as the fallback result, OOMKilled/evicted/deadline
-//! named, Job deleted on end/cancel/timeout, `cleanup` by the run's labels; a multi-node
-//! cell's ranks followed into `nodes/<k>/`); `nodes.rs` (a multi-node cell's `info.nodes` and
+//! unschedulable, stuck on an image or a Secret, started); `end.rs` (a cell's end without
+//! IO: the pod's end read from its status, the gathered facts → a verdict or words and
+//! the result that came home, the termination message as the fallback result);
+//! `backend/` (Secret, ConfigMaps, Job, the pod watched every 0.5 s, its log followed into
+//! `Home` with reconnects, the end's facts gathered, Job deleted on end/cancel/timeout,
+//! `cleanup` by the run's labels; a multi-node cell's ranks followed into `nodes/<k>/`;
+//! one file per concern, listed in its `mod.rs`); `nodes.rs` (a multi-node cell's `info.nodes` and
 //! which rank's end is the cell's, without IO); `weights.rs`
 //! (the weights PVC checked by a probe Job: refs and completeness markers);
 //! `spec::setup_job` + `run_setup` (`orch setup --backend kubernetes`: the static `orch`
@@ -56,6 +61,7 @@
 //! check, `orch setup` run remotely, `orch down`.
 
 pub mod backend;
+pub mod end;
 pub mod files;
 pub mod host;
 pub mod nodes;

@@ -1,10 +1,12 @@
 //! What a pod's status says, without IO: has the cell's container started,
 //! is the pod waiting for something that will come (a node, an image pull),
 //! or for something that never will (no node fits, no such image, a missing
-//! Secret key), and how did it end. A pod the cluster took away (its
-//! `DisruptionTarget` condition, [`disruption`]) ended `disrupted`, status
-//! `cancelled` (its work was not done: `--resume` runs it again).
+//! Secret key); how it ended is read by [`crate::end`]. A pod the cluster
+//! took away (its `DisruptionTarget` condition, [`disruption`]) ended
+//! `disrupted`, status `cancelled` (its work was not done: `--resume` runs
+//! it again).
 
+use crate::end::{PodEnd, PodFacts};
 use crate::{AGENT_CONTAINER, CELL_CONTAINER};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use orch_protocol::{Failure, Status};
@@ -77,7 +79,7 @@ pub fn disruption(pod: &Pod) -> Option<(String, String)> {
 }
 
 /// The failure of a disrupted pod: kind `disrupted`, the condition's words.
-fn disrupted(reason: &str, message: &str) -> (Status, Failure) {
+pub(crate) fn disrupted(reason: &str, message: &str) -> (Status, Failure) {
     (
         Status::Cancelled,
         Failure::new(
@@ -229,127 +231,20 @@ pub fn pod_state(pod: &Pod) -> PodState {
     }
 }
 
-/// How the pod ended, when the agent sent no result: (status, failure).
-/// `summary`: the cell container's termination message, the agent's short
-/// JSON summary (or the log's tail, `FallbackToLogsOnError`).
+/// How the pod ended, when the agent sent no result: (status, failure)
+/// ([`crate::end::PodEnd`]).
 pub fn pod_end(pod: Option<&Pod>) -> (Status, Failure) {
-    let fail = |status: Status, kind: &str, message: String, exit_code: Option<i32>| {
-        (
-            status,
-            Failure {
-                kind: kind.into(),
-                message,
-                exit_code,
-                signal: None,
-            },
-        )
-    };
-    let Some(pod) = pod else {
-        return fail(
-            Status::Failed,
-            "pod_lost",
-            "the pod disappeared before the agent sent a result (deleted from outside, or its node was lost)"
-                .into(),
-            None,
-        );
-    };
-    let status = pod.status.as_ref();
-    let reason = status.and_then(|s| s.reason.clone()).unwrap_or_default();
-    let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
-    let term = status
-        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.clone());
-    if let Some(t) = &term {
-        if t.reason.as_deref() == Some("OOMKilled") {
-            return fail(
-                Status::Oom,
-                "oom",
-                format!(
-                    "the cell's container was killed for going over its memory limit (OOMKilled, exit code {})",
-                    t.exit_code
-                ),
-                Some(t.exit_code),
-            );
-        }
-    }
-    match reason.as_str() {
-        "Evicted" => {
-            return fail(
-                Status::Failed,
-                "evicted",
-                format!("the pod was evicted from its node: {message}"),
-                None,
-            )
-        }
-        _ if disruption(pod).is_some() => {
-            let (reason, message) = disruption(pod).unwrap_or_default();
-            return disrupted(&reason, &message);
-        }
-        "DeadlineExceeded" => {
-            return fail(
-                Status::Timeout,
-                "timeout",
-                format!("the Job's activeDeadlineSeconds passed: {message}"),
-                None,
-            )
-        }
-        "NodeLost" | "NodeShutdown" | "Terminated" => {
-            return fail(
-                Status::Failed,
-                "node_lost",
-                format!("the pod's node went away ({reason}): {message}"),
-                None,
-            )
-        }
-        _ => {}
-    }
-    match term {
-        Some(t) => fail(
-            Status::Failed,
-            "agent_died",
-            format!(
-                "the cell's container exited with {} ({}) before the agent sent a result",
-                t.exit_code,
-                t.reason.as_deref().unwrap_or("Error")
-            ),
-            Some(t.exit_code),
-        ),
-        None => fail(
-            Status::Failed,
-            "pod_failed",
-            format!(
-                "the pod ended without a result (phase {})",
-                status.and_then(|s| s.phase.clone()).unwrap_or_default()
-            ),
-            None,
-        ),
-    }
+    PodEnd::of(pod.map(PodFacts::of).as_ref()).failure()
 }
 
 /// The cell container's termination message, if any.
 pub fn termination_message(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()
-        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref())
-        .and_then(|t| t.message.clone())
-        .filter(|m| !m.trim().is_empty())
+    PodFacts::of(pod).termination_message().map(str::to_string)
 }
 
 /// Is the cell's container done?
 pub fn cell_terminated(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| container(s.container_statuses.as_ref(), CELL_CONTAINER))
-        .and_then(|c| c.state.as_ref())
-        .is_some_and(|s| s.terminated.is_some())
-        || pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| matches!(p, "Failed" | "Succeeded"))
+    PodFacts::of(pod).ended()
 }
 
 /// Could any of these nodes ever run the pod, if nothing else ran there?

@@ -19,8 +19,11 @@
 //!    the platform says ([`PlatformEnd`]), by one set of rules ([`judge`]):
 //!    a stop by the host is `cancelled`/`timeout`, a platform's OOM kill,
 //!    eviction, lost node, time limit or preemption names the end whatever
-//!    the agent managed to say, an agent killed by a signal of its own is
-//!    `agent_crashed`;
+//!    the agent managed to say, a `cancelled` the host did not ask for is
+//!    the platform's stop from outside ([`Platform::stopped_outside`]), an
+//!    agent killed by a signal of its own is `agent_crashed`. A platform
+//!    says what it did or saw ([`PlatformEnd`]); how that ranks against the
+//!    agent's own result is decided here only;
 //! 5. everything the cell left in its folder is masked on the host
 //!    ([`crate::secrets::mask_dir`]), whatever the agent masked itself.
 //!
@@ -397,6 +400,14 @@ pub trait Platform: Send {
         None
     }
 
+    /// The end of a cell stopped from outside orch: its agent's result is
+    /// `cancelled` (it was told to stop), orch stopped nothing, and the
+    /// platform names nothing it did ([`PlatformEnd::verdict`]). `None`:
+    /// the agent's result stands.
+    fn stopped_outside(&self) -> Option<(Status, Failure)> {
+        None
+    }
+
     /// The platform's additions to the record (`info`), and its clean-up
     /// (delete the Job, remove the container), once the result is known.
     async fn finish(&mut self, cell: &mut Cell, result: &mut CellResult);
@@ -504,24 +515,25 @@ pub fn judge<P: Platform + ?Sized>(
     end: PlatformEnd,
 ) -> CellResult {
     let recovered = end.result.clone().map(|r| cell.stream.stamp(r));
-    let r = judge_in(
-        &cell.dir,
-        &cell.id,
-        platform.what(),
-        &|f| {
-            platform
-                .note_line(f)
-                .map(|l| cell.masker.mask_str(&l).into_owned())
-        },
-        result.or(recovered),
-        stopped,
-        end,
-    );
+    let note_line = |f: &Failure| {
+        platform
+            .note_line(f)
+            .map(|l| cell.masker.mask_str(&l).into_owned())
+    };
+    let rules = Rules {
+        dir: &cell.dir,
+        cell_id: &cell.id,
+        what: platform.what(),
+        note_line: &note_line,
+        stopped_outside: platform.stopped_outside(),
+    };
+    let r = ranked(rules, result.or(recovered), stopped, end);
     cell.stream.stamp(r)
 }
 
 /// [`judge`] for a cell folder `dir`, where the notes (`note_line`) and an
-/// agent crash's line go into `agent.log`.
+/// agent crash's line go into `agent.log` (a platform that names no stop
+/// from outside).
 pub fn judge_in(
     dir: &Path,
     cell_id: &str,
@@ -531,6 +543,42 @@ pub fn judge_in(
     stopped: Option<Stop>,
     end: PlatformEnd,
 ) -> CellResult {
+    let rules = Rules {
+        dir,
+        cell_id,
+        what,
+        note_line,
+        stopped_outside: None,
+    };
+    ranked(rules, result, stopped, end)
+}
+
+/// The cell [`ranked`] judges: its folder and id, what ran it, the
+/// platform's notes and its stop from outside.
+struct Rules<'a> {
+    dir: &'a Path,
+    cell_id: &'a str,
+    what: &'a str,
+    note_line: &'a dyn Fn(&Failure) -> Option<String>,
+    /// [`Platform::stopped_outside`].
+    stopped_outside: Option<(Status, Failure)>,
+}
+
+/// The one place where the agent's result, the host's stop and what the
+/// platform did or saw are ranked.
+fn ranked(
+    rules: Rules<'_>,
+    result: Option<CellResult>,
+    stopped: Option<Stop>,
+    end: PlatformEnd,
+) -> CellResult {
+    let Rules {
+        dir,
+        cell_id,
+        what,
+        note_line,
+        stopped_outside,
+    } = rules;
     let note = |f: &Failure| {
         if let Some(line) = note_line(f) {
             crate::note_agent_log(dir, &line);
@@ -584,8 +632,13 @@ pub fn judge_in(
             return finish_stop(r, stopped);
         }
     };
-    // What the platform did to the cell names its end.
-    if let Some((status, failure)) = &end.verdict {
+    // What the platform did to the cell names its end; where it names
+    // nothing, a cancel orch did not ask for is its stop from outside.
+    let verdict = end
+        .verdict
+        .clone()
+        .or_else(|| stopped_outside.filter(|_| stopped.is_none() && r.status == Status::Cancelled));
+    if let Some((status, failure)) = &verdict {
         let applies = if failure.kind == "oom" {
             !matches!(r.status, Status::Succeeded | Status::Cancelled)
         } else {
@@ -648,6 +701,7 @@ mod tests {
         end: PlatformEnd,
         stops: Vec<(Stop, bool)>,
         finished: bool,
+        outside: Option<(Status, Failure)>,
     }
 
     #[async_trait]
@@ -677,6 +731,9 @@ mod tests {
         }
         async fn finish(&mut self, _cell: &mut Cell, _result: &mut CellResult) {
             self.finished = true;
+        }
+        fn stopped_outside(&self) -> Option<(Status, Failure)> {
+            self.outside.clone()
         }
     }
 
@@ -722,6 +779,7 @@ mod tests {
             end,
             stops: vec![],
             finished: false,
+            outside: None,
         }
     }
 
@@ -829,6 +887,243 @@ mod tests {
         assert_eq!(p.stops, vec![(Stop::Cancelled, true)]);
         assert!(p.ended && p.finished);
         assert!(r.failure.unwrap().message.contains("killed by SIGTERM"));
+    }
+
+    /// An agent's result of `status`, failed with `kind` unless it succeeded.
+    fn agent(status: Status, kind: &str) -> CellResult {
+        let mut r = CellResult::failed("c", status, kind, format!("the agent: {kind}"));
+        if status == Status::Succeeded {
+            r.failure = None;
+        } else if let Some(f) = r.failure.as_mut() {
+            f.exit_code = Some(3);
+        }
+        r
+    }
+
+    fn verdict(status: Status, kind: &str) -> PlatformEnd {
+        PlatformEnd {
+            verdict: Some((status, Failure::new(kind, format!("the platform: {kind}")))),
+            ..Default::default()
+        }
+    }
+
+    fn words(status: Status, kind: &str, exit_code: Option<i32>) -> PlatformEnd {
+        PlatformEnd {
+            exit_code,
+            words: Some((status, Failure::new(kind, format!("the platform: {kind}")))),
+            ..Default::default()
+        }
+    }
+
+    fn ended(r: &CellResult) -> (Status, String) {
+        (
+            r.status,
+            r.failure.as_ref().map(|f| f.kind.clone()).unwrap_or_default(),
+        )
+    }
+
+    /// (what, the agent's result, orch's stop, the platform's end) → the
+    /// cell's status and failure kind.
+    type Case = (
+        &'static str,
+        Option<CellResult>,
+        Option<Stop>,
+        PlatformEnd,
+        (Status, &'static str),
+    );
+
+    /// Every rule of the ranking, once.
+    #[test]
+    fn the_agents_result_the_hosts_stop_and_the_platforms_end_rank_once() {
+        use Status::*;
+        let cases: Vec<Case> = vec![
+            (
+                "an OOM kill names a failure's end",
+                Some(agent(Failed, "exit_code")),
+                None,
+                verdict(Oom, "oom"),
+                (Oom, "oom"),
+            ),
+            (
+                "an OOM kill past orch's timeout",
+                Some(agent(Failed, "exit_code")),
+                Some(Stop::Timeout),
+                verdict(Oom, "oom"),
+                (Oom, "oom"),
+            ),
+            (
+                "a success stands over an OOM kill",
+                Some(agent(Succeeded, "")),
+                None,
+                verdict(Oom, "oom"),
+                (Succeeded, ""),
+            ),
+            (
+                "a cancel stands over an OOM kill",
+                Some(agent(Cancelled, "cancelled")),
+                None,
+                verdict(Oom, "oom"),
+                (Cancelled, "cancelled"),
+            ),
+            (
+                "an eviction names a failure's end",
+                Some(agent(Failed, "exit_code")),
+                None,
+                verdict(Failed, "evicted"),
+                (Failed, "evicted"),
+            ),
+            (
+                "a success stands over an eviction",
+                Some(agent(Succeeded, "")),
+                None,
+                verdict(Failed, "evicted"),
+                (Succeeded, ""),
+            ),
+            (
+                "orch's timeout stands over the platform's",
+                Some(agent(Timeout, "timeout")),
+                Some(Stop::Timeout),
+                verdict(Timeout, "timeout"),
+                (Timeout, "timeout"),
+            ),
+            (
+                "orch's cancel over a failure",
+                Some(agent(Failed, "exit_code")),
+                Some(Stop::Cancelled),
+                verdict(Failed, "evicted"),
+                (Cancelled, "cancelled"),
+            ),
+            (
+                "words do not name an end that has a result",
+                Some(agent(Failed, "exit_code")),
+                None,
+                words(Failed, "pod_failed", Some(1)),
+                (Failed, "exit_code"),
+            ),
+            (
+                "no result: orch's cancel",
+                None,
+                Some(Stop::Cancelled),
+                verdict(Oom, "oom"),
+                (Cancelled, "cancelled"),
+            ),
+            (
+                "no result: orch's timeout",
+                None,
+                Some(Stop::Timeout),
+                words(Failed, "pod_failed", None),
+                (Timeout, "timeout"),
+            ),
+            (
+                "no result: the verdict",
+                None,
+                None,
+                verdict(Failed, "evicted"),
+                (Failed, "evicted"),
+            ),
+            (
+                "no result: the words",
+                None,
+                None,
+                words(Failed, "pod_failed", Some(1)),
+                (Failed, "pod_failed"),
+            ),
+            (
+                "no result: a signal of the agent's own is its crash",
+                None,
+                None,
+                words(Failed, "agent_died", Some(139)),
+                (Failed, "agent_crashed"),
+            ),
+            (
+                "no result: SIGKILL is from outside",
+                None,
+                None,
+                words(Failed, "agent_died", Some(137)),
+                (Failed, "agent_died"),
+            ),
+            (
+                "no result, no words: the agent crashed",
+                None,
+                None,
+                PlatformEnd::default(),
+                (Failed, "agent_crashed"),
+            ),
+        ];
+        for (name, result, stopped, end, want) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let r = judge_in(dir.path(), "c", "the script", &|_| None, result, stopped, end);
+            assert_eq!(ended(&r), (want.0, want.1.to_string()), "{name}: {r:?}");
+        }
+        // A verdict keeps the agent's exit status; a cancel keeps what it saw.
+        let dir = tempfile::tempdir().unwrap();
+        let r = judge_in(
+            dir.path(),
+            "c",
+            "the script",
+            &|f| Some(format!("platform {}", f.kind)),
+            Some(agent(Status::Failed, "exit_code")),
+            None,
+            verdict(Status::Failed, "evicted"),
+        );
+        assert_eq!(r.failure.unwrap().exit_code, Some(3));
+        let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+        assert!(log.contains("platform evicted"), "{log}");
+        let r = judge_in(
+            dir.path(),
+            "c",
+            "the script",
+            &|_| None,
+            Some(agent(Status::Failed, "exit_code")),
+            Some(Stop::Cancelled),
+            PlatformEnd::default(),
+        );
+        assert!(r
+            .failure
+            .unwrap()
+            .message
+            .contains("before that: the agent: exit_code"));
+    }
+
+    #[test]
+    fn a_cancel_orch_did_not_ask_for_is_the_platforms_stop_from_outside() {
+        let outside = (
+            Status::Cancelled,
+            Failure::new("disrupted", "stopped from outside"),
+        );
+        let judged = |outside: Option<(Status, Failure)>, stopped: Option<Stop>, end: PlatformEnd| {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut c, _rx) = cell(dir.path(), "hunter2-secret");
+            let mut p = script(&[], end.clone());
+            p.outside = outside;
+            ended(&judge(
+                &p,
+                &mut c,
+                Some(agent(Status::Cancelled, "cancelled")),
+                stopped,
+                end,
+            ))
+        };
+        let no_word = words(Status::Failed, "agent_died", Some(143));
+        assert_eq!(
+            judged(Some(outside.clone()), None, no_word.clone()),
+            (Status::Cancelled, "disrupted".into())
+        );
+        // Orch stopped it: its cancel.
+        assert_eq!(
+            judged(Some(outside.clone()), Some(Stop::Cancelled), no_word.clone()),
+            (Status::Cancelled, "cancelled".into())
+        );
+        // The platform named what it did.
+        assert_eq!(
+            judged(Some(outside), None, verdict(Status::Failed, "evicted")),
+            (Status::Failed, "evicted".into())
+        );
+        // A platform that names no stop from outside: the agent's words.
+        assert_eq!(
+            judged(None, None, no_word),
+            (Status::Cancelled, "cancelled".into())
+        );
     }
 
     #[test]
