@@ -412,7 +412,10 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}pre
         }
         let _ = write!(s, "</table>");
     }
-    let _ = writeln!(s, "<p>Definitions and sources: docs/campaigns.md.</p></body></html>");
+    let _ = writeln!(
+        s,
+        "<p>Definitions and sources: docs/campaigns.md.</p></body></html>"
+    );
     s
 }
 

@@ -186,7 +186,15 @@ fn reusable(
         tb.run_id.clear();
         ta.strict_hardware = false;
         tb.strict_hardware = false;
-        ta == tb && a.gpu == b.gpu && a.image == b.image && a.nodes == b.nodes && a.campaign == b.campaign
+        // A task is the same wherever its row now sits in the file.
+        let task = |c: &orch_manifest::CellPlan| {
+            c.campaign.clone().map(|mut t| {
+                t.row = 0;
+                t.file.clear();
+                t
+            })
+        };
+        ta == tb && a.gpu == b.gpu && a.image == b.image && a.nodes == b.nodes && task(a) == task(b)
     };
     let mut out = Vec::new();
     for cell in &plan.cells {
