@@ -79,6 +79,23 @@ pub fn load(path: &Path, opts: &ExpandOptions) -> Result<Plan, ManifestError> {
     plan::expand(suite, path, opts)
 }
 
+/// The task files a manifest reads from Hugging Face datasets (`tasks:
+/// {dataset: ...}`), without expanding it: `orch setup` fetches them before
+/// the plan (which reads them) is made.
+pub fn task_datasets(path: &Path) -> Result<Vec<tasks::TasksDef>, ManifestError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let suite = parse_str(&text, path)?;
+    Ok(suite
+        .benchmarks
+        .into_iter()
+        .filter_map(|b| b.tasks.map(|t| t.value))
+        .filter(|t| t.dataset.is_some())
+        .collect())
+}
+
 /// Parse and expand manifest text (tests, `--resume` of old runs).
 pub fn load_str(text: &str, path: &Path, opts: &ExpandOptions) -> Result<Plan, ManifestError> {
     plan::expand(parse_str(text, path)?, path, opts)

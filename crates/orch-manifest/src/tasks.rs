@@ -790,6 +790,31 @@ mod tests {
     }
 
     #[test]
+    fn a_dataset_file_is_read_from_the_hub_cache_layout() {
+        let cache = tempfile::tempdir().unwrap();
+        let folder = cache.path().join("datasets--org--bench");
+        std::fs::create_dir_all(folder.join("refs")).unwrap();
+        std::fs::write(folder.join("refs/main"), "abc123\n").unwrap();
+        let def = TasksDef {
+            file: "data/tasks.jsonl".into(),
+            dataset: Some("org/bench".into()),
+            revision: None,
+            aa: false,
+        };
+        let p = tasks_path(&def, Path::new("/m"), cache.path());
+        assert_eq!(p, folder.join("snapshots/abc123/data/tasks.jsonl"));
+        // A commit as the revision names its own snapshot.
+        let def = TasksDef {
+            revision: Some("def456".into()),
+            ..def
+        };
+        assert_eq!(
+            tasks_path(&def, Path::new("/m"), cache.path()),
+            folder.join("snapshots/def456/data/tasks.jsonl")
+        );
+    }
+
+    #[test]
     fn csv_and_yaml_read_the_same_rows() {
         let t = load(
             "t.csv",

@@ -374,6 +374,16 @@ pub async fn run(
             for cell in &mut plan.cells {
                 cell.task.strict_hardware = args.strict_hardware;
             }
+            // A campaign on this machine: tasks whose variants share a commit,
+            // patches and install command install it once (as `orch bisect`).
+            if args.backend == orch_backend::host::Kind::Local {
+                let checkouts = orch_files::default_cache_dir().join("checkouts");
+                for cell in plan.cells.iter_mut().filter(|c| c.campaign.is_some()) {
+                    if let orch_protocol::Workload::Compare(w) = &mut cell.task.workload {
+                        w.install_cache = Some(checkouts.to_string_lossy().into_owned());
+                    }
+                }
+            }
             let (secrets, sunk) = check(host, &plan, &args).await?;
             let (backend, images) = host.backend(&plan).await?;
             stage_files(&files, &plan, backend.as_ref())?;

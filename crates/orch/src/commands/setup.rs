@@ -18,6 +18,10 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
             keep: false,
         },
     );
+    // A campaign's task file from a Hub dataset comes first: the plan reads it.
+    if let Some(file) = &args.file {
+        fetch_task_datasets(file).await?;
+    }
     let plan = match &args.file {
         Some(file) => Some(orch_manifest::load(file, &ExpandOptions::default())?),
         None => None,
@@ -150,6 +154,39 @@ pub async fn setup(args: SetupArgs) -> anyhow::Result<i32> {
         return Ok(2);
     }
     Ok(0)
+}
+
+/// Each `tasks: {dataset: ...}` file into this host's Hugging Face cache
+/// (where the plan reads it), whatever the backend: the host reads the rows.
+async fn fetch_task_datasets(file: &std::path::Path) -> anyhow::Result<()> {
+    let defs = orch_manifest::task_datasets(file)?;
+    if defs.is_empty() {
+        return Ok(());
+    }
+    let cache = orch_manifest::tasks::default_hf_cache();
+    let client = orch_hub::client()?;
+    for d in defs {
+        let Some(repo) = d.dataset.clone() else { continue };
+        let req = ModelRequest {
+            repo: repo.clone(),
+            revision: d.revision.clone().unwrap_or_else(|| "main".into()),
+            include: vec![d.file.clone()],
+            exclude: Vec::new(),
+            repo_type: "dataset".into(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let ui = tokio::spawn(show_progress(rx));
+        let result = orch_hub::setup(&client, &req, &SetupOptions::new(cache.clone()), tx).await;
+        let _ = ui.await;
+        let report = result?;
+        eprintln!(
+            "task file {} of dataset {repo}@{} -> {}",
+            d.file,
+            report.revision,
+            cache.display()
+        );
+    }
+    Ok(())
 }
 
 async fn show_progress(mut rx: mpsc::UnboundedReceiver<SetupEvent>) {
