@@ -320,39 +320,7 @@ pub fn dry_run(
 /// UTC), with `0000` for the salt: `--dry-run` names objects the way a run
 /// will.
 fn run_id_like(plan: &Plan, now: std::time::SystemTime) -> String {
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let suite: String = plan
-        .suite
-        .chars()
-        .take(40)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}-{suite}-0000",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    orch_record::run_id(chrono::DateTime::<chrono::Utc>::from(now), &plan.suite, 0)
 }
 
 /// `orch setup --backend kubernetes`: the download runs in the cluster, in a

@@ -691,30 +691,36 @@ fn common_parent<'a>(paths: impl Iterator<Item = &'a Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/"))
 }
 
-fn git(repo: &str, args: &[&str]) -> Result<Vec<u8>, FilesError> {
+/// `git -C REPO ARGS` on this host, never prompting: its stdout when it
+/// succeeds, its stderr (trimmed) when it fails, an error when git cannot
+/// be run. The one way host-side code runs git (`orch bisect` too).
+pub fn run_git(repo: &Path, args: &[&str]) -> std::io::Result<Result<Vec<u8>, String>> {
     let out = Command::new("git")
         .arg("-C")
         .arg(repo)
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .map_err(|e| FilesError::Git {
+        .output()?;
+    Ok(if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    })
+}
+
+fn git(repo: &str, args: &[&str]) -> Result<Vec<u8>, FilesError> {
+    match run_git(Path::new(repo), args) {
+        Err(e) => Err(FilesError::Git {
             repo: repo.to_string(),
             message: format!("cannot run `git`: {e}"),
             hint: "install git on this machine",
-        })?;
-    if out.status.success() {
-        Ok(out.stdout)
-    } else {
-        Err(FilesError::Git {
+        }),
+        Ok(Ok(stdout)) => Ok(stdout),
+        Ok(Err(stderr)) => Err(FilesError::Git {
             repo: repo.to_string(),
-            message: format!(
-                "`git {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+            message: format!("`git {}` failed: {stderr}", args.join(" ")),
             hint: "check the repository with the same git command",
-        })
+        }),
     }
 }
 

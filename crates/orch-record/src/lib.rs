@@ -35,4 +35,4 @@ pub use cell::{CellRecord, CellStatus, CellView};
 pub use compare::CompareInfo;
 pub use cost::{BudgetRecord, CellCost, RunCost, OTHER_PHASE};
 pub use diagnosis::Diagnosis;
-pub use run::{Environment, RunMeta, RunRecord, RunState, RunSummary};
+pub use run::{run_id, Environment, RunMeta, RunRecord, RunState, RunSummary};

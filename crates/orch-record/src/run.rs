@@ -94,3 +94,22 @@ impl RunSummary {
         }
     }
 }
+
+/// A run's id: `<yyyymmdd-hhmmss>-<suite>-<salt>` (UTC, the salt as four hex
+/// digits), which sorts by creation time; the suite name reduced to
+/// characters safe in a path and a key. The one place the format is made:
+/// the store names new runs with it, `--dry-run`s name objects with it.
+pub fn run_id(now: DateTime<Utc>, suite: &str, salt: u16) -> String {
+    let suite: String = suite
+        .chars()
+        .take(40)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{}-{}-{:04x}", now.format("%Y%m%d-%H%M%S"), suite, salt)
+}

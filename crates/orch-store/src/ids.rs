@@ -7,18 +7,7 @@ use chrono::{DateTime, Utc};
 pub(crate) fn new_run_id(now: DateTime<Utc>, suite: &str) -> String {
     let nanos = now.timestamp_subsec_nanos() as u64;
     let salt = (nanos ^ (std::process::id() as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let suite: String = suite
-        .chars()
-        .take(40)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{}-{}-{:04x}", now.format("%Y%m%d-%H%M%S"), suite, salt >> 48)
+    orch_record::run_id(now, suite, (salt >> 48) as u16)
 }
 
 #[cfg(test)]

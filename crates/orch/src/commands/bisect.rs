@@ -23,7 +23,6 @@ use orch_runner::{execute, RunnerOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
@@ -89,17 +88,10 @@ fn short(sha: &str) -> &str {
 }
 
 fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .map_err(|e| format!("cannot run `git`: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    match orch_files::run_git(repo, args) {
+        Err(e) => Err(format!("cannot run `git`: {e}")),
+        Ok(Ok(stdout)) => Ok(String::from_utf8_lossy(&stdout).trim().to_string()),
+        Ok(Err(stderr)) => Err(stderr),
     }
 }
 
