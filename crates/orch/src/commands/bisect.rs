@@ -389,11 +389,13 @@ fn step_line(n: usize, s: &Step) -> String {
     )
 }
 
-/// The backend of the steps, its images and the suite's secrets.
+/// The backend of the steps, its images, the suite's secrets and the
+/// weights folder (resolved once, by `run::check`).
 type Ready = (
     Arc<dyn orch_backend::Backend>,
     orch_backend::host::Images,
     Vec<(String, String)>,
+    Option<std::path::PathBuf>,
 );
 
 /// What runs the steps: the host, its backend (made for the first step
@@ -759,11 +761,11 @@ impl Runner<'_> {
     ) -> anyhow::Result<(orch_store::Run, orch_runner::Outcome)> {
         let host = self.host.as_ref();
         if self.backend.is_none() {
-            let (secrets, _) = check(host, &plan, &self.run_args).await?;
+            let checked = check(host, &plan, &self.run_args).await?;
             let (backend, images) = host.backend(&plan).await?;
-            self.backend = Some((backend, images, secrets));
+            self.backend = Some((backend, images, checked.secrets, checked.weights_dir));
         }
-        let Some((backend, images, secrets)) = self.backend.clone() else {
+        let Some((backend, images, secrets, weights_dir)) = self.backend.clone() else {
             unreachable!("set above")
         };
         stage_files(&files, &plan, backend.as_ref())?;
@@ -775,11 +777,6 @@ impl Runner<'_> {
         let _lock = run.lock_writer()?;
         created(run.id())?;
         let gpu_devices = super::run::host_gpus(host, &plan)?;
-        let weights_dir = host
-            .weights(Some(&plan), false)
-            .await?
-            .folder()
-            .map(|p| p.to_path_buf());
         let (tx, mut rx) = mpsc::unbounded_channel();
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
         let outcome = execute(

@@ -262,20 +262,33 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// What [`check`] found: what the run is given, decided once.
+pub(super) struct Checked {
+    pub secrets: Vec<(String, String)>,
+    /// Campaign cells whose model is missing, with the model.
+    pub sunk: Vec<(String, String)>,
+    /// The weights place's folder on this host, if it has one.
+    pub weights_dir: Option<std::path::PathBuf>,
+}
+
 /// Everything a run needs of the suite and the backend, checked before the
-/// run's folder exists: secrets, node counts, GPU counts, weights. Returns
-/// the secrets and the campaign cells whose model is missing.
+/// run's folder exists: secrets, node counts, GPU counts, weights (resolved
+/// once here, and handed to the runner from here).
 pub(super) async fn check(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
     args: &RunArgs,
-) -> anyhow::Result<(Vec<(String, String)>, Vec<(String, String)>)> {
+) -> anyhow::Result<Checked> {
     let secrets = collect_secrets(&plan.secrets)?;
     check_nodes(host, plan)?;
     host_gpus(host, plan)?;
     let weights = host.weights(Some(plan), false).await?;
     let sunk = preflight(host, plan, &weights, args).await?;
-    Ok((secrets, sunk))
+    Ok(Checked {
+        secrets,
+        sunk,
+        weights_dir: weights.folder().map(|p| p.to_path_buf()),
+    })
 }
 
 pub async fn run(
@@ -300,7 +313,10 @@ pub async fn run(
         ));
     }
     // `_lock`: this process is the run's one writer until it returns.
-    let (mut run, secrets, backend, images, cost_opts, files, _lock) = match (&args.resume, &args.file) {
+    let (mut run, secrets, weights_dir, backend, images, cost_opts, files, _lock) = match (
+        &args.resume,
+        &args.file,
+    ) {
         (Some(id), _) => {
             if args.gpu.is_some() {
                 return Err(user(
@@ -328,7 +344,11 @@ pub async fn run(
             }
             // Re-read under the lock: the run may have moved on meanwhile.
             let mut run = store.open_exact(run.id())?;
-            let (secrets, sunk) = check(host, &run.plan, &args).await?;
+            let Checked {
+                secrets,
+                sunk,
+                weights_dir,
+            } = check(host, &run.plan, &args).await?;
             record_sunk(&run, &sunk, &run.plan.manifest)?;
             let (backend, images) = host.backend(&run.plan).await?;
             let files = files_of(&run.plan);
@@ -345,7 +365,7 @@ pub async fn run(
             // (containers, Jobs, sandboxes, queued jobs) goes first.
             backend.cleanup(run.id()).await?;
             run.note_resume()?;
-            (run, secrets, backend, images, cost_opts, files, lock)
+            (run, secrets, weights_dir, backend, images, cost_opts, files, lock)
         }
         (None, Some(file)) => {
             let gpus = match &args.gpu {
@@ -384,7 +404,11 @@ pub async fn run(
                     }
                 }
             }
-            let (secrets, sunk) = check(host, &plan, &args).await?;
+            let Checked {
+                secrets,
+                sunk,
+                weights_dir,
+            } = check(host, &plan, &args).await?;
             let (backend, images) = host.backend(&plan).await?;
             stage_files(&files, &plan, backend.as_ref())?;
             let cells = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
@@ -410,7 +434,7 @@ pub async fn run(
             let lock = run.lock_writer()?;
             record_sunk(&run, &sunk, &run.plan.manifest)?;
             reuse_cells(store, &run, &reused)?;
-            (run, secrets, backend, images, cost_opts, files, lock)
+            (run, secrets, weights_dir, backend, images, cost_opts, files, lock)
         }
         (None, None) => {
             return Err(user(
@@ -420,11 +444,6 @@ pub async fn run(
     };
     let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
     let gpu_devices = host_gpus(host, &run.plan)?;
-    let weights_dir = host
-        .weights(Some(&run.plan), false)
-        .await?
-        .folder()
-        .map(|p| p.to_path_buf());
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
