@@ -160,6 +160,11 @@ pub struct TaskScore {
     pub cause: Option<Cause>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub human_vs_baseline: Option<PairScore>,
+    /// The A/A pair (`tasks: {aa: true}`): the baseline against itself,
+    /// which must come out `same`; anything else says the task's rounds
+    /// are noisier than its verdicts assume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aa: Option<PairScore>,
     /// SWE-Perf's gain of the human change (the expert's row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub human_gain: Option<f64>,
@@ -224,6 +229,9 @@ pub struct Headline {
     pub cost_usd: f64,
     /// Dollars per valid task.
     pub cost_per_valid_usd: Option<f64>,
+    /// Valid tasks whose A/A pair came out other than `same` (with `aa`).
+    #[serde(default)]
+    pub aa_alarms: Vec<String>,
 }
 
 /// A scored campaign.
@@ -378,6 +386,7 @@ fn score_task(c: &TaskCell, opts: &Options) -> Result<TaskScore, CampaignError> 
         valid: false,
         cause: None,
         human_vs_baseline: None,
+        aa: None,
         human_gain: None,
         attempts: Vec::new(),
         outcome: None,
@@ -447,6 +456,7 @@ fn score_task(c: &TaskCell, opts: &Options) -> Result<TaskScore, CampaignError> 
         return Ok(s);
     }
     s.valid = true;
+    s.aa = t.aa.as_ref().and_then(|a| pair(&info, baseline, a));
     let base_times = times(&info, baseline);
     if let Some(h) = &t.human {
         s.human_vs_baseline = pair(&info, baseline, h);
@@ -567,6 +577,11 @@ fn headline(tasks: &[TaskScore], opts: &Options) -> Headline {
             .then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp()),
         cost_usd: cost,
         cost_per_valid_usd: (n_valid > 0).then(|| cost / n_valid as f64),
+        aa_alarms: valid
+            .iter()
+            .filter(|t| t.aa.as_ref().is_some_and(|p| p.verdict != Verdict::Same))
+            .map(|t| t.id.clone())
+            .collect(),
     }
 }
 

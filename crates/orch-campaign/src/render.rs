@@ -90,6 +90,22 @@ pub fn headline(c: &Campaign) -> String {
         None => format!("${:.2} (no valid task)", h.cost_usd),
     };
     let _ = writeln!(s, "  cost              {cost}");
+    let with_aa = c.tasks.iter().filter(|t| t.aa.is_some()).count();
+    if with_aa > 0 {
+        let _ = writeln!(
+            s,
+            "  A/A               {} of {with_aa} tasks not `same`{}",
+            h.aa_alarms.len(),
+            if h.aa_alarms.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({}): their rounds are noisier than their intervals say",
+                    h.aa_alarms.join(", ")
+                )
+            }
+        );
+    }
     let removed: Vec<String> = c
         .failures
         .iter()

@@ -391,6 +391,40 @@ fn a_row_without_a_human_change_scores_against_the_baseline_only() {
 }
 
 #[test]
+fn an_aa_pair_that_is_not_same_raises_an_alarm() {
+    let mut quiet = cell(
+        "quiet",
+        &["agent"],
+        true,
+        CellStatus::Succeeded,
+        info(vec![
+            V::Ok("baseline", rounds(100.0)),
+            V::Ok("human", rounds(130.0)),
+            V::Ok("agent", rounds(150.0)),
+            V::Ok("baseline-again", rounds(100.0)),
+        ]),
+    );
+    quiet.task.aa = Some("baseline-again".into());
+    let mut noisy = cell(
+        "noisy",
+        &["agent"],
+        true,
+        CellStatus::Succeeded,
+        info(vec![
+            V::Ok("baseline", rounds(100.0)),
+            V::Ok("human", rounds(130.0)),
+            V::Ok("agent", rounds(150.0)),
+            V::Ok("baseline-again", rounds(110.0)),
+        ]),
+    );
+    noisy.task.aa = Some("baseline-again".into());
+    let c = score("r", "s", &[quiet, noisy], &opts()).unwrap();
+    assert_eq!(c.tasks[0].aa.as_ref().unwrap().verdict, Verdict::Same);
+    assert_eq!(c.headline.aa_alarms, vec!["noisy".to_string()]);
+    assert!(render::headline(&c).contains("A/A               1 of 2 tasks not `same` (noisy)"));
+}
+
+#[test]
 fn two_campaigns_compare_task_by_task() {
     let mk = |a: f64| {
         let cells: Vec<TaskCell> = (0..6)
