@@ -8,7 +8,10 @@
 //! `suite.rs`: the YAML schema (every struct `deny_unknown_fields`);
 //! `gpu.rs`: GPU spec grammar and known types; `units.rs`: durations and byte sizes;
 //! `tasks.rs`: a campaign's task file (JSONL, CSV, YAML) checked row by row;
-//! `plan.rs`: matrix expansion, `{{param}}` templates, stable cell ids, measure defaults;
+//! `plan.rs`: the suite expanded into cells (workloads, measure defaults, the plan's types),
+//! with `plan/matrix.rs` (cell counts, combinations, `exclude`, stable cell ids),
+//! `plan/template.rs` (`{{param}}` templates), `plan/compare.rs` (a comparison's settings, a
+//! task row filling them), `plan/backends.rs` (the `kubernetes:` and `slurm:` sections);
 //! `error.rs`: `file:line:column` errors with hints. It does not: know backends or the
 //! store.
 //!
