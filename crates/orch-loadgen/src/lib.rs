@@ -4,7 +4,10 @@
 //! `loadgen.rs`: OpenAI-compatible load (gamma arrivals, ramps or a trace's
 //! times, multi-turn conversations, sweeps and the saturation search, SLO
 //! goodput, latency from the intended send time, nonces and anti-gaming signals,
-//! `outputs.jsonl`) with vllm bench serve field names; `evclient.rs`: the
+//! `outputs.jsonl`) with vllm bench serve field names, its stages and `run` there, with
+//! `loadgen/prompts.rs` (requests and bodies), `loadgen/driver.rs` (the schedule and the
+//! event-loop driver), `loadgen/stream.rs` (answers parsed, tokens counted, checks) and
+//! `loadgen/summary.rs` (per-request lines, a stage's metrics); `evclient.rs`: the
 //! one-thread mio HTTP/1.1 client (keep-alive, chunked, SSE lines, timeouts);
 //! `tokens.rs`: the model's `tokenizer.json` loaded as `transformers` runs it
 //! (padding and truncation off; counts, random prompts of exact lengths as the
