@@ -223,16 +223,30 @@ fn the_standin_campaign_finds_every_planted_outcome() {
     let t = text(&out);
     assert!(t.contains("valid tasks       10/12"), "{t}");
     assert!(t.contains("Opt@2 (GSO)"), "{t}");
-    // Re-scoring: a wider band, from the store.
+    // Re-scoring: a wider band, from the store, nothing run: each outcome
+    // follows the rule from the stored agent-vs-human speedup.
     let wide = orch(&store)
         .args(["report", &run, "--format", "json", "--match-band", "0.9"])
         .output()
         .unwrap();
     let w: Value = serde_json::from_slice(&wide.stdout).unwrap();
-    assert_eq!(
-        w["headline"]["iso"]["won"]["count"], 0,
-        "nothing is 90% faster than the human"
-    );
+    for t in w["tasks"].as_array().unwrap() {
+        let a = &t["attempts"][0];
+        let want = match (
+            t["outcome"].is_null(),
+            a["correct"].as_bool(),
+            a["vs_human"]["speedup"].as_f64(),
+        ) {
+            (true, _, _) => "none",
+            (false, Some(true), Some(x)) if x > 1.9 => "won",
+            (false, Some(true), Some(x)) if x < 0.1 => "lost",
+            (false, Some(true), Some(_)) => "matched",
+            _ => "failed",
+        };
+        assert_eq!(t["outcome"].as_str().unwrap_or("none"), want, "{t}");
+    }
+    assert!(w["headline"]["iso"]["won"]["count"].as_u64() <= h["iso"]["won"]["count"].as_u64());
+    assert!(w["headline"]["iso"]["matched"]["count"].as_u64() >= h["iso"]["matched"]["count"].as_u64());
 
     // Four formats, the HTML in Chromium.
     let dir = tmp.path().join("report");
