@@ -205,7 +205,9 @@ fn reusable(
             continue;
         }
         if let Some(rec) = old.cell_record(&cell.id)? {
-            if rec.status.is_finished() {
+            // A task its missing model sank never ran: it runs again here.
+            let sunk = rec.failure.as_ref().is_some_and(|f| f.kind == "weights_missing");
+            if rec.status.is_finished() && !sunk {
                 out.push((old.id().to_string(), rec));
             }
         }
