@@ -451,7 +451,8 @@ fn score_task(c: &TaskCell, opts: &Options) -> Result<TaskScore, CampaignError> 
             return Ok(s);
         }
     }
-    if info.primary_metric.is_none() || info.pairs.is_empty() && !t.agents.is_empty() && t.human.is_some() {
+    // Both references ran, yet no metric decides a pair: nothing to score.
+    if info.primary_metric.is_none() {
         s.cause = Some(cell_cause("no_measurement".into()));
         return Ok(s);
     }

@@ -40,13 +40,16 @@ pub(crate) fn load(run: &orch_store::Run, opts: &Options) -> anyhow::Result<Opti
         return Ok(None);
     }
     let record = run.record()?;
+    // By id: a campaign of thousands of tasks is looked up once per task.
+    let views: std::collections::HashMap<&str, &orch_record::CellView> =
+        record.cells.iter().map(|v| (v.id.as_str(), v)).collect();
     let cells: Vec<TaskCell> = run
         .plan
         .cells
         .iter()
         .filter_map(|p| {
             let task = p.campaign.clone()?;
-            let view = record.cells.iter().find(|v| v.id == p.id)?.clone();
+            let view = (*views.get(p.id.as_str())?).clone();
             Some(TaskCell {
                 task,
                 view,

@@ -196,9 +196,11 @@ fn reusable(
         };
         ta == tb && a.gpu == b.gpu && a.image == b.image && a.nodes == b.nodes && task(a) == task(b)
     };
+    let earlier: std::collections::HashMap<&str, &orch_manifest::CellPlan> =
+        old.plan.cells.iter().map(|c| (c.id.as_str(), c)).collect();
     let mut out = Vec::new();
     for cell in &plan.cells {
-        let Some(prev) = old.plan.cells.iter().find(|c| c.id == cell.id) else {
+        let Some(prev) = earlier.get(cell.id.as_str()).copied() else {
             continue;
         };
         if !same(prev, cell) {
