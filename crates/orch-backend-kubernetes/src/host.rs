@@ -7,14 +7,17 @@ use crate::weights::WeightsQuery;
 use crate::{spec, KubeError, KubeSettings, KubernetesBackend, Toleration};
 use async_trait::async_trait;
 use orch_backend::host::{
-    first_line, model_requests, static_agent_check, Check, Flags, Host, Images, Kind, ModelCheck, OnLine,
-    SetupPlace, SetupRequest, Weights,
+    first_line, model_requests, static_agent_check, Check, DefaultJobs, Flags, Host, Images, Kind,
+    ModelCheck, OnLine, SetupPlace, SetupRequest, Weights,
 };
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{ImageDef, KubernetesDef, Plan};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Cells at once by default: the cluster queues what it cannot place.
+pub const DEFAULT_JOBS: usize = 64;
 
 fn user(message: String) -> BackendError {
     BackendError::User(message)
@@ -472,6 +475,14 @@ impl Host for KubernetesHost {
     /// A cell of `nodes: N` is an Indexed Job of N pods with a headless Service.
     fn max_nodes(&self) -> u32 {
         u32::MAX
+    }
+
+    /// Queueing is the cluster's job: cells wait as pending pods.
+    async fn default_jobs(&self, _plan: &Plan, _host_gpus: Option<usize>) -> DefaultJobs {
+        DefaultJobs::new(
+            DEFAULT_JOBS,
+            "cells beyond the cluster's GPUs wait as pending pods",
+        )
     }
 
     fn dry_run(&self, plan: &Plan, files: &orch_files::Files) -> Result<String, BackendError> {

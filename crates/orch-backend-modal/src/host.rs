@@ -6,14 +6,34 @@ use crate::ops::ImageSpec;
 use crate::{Credentials, Modal, ModalBackend};
 use async_trait::async_trait;
 use orch_backend::host::{
-    first_line, model_requests, static_agent_check, Check, Flags, Host, Images, Kind, ModelCheck, OnLine,
-    SetupPlace, SetupRequest, Weights,
+    first_line, model_requests, static_agent_check, Check, DefaultJobs, Flags, Host, Images, Kind,
+    ModelCheck, OnLine, SetupPlace, SetupRequest, Weights,
 };
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{ImageDef, Plan};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Modal's concurrency limits on its Starter plan (modal.com/pricing): GPUs
+/// and containers running at once in a workspace; more wait in Modal's queue.
+pub const GPU_CONCURRENCY: usize = 10;
+pub const CONTAINER_CONCURRENCY: usize = 100;
+
+/// Cells at once by default: as many as Modal runs at once for the plan.
+pub fn default_jobs(plan: &Plan) -> DefaultJobs {
+    let widest = plan.cells.iter().map(|c| c.gpu.count as usize).max().unwrap_or(0);
+    if widest == 0 {
+        return DefaultJobs::new(
+            CONTAINER_CONCURRENCY,
+            format!("Modal's {CONTAINER_CONCURRENCY} containers at once"),
+        );
+    }
+    DefaultJobs::new(
+        GPU_CONCURRENCY / widest,
+        format!("Modal's {GPU_CONCURRENCY} GPUs at once, cells of up to {widest} GPU(s)"),
+    )
+}
 
 fn user(message: String) -> BackendError {
     BackendError::User(message)
@@ -201,6 +221,10 @@ impl Host for ModalHost {
 
     async fn weights(&self, _plan: Option<&Plan>, _create: bool) -> Result<Weights, BackendError> {
         Ok(Weights::ModalVolume(volume_name()))
+    }
+
+    async fn default_jobs(&self, plan: &Plan, _host_gpus: Option<usize>) -> DefaultJobs {
+        default_jobs(plan)
     }
 
     async fn check_models(&self, plan: &Plan, _weights: &Weights) -> Result<Vec<ModelCheck>, BackendError> {

@@ -1,17 +1,50 @@
 //! The slurm backend's host side: the suite's `slurm:` section into the
 //! backend's configuration, the weights folder on the shared filesystem,
-//! `orch setup --as-job`, `orch down`, per-partition prices and multi-node
-//! cells.
+//! `orch setup --as-job`, `orch down`, per-partition prices, multi-node
+//! cells, and the default of cells at once (the submission limit).
 
 use crate::{GpuRequest, SlurmBackend, SlurmConfig};
 use async_trait::async_trait;
-use orch_backend::host::{Check, Flags, Host, Images, Kind, OnLine, SetupPlace, SetupRequest, Weights};
+use orch_backend::host::{
+    Check, DefaultJobs, Flags, Host, Images, Kind, OnLine, SetupPlace, SetupRequest, Weights,
+};
 use orch_backend::{Backend, BackendError};
 use orch_manifest::{Plan, SlurmDef};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The most cells at once by default, however high the submission limit
+/// (`MaxJobCount` is 10,000 on a cluster that sets nothing): each waiting
+/// cell costs the host a task and a file poll.
+pub const MAX_DEFAULT_JOBS: usize = 1000;
+/// Cells at once by default when the controller's limits cannot be read.
+pub const FALLBACK_JOBS: usize = 64;
+
+/// Cells at once by default: the user's submission limit for the suite's
+/// account, QOS and partition (at most [`MAX_DEFAULT_JOBS`]).
+pub async fn default_jobs(def: Option<&SlurmDef>) -> DefaultJobs {
+    let target = crate::target(&config(def));
+    match crate::sched::Scheduler::new().submit_limit(&target).await {
+        Ok(Some(l)) if l.jobs > MAX_DEFAULT_JOBS => DefaultJobs::new(
+            MAX_DEFAULT_JOBS,
+            format!(
+                "the submission limit is {} ({}); at most {MAX_DEFAULT_JOBS} by default",
+                l.jobs, l.source
+            ),
+        ),
+        Ok(Some(l)) => DefaultJobs::new(l.jobs, format!("the submission limit, {}", l.source)),
+        Ok(None) => DefaultJobs::new(FALLBACK_JOBS, "the cluster sets no submission limit"),
+        Err(e) => DefaultJobs::new(
+            FALLBACK_JOBS,
+            format!(
+                "the submission limits could not be read: {}",
+                orch_backend::host::first_line(&e.to_string())
+            ),
+        ),
+    }
+}
 
 pub fn config(def: Option<&SlurmDef>) -> SlurmConfig {
     let Some(d) = def else {
@@ -179,6 +212,10 @@ impl Host for SlurmHost {
 
     fn max_nodes(&self) -> u32 {
         u32::MAX
+    }
+
+    async fn default_jobs(&self, plan: &Plan, _host_gpus: Option<usize>) -> DefaultJobs {
+        default_jobs(plan.slurm.as_ref()).await
     }
 
     fn price_partition<'p>(&self, plan: &'p Plan) -> Option<&'p str> {

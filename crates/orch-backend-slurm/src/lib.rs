@@ -99,6 +99,10 @@ const END_WAIT: Duration = Duration::from_secs(60);
 const NEVER_REASONS: &[&str] = &["PartitionNodeLimit", "PartitionConfig", "BadConstraints"];
 /// A controller that has not answered for this long fails the cell.
 const LOST_CONTROLLER: Duration = Duration::from_secs(300);
+/// A job refused for a submission limit of the moment is submitted again
+/// after this, doubling up to [`SUBMIT_RETRY_MAX`].
+const SUBMIT_RETRY_FIRST: Duration = Duration::from_secs(2);
+const SUBMIT_RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub struct SlurmBackend {
     cfg: SlurmConfig,
@@ -297,6 +301,11 @@ impl SlurmBackend {
         self.cfg.poll.unwrap_or(DEFAULT_POLL)
     }
 
+    /// Where the cells' jobs go, for the submission limits.
+    fn target(&self) -> sched::Target {
+        target(&self.cfg)
+    }
+
     /// The folder the job writes into, and whether it is mirrored into the
     /// cell folder (it is not when the cell folder is on the shared filesystem).
     fn job_dir(&self, launch: &CellLaunch) -> (PathBuf, bool) {
@@ -466,6 +475,7 @@ impl Backend for SlurmBackend {
             stopped: false,
             gave_up: None,
             end: None,
+            slot: None,
         };
         Ok(lifecycle::drive(&mut job, cell, cancel).await)
     }
@@ -488,6 +498,15 @@ impl Backend for SlurmBackend {
             ids = self.sched.jobs_of_run(run_id).await.map_err(err)?;
         }
         Ok(())
+    }
+}
+
+/// Where a suite's jobs go, for the submission limits.
+pub fn target(cfg: &SlurmConfig) -> sched::Target {
+    sched::Target {
+        account: cfg.account.clone(),
+        qos: cfg.qos.clone(),
+        partition: cfg.partition.clone(),
     }
 }
 
@@ -572,6 +591,8 @@ struct SlurmJob<'a> {
     stopped: bool,
     gave_up: Option<GaveUp>,
     end: Option<JobEnd>,
+    /// The submission slot, from `sbatch` until the job has left the queue.
+    slot: Option<sched::Slot>,
 }
 
 impl SlurmJob<'_> {
@@ -679,6 +700,8 @@ impl SlurmJob<'_> {
             ..Default::default()
         });
         self.backend.sched.forget(&job).await;
+        // It has left the queue (or was given up): its slot is the next job's.
+        self.slot = None;
         self.end = Some(end.clone());
         end
     }
@@ -696,29 +719,72 @@ impl Platform for SlurmJob<'_> {
     }
 
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
+        let target = self.backend.target();
+        let (limit, _) = self.backend.sched.limit(&target).await;
+        if let Some(l) = limit.as_ref().filter(|l| l.jobs == 0) {
+            return Err(Early::failed(
+                "submit",
+                format!(
+                    "slurm allows this user no job ({} is 0); hint: ask the cluster's admins, or set `slurm.account`/`slurm.qos` to one that allows jobs",
+                    l.source
+                ),
+            ));
+        }
+        let job_dir = self.job_dir.clone();
+        self.slot = Some(
+            self.backend
+                .sched
+                .slot(&target, |l, queued| {
+                    cell.message(&format!(
+                        "waiting to submit: the run's jobs and {queued} other job(s) of the user fill the submission limit ({}: {})",
+                        l.source, l.jobs
+                    ))
+                })
+                .await,
+        );
         let cwd = std::env::current_dir().ok();
-        let submitted = self
-            .backend
-            .sched
-            .submit(&self.job_dir.join("job.sh"), &cell.launch.secrets, cwd.as_deref())
-            .await;
-        let job = match submitted {
-            Ok(id) => id,
-            Err(e) => {
-                let said = e.stderr().to_string();
-                let _ =
-                    tokio::fs::write(self.job_dir.join("agent.log"), format!("orch: sbatch: {e}\n")).await;
-                return Err(if said.contains(UNSATISFIABLE) {
-                    Early::failed(
-                        "unsatisfiable",
-                        format!(
-                            "slurm refused the job: no node can ever run it ({UNSATISFIABLE}); asked: {}",
-                            request_text(&self.spec)
-                        ),
-                    )
-                } else {
-                    Early::failed("submit", format!("slurm refused the job: {e}"))
-                });
+        let mut delay = SUBMIT_RETRY_FIRST;
+        let job = loop {
+            let submitted = self
+                .backend
+                .sched
+                .submit(&job_dir.join("job.sh"), &cell.launch.secrets, cwd.as_deref())
+                .await;
+            match submitted {
+                Ok(id) => break id,
+                // A limit of the moment (changed under the run, or other
+                // jobs of the user): submitted again once jobs may have left.
+                Err(e) if sched::is_submit_limit(e.stderr()) => {
+                    let said = e
+                        .stderr()
+                        .lines()
+                        .find(|l| sched::is_submit_limit(l))
+                        .unwrap_or_default()
+                        .trim_start_matches("sbatch: error: ")
+                        .to_string();
+                    cell.message(&format!(
+                        "slurm refused the job for now ({said}); submitting again in {}s",
+                        delay.as_secs()
+                    ));
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(SUBMIT_RETRY_MAX);
+                }
+                Err(e) => {
+                    let said = e.stderr().to_string();
+                    let _ = tokio::fs::write(self.job_dir.join("agent.log"), format!("orch: sbatch: {e}\n"))
+                        .await;
+                    return Err(if said.contains(UNSATISFIABLE) {
+                        Early::failed(
+                            "unsatisfiable",
+                            format!(
+                                "slurm refused the job: no node can ever run it ({UNSATISFIABLE}); asked: {}",
+                                request_text(&self.spec)
+                            ),
+                        )
+                    } else {
+                        Early::failed("submit", format!("slurm refused the job: {e}"))
+                    });
+                }
             }
         };
         cell.message(&format!("slurm job {job} submitted"));

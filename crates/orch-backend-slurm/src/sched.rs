@@ -1,12 +1,19 @@
 //! The scheduler, through its commands: `sbatch` (submit), `squeue` (state
 //! of every watched job in one call), `scontrol show job` and `sacct` (a
-//! finished job's exit code and reason), `scancel`.
+//! finished job's exit code and reason), `scancel`; and the submission
+//! limit, read once per run (`scontrol show config`'s `MaxJobCount`, and with
+//! enforced accounting `sacctmgr`'s `MaxSubmitJobs`/`GrpSubmitJobs` of the
+//! user's association and `MaxSubmitJobsPerUser`/`PerAccount`/`GrpSubmitJobs`
+//! of its QOS), less the user's jobs already queued (one `squeue -u`): the
+//! run's submission slots, a job holding one until it leaves the queue.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::process::Command;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// No scheduler command may hang a run: a controller that does not answer
 /// in this time is an error for that call.
@@ -76,10 +83,59 @@ pub struct JobEnd {
     pub nodes: String,
 }
 
+/// Words of `sbatch` refusing a job for a submission limit of the moment
+/// (the user's or the controller's count of jobs), which a job leaving the
+/// queue lifts: such a refusal is retried, not a failure.
+const SUBMIT_LIMIT_WORDS: &[&str] = &[
+    // AssocMaxSubmitJobLimit, AssocGrpSubmitJobsLimit, QOSMaxSubmitJobPerUserLimit,
+    // QOSMaxSubmitJobPerAccountLimit, QOSGrpSubmitJobsLimit.
+    "SubmitJob",
+    "job submit limit",
+    // MaxJobCount reached.
+    "temporarily unable to accept job",
+];
+
+/// Whether `sbatch`'s refusal is a submission limit of the moment.
+pub fn is_submit_limit(stderr: &str) -> bool {
+    SUBMIT_LIMIT_WORDS.iter().any(|w| stderr.contains(w))
+}
+
+/// The most jobs the user may have queued or running at once, and the
+/// setting that says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitLimit {
+    pub jobs: usize,
+    /// `MaxSubmitJobsPerUser of QOS `normal``, `MaxJobCount of the controller`.
+    pub source: String,
+}
+
+/// Where the run's jobs go, for the limits that apply to them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    pub partition: Option<String>,
+}
+
+/// The run's submission slots: `None` when no limit is known.
+struct Gate {
+    limit: Option<SubmitLimit>,
+    slots: Option<Arc<Semaphore>>,
+    /// The user's jobs already in the queue when the run began.
+    queued: usize,
+}
+
+/// A submission slot, held from `sbatch` until the job has left the queue.
+pub struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
 /// The scheduler's commands, with a shared view of the watched jobs'
-/// states: one `squeue` call refreshes them all, however many cells wait.
+/// states: one `squeue` call refreshes them all, however many cells wait;
+/// and the run's submission slots.
 pub struct Scheduler {
     watched: tokio::sync::Mutex<Watched>,
+    gate: tokio::sync::OnceCell<Gate>,
 }
 
 #[derive(Default)]
@@ -138,7 +194,86 @@ impl Scheduler {
     pub fn new() -> Scheduler {
         Scheduler {
             watched: tokio::sync::Mutex::new(Watched::default()),
+            gate: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The submission limit of the user's jobs going to `target`: the
+    /// smallest of the controller's `MaxJobCount` and, where accounting
+    /// enforces limits, the association's and its QOS's. `Err`: the
+    /// controller's configuration could not be read; a failing `sacctmgr`
+    /// leaves the controller's limit.
+    pub async fn submit_limit(&self, target: &Target) -> Result<Option<SubmitLimit>, SchedError> {
+        let config = parse_config(&run("scontrol", &["show".into(), "config".into()], &[], None).await?);
+        let mut limits: Vec<SubmitLimit> = Vec::new();
+        if let Some(n) = config.max_job_count {
+            limits.push(SubmitLimit {
+                jobs: n,
+                source: "`MaxJobCount` of the controller".into(),
+            });
+        }
+        if config.enforces_limits {
+            if let Some(user) = user_name().await {
+                limits.extend(accounting_limits(&user, &config.cluster, target).await);
+            }
+        }
+        Ok(limits.into_iter().min_by_key(|l| l.jobs))
+    }
+
+    async fn gate(&self, target: &Target) -> &Gate {
+        self.gate
+            .get_or_init(|| async {
+                // A controller that does not answer here fails at `sbatch`, with its words.
+                let limit = self.submit_limit(target).await.ok().flatten();
+                let queued = match limit {
+                    Some(_) => self.queued_of_user().await.unwrap_or(0),
+                    None => 0,
+                };
+                let slots = limit
+                    .as_ref()
+                    .map(|l| Arc::new(Semaphore::new(l.jobs.saturating_sub(queued).max(1))));
+                Gate { limit, slots, queued }
+            })
+            .await
+    }
+
+    /// The run's submission limit and the user's jobs queued before it
+    /// (read once, at the first call).
+    pub async fn limit(&self, target: &Target) -> (Option<SubmitLimit>, usize) {
+        let g = self.gate(target).await;
+        (g.limit.clone(), g.queued)
+    }
+
+    /// A submission slot: at once while the run's jobs in the queue are
+    /// under the limit (less the user's jobs queued before the run), else
+    /// once one of them has left. `waiting` is called once when it must wait.
+    pub async fn slot(&self, target: &Target, waiting: impl FnOnce(&SubmitLimit, usize)) -> Slot {
+        let g = self.gate(target).await;
+        let Some(slots) = &g.slots else {
+            return Slot { _permit: None };
+        };
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                if let Some(l) = &g.limit {
+                    waiting(l, g.queued);
+                }
+                // The semaphore is never closed.
+                slots.clone().acquire_owned().await.ok()
+            }
+        };
+        Slot { _permit: permit }
+    }
+
+    /// How many jobs of the current user the queue lists.
+    async fn queued_of_user(&self) -> Result<usize, SchedError> {
+        let mut args: Vec<String> = vec!["-h".into(), "-o".into(), "%i".into()];
+        match std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+            Some(u) => args.extend(["-u".into(), u]),
+            None => args.push("--me".into()),
+        }
+        let text = run("squeue", &args, &[], None).await?;
+        Ok(text.lines().filter(|l| !l.trim().is_empty()).count())
     }
 
     /// `scontrol ping`: the commands are installed and the controller answers.
@@ -291,6 +426,176 @@ impl Scheduler {
     }
 }
 
+/// The current user's name: `USER`, else `id -un`.
+async fn user_name() -> Option<String> {
+    if let Some(u) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+        return Some(u);
+    }
+    let out = run("id", &["-un".into()], &[], None).await.ok()?;
+    Some(out.trim().to_string()).filter(|u| !u.is_empty())
+}
+
+/// What `scontrol show config` says about submission limits.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Config {
+    max_job_count: Option<usize>,
+    cluster: String,
+    /// Accounting through slurmdbd, enforcing limits or QOS.
+    enforces_limits: bool,
+}
+
+fn parse_config(text: &str) -> Config {
+    let mut c = Config::default();
+    let (mut storage, mut enforce) = (String::new(), String::new());
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let v = v.trim();
+        match k.trim() {
+            "MaxJobCount" => c.max_job_count = v.parse().ok().filter(|n| *n > 0),
+            "ClusterName" => c.cluster = v.to_string(),
+            "AccountingStorageType" => storage = v.to_string(),
+            "AccountingStorageEnforce" => enforce = v.to_string(),
+            _ => {}
+        }
+    }
+    c.enforces_limits = storage.contains("slurmdbd")
+        && enforce
+            .split(',')
+            .any(|e| matches!(e.trim(), "limits" | "qos" | "safe"));
+    c
+}
+
+/// A `sacctmgr -P` number: empty (no limit) or the count.
+fn limit_field(s: Option<&&str>) -> Option<usize> {
+    s.and_then(|v| v.trim().parse().ok())
+}
+
+/// The user's association rows (`Account|Partition|MaxSubmit|GrpSubmit|QOS|DefaultQOS`)
+/// that apply to `target`: its account (else `default_account`), its
+/// partition's row, else the one for every partition.
+fn pick_assoc<'t>(text: &'t str, account: &str, partition: Option<&str>) -> Option<Vec<&'t str>> {
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.trim().split('|').collect::<Vec<_>>())
+        .filter(|f| f.len() >= 6 && f[0] == account)
+        .collect();
+    let part = partition.and_then(|p| rows.iter().find(|f| f[1] == p));
+    part.or_else(|| rows.iter().find(|f| f[1].is_empty())).cloned()
+}
+
+/// The association's limits and the QOS it runs under.
+fn assoc_limits(row: &[&str], account: &str) -> (Vec<SubmitLimit>, String) {
+    let mut out = Vec::new();
+    if let Some(n) = limit_field(row.get(2)) {
+        out.push(SubmitLimit {
+            jobs: n,
+            source: format!("`MaxSubmitJobs` of the association (account `{account}`)"),
+        });
+    }
+    if let Some(n) = limit_field(row.get(3)) {
+        out.push(SubmitLimit {
+            jobs: n,
+            source: format!("`GrpSubmitJobs` of the association (account `{account}`)"),
+        });
+    }
+    // Its default QOS, else `normal` where it may use it, else its only one.
+    let qos: Vec<&str> = row
+        .get(4)
+        .map(|q| q.split(',').map(str::trim).filter(|q| !q.is_empty()).collect())
+        .unwrap_or_default();
+    let default = row.get(5).map(|d| d.trim()).unwrap_or_default();
+    let qos = if !default.is_empty() {
+        default.to_string()
+    } else if qos.len() == 1 {
+        qos[0].to_string()
+    } else {
+        "normal".to_string()
+    };
+    (out, qos)
+}
+
+/// A QOS's limits from `Name|MaxSubmitPU|MaxSubmitPA|GrpSubmit`.
+fn qos_limits(text: &str, qos: &str) -> Vec<SubmitLimit> {
+    let Some(f) = text
+        .lines()
+        .map(|l| l.trim().split('|').collect::<Vec<_>>())
+        .find(|f| f.len() >= 4 && f[0] == qos)
+    else {
+        return Vec::new();
+    };
+    [
+        (1, "MaxSubmitJobsPerUser"),
+        (2, "MaxSubmitJobsPerAccount"),
+        (3, "GrpSubmitJobs"),
+    ]
+    .into_iter()
+    .filter_map(|(i, name)| {
+        limit_field(f.get(i)).map(|n| SubmitLimit {
+            jobs: n,
+            source: format!("`{name}` of QOS `{qos}`"),
+        })
+    })
+    .collect()
+}
+
+/// The limits accounting puts on `user`'s jobs to `target` (none when
+/// `sacctmgr` does not answer).
+async fn accounting_limits(user: &str, cluster: &str, target: &Target) -> Vec<SubmitLimit> {
+    let sacctmgr = |args: Vec<String>| async move {
+        let mut all = vec!["-n".to_string(), "-P".into()];
+        all.extend(args);
+        run("sacctmgr", &all, &[], None).await.ok()
+    };
+    let account = match &target.account {
+        Some(a) => a.clone(),
+        None => {
+            let Some(text) = sacctmgr(vec![
+                "show".into(),
+                "user".into(),
+                user.into(),
+                "format=DefaultAccount".into(),
+            ])
+            .await
+            else {
+                return Vec::new();
+            };
+            match text.lines().map(str::trim).find(|l| !l.is_empty()) {
+                Some(a) => a.to_string(),
+                None => return Vec::new(),
+            }
+        }
+    };
+    let mut filter = vec![format!("user={user}")];
+    if !cluster.is_empty() {
+        filter.push(format!("cluster={cluster}"));
+    }
+    let mut args: Vec<String> = vec!["show".into(), "assoc".into(), "where".into()];
+    args.extend(filter);
+    args.push("format=Account,Partition,MaxSubmitJobs,GrpSubmitJobs,QOS,DefaultQOS".into());
+    let Some(text) = sacctmgr(args).await else {
+        return Vec::new();
+    };
+    let Some(row) = pick_assoc(&text, &account, target.partition.as_deref()) else {
+        return Vec::new();
+    };
+    let (mut limits, qos) = assoc_limits(&row, &account);
+    let qos = target.qos.clone().unwrap_or(qos);
+    if let Some(text) = sacctmgr(vec![
+        "show".into(),
+        "qos".into(),
+        "where".into(),
+        format!("name={qos}"),
+        "format=Name,MaxSubmitJobsPerUser,MaxSubmitJobsPerAccount,GrpSubmitJobs".into(),
+    ])
+    .await
+    {
+        limits.extend(qos_limits(&text, &qos));
+    }
+    limits
+}
+
 fn parse_squeue(text: &str) -> BTreeMap<String, JobState> {
     text.lines()
         .filter_map(|l| {
@@ -392,6 +697,105 @@ mod tests {
         let e = parse_sacct("CANCELLED by 1000|0:15|None|gpu01\n").unwrap();
         assert_eq!((e.state.as_str(), e.signal), ("CANCELLED", Some(15)));
         assert!(parse_sacct("").is_none());
+    }
+
+    #[test]
+    fn the_submission_limit_is_read_from_config_association_and_qos() {
+        let c = parse_config(
+            "Configuration data as of 2026-11-28T19:19:05\nAccountingStorageEnforce = associations,limits,qos\nAccountingStorageType   = accounting_storage/slurmdbd\nClusterName             = orchtestx\nMaxJobCount             = 10000\n",
+        );
+        assert_eq!(
+            c,
+            Config {
+                max_job_count: Some(10000),
+                cluster: "orchtestx".into(),
+                enforces_limits: true
+            }
+        );
+        let c = parse_config(
+            "AccountingStorageType = accounting_storage/none\nAccountingStorageEnforce = none\n",
+        );
+        assert!(!c.enforces_limits && c.max_job_count.is_none());
+        let c = parse_config(
+            "AccountingStorageType = accounting_storage/slurmdbd\nAccountingStorageEnforce = associations\n",
+        );
+        assert!(!c.enforces_limits);
+
+        let assoc = "orch||3||normal|\nroot||50|200|normal,long|long\nroot|gpu|8||normal|\n";
+        let row = pick_assoc(assoc, "root", None).unwrap();
+        let (limits, qos) = assoc_limits(&row, "root");
+        assert_eq!(qos, "long");
+        assert_eq!(limits.iter().map(|l| l.jobs).collect::<Vec<_>>(), vec![50, 200]);
+        assert!(
+            limits[0].source.contains("`MaxSubmitJobs`"),
+            "{}",
+            limits[0].source
+        );
+        // The partition's own association first.
+        let row = pick_assoc(assoc, "root", Some("gpu")).unwrap();
+        assert_eq!(assoc_limits(&row, "root").0[0].jobs, 8);
+        let row = pick_assoc(assoc, "orch", Some("gpu")).unwrap();
+        assert_eq!(
+            assoc_limits(&row, "orch"),
+            (
+                vec![SubmitLimit {
+                    jobs: 3,
+                    source: "`MaxSubmitJobs` of the association (account `orch`)".into()
+                }],
+                "normal".into()
+            )
+        );
+        assert!(pick_assoc(assoc, "other", None).is_none());
+
+        let q = qos_limits("normal|2|5|\nlong|||\n", "normal");
+        assert_eq!(q.iter().map(|l| l.jobs).collect::<Vec<_>>(), vec![2, 5]);
+        assert_eq!(q[0].source, "`MaxSubmitJobsPerUser` of QOS `normal`");
+        assert!(qos_limits("normal|2|5|\nlong|||\n", "long").is_empty());
+    }
+
+    #[test]
+    fn refusals_for_a_submission_limit_are_known() {
+        for said in [
+            "sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
+            "sbatch: error: QOSMaxSubmitJobPerUserLimit",
+            "sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying",
+        ] {
+            assert!(is_submit_limit(said), "{said}");
+        }
+        assert!(!is_submit_limit(
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+        ));
+        assert!(!is_submit_limit("sbatch: error: invalid partition specified: x"));
+    }
+
+    #[tokio::test]
+    async fn slots_wait_for_a_job_to_leave() {
+        let s = Scheduler::new();
+        let gate = Gate {
+            limit: Some(SubmitLimit {
+                jobs: 3,
+                source: "test".into(),
+            }),
+            slots: Some(Arc::new(Semaphore::new(2))),
+            queued: 1,
+        };
+        assert!(s.gate.set(gate).is_ok());
+        let t = Target::default();
+        let a = s.slot(&t, |_, _| panic!("no wait for the first")).await;
+        let _b = s.slot(&t, |_, _| panic!("no wait for the second")).await;
+        let waited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w = waited.clone();
+        let third = s.slot(&t, move |l, queued| {
+            assert_eq!((l.jobs, queued), (3, 1));
+            w.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        tokio::pin!(third);
+        assert!(tokio::time::timeout(Duration::from_millis(50), &mut third)
+            .await
+            .is_err());
+        assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(5), third).await.unwrap();
     }
 
     #[test]

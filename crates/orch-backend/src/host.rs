@@ -12,7 +12,8 @@
 //!   in a Job, a sandbox or a batch job, which it runs);
 //! - [`Host::down`], [`Host::dry_run`], prices ([`Host::price_partition`]),
 //!   who assigns GPUs ([`Host::shares_host_gpus`]), multi-node cells
-//!   ([`Host::max_nodes`]);
+//!   ([`Host::max_nodes`]), how many cells run at once by default
+//!   ([`Host::default_jobs`], [`DefaultJobs`]);
 //! - [`Host::doctor`]: what `orch doctor` checks of a backend ([`Check`]:
 //!   ok, warn, fail or skipped, with the next step), cheaply and spending nothing.
 
@@ -285,6 +286,45 @@ pub fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().to_string()
 }
 
+/// How many cells a backend runs at once when neither `--jobs` nor the
+/// suite's `concurrency` says, and why, in words (`orch plan` shows both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultJobs {
+    pub jobs: usize,
+    pub why: String,
+}
+
+impl DefaultJobs {
+    pub fn new(jobs: usize, why: impl Into<String>) -> DefaultJobs {
+        DefaultJobs {
+            jobs: jobs.max(1),
+            why: why.into(),
+        }
+    }
+}
+
+/// The default of backends whose cells share this host's GPUs (local,
+/// docker): one cell per set of GPUs the largest cell asks for, when every
+/// cell asks for GPUs and the host's are known; else one at a time, so
+/// that CPU cells' timings stay apart.
+pub fn gpu_sets_default(plan: &Plan, host_gpus: Option<usize>) -> DefaultJobs {
+    let gpu_cells = !plan.cells.is_empty() && plan.cells.iter().all(|c| !c.gpu.is_cpu());
+    match host_gpus {
+        Some(n) if gpu_cells && n > 0 => {
+            let widest = plan
+                .cells
+                .iter()
+                .map(|c| c.gpu.count as usize)
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            DefaultJobs::new(n / widest, format!("one per {widest} of this host's {n} GPU(s)"))
+        }
+        _ if gpu_cells => DefaultJobs::new(1, "this host's GPUs are unknown"),
+        _ => DefaultJobs::new(1, "CPU cells run one at a time, so their timings stay apart"),
+    }
+}
+
 /// A backend's host side.
 #[async_trait]
 pub trait Host: Send + Sync {
@@ -361,6 +401,12 @@ pub trait Host: Send + Sync {
     /// The most nodes one cell may have.
     fn max_nodes(&self) -> u32 {
         1
+    }
+
+    /// Cells at once when neither `--jobs` nor the suite's `concurrency`
+    /// says; `host_gpus`: this host's GPUs, where the cells share them.
+    async fn default_jobs(&self, plan: &Plan, host_gpus: Option<usize>) -> DefaultJobs {
+        gpu_sets_default(plan, host_gpus)
     }
 
     /// The price list's partition for the suite's cells, where prices are
@@ -655,6 +701,28 @@ mod tests {
         assert_eq!(c["status"], "ok");
         assert!(c.get("next").is_none(), "{c}");
         assert_eq!(CheckStatus::Skipped.as_str(), "skipped");
+    }
+
+    #[test]
+    fn gpu_cells_default_to_one_per_gpu_set_and_cpu_cells_to_one() {
+        let plan = |gpus: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let m = dir.path().join("s.yaml");
+            std::fs::write(
+                &m,
+                format!(
+                    "name: s\ngpus: [{gpus}]\nbenchmarks:\n  - name: a\n    workload: {{shell: 'true'}}\n"
+                ),
+            )
+            .unwrap();
+            orch_manifest::load(&m, &Default::default()).unwrap()
+        };
+        assert_eq!(gpu_sets_default(&plan("\"H100:2\", \"H100:1\""), Some(8)).jobs, 4);
+        assert_eq!(gpu_sets_default(&plan("\"H100:2\""), None).jobs, 1);
+        assert_eq!(gpu_sets_default(&plan("\"H100:8\""), Some(4)).jobs, 1);
+        let d = gpu_sets_default(&plan("\"none\""), Some(8));
+        assert_eq!(d.jobs, 1);
+        assert!(d.why.contains("CPU"), "{}", d.why);
     }
 
     #[test]

@@ -50,7 +50,10 @@ pub struct Plan {
     pub description: Option<String>,
     /// The manifest this plan came from.
     pub manifest: PathBuf,
-    pub concurrency: usize,
+    /// Cells at once, as the suite says (`concurrency:`); `None`: the
+    /// backend's default (`orch plan` says which).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
     /// Host environment variables passed to cells as secrets (names only).
     #[serde(default)]
     pub secrets: Vec<String>,
@@ -141,8 +144,8 @@ pub(crate) fn expand(suite: Suite, path: &Path, opts: &ExpandOptions) -> Result<
         base_dir
     };
     let base_dir = std::fs::canonicalize(&base_dir).unwrap_or(base_dir);
-    let concurrency = suite.concurrency.unwrap_or(1);
-    if concurrency == 0 {
+    let concurrency = suite.concurrency;
+    if concurrency == Some(0) {
         return Err(invalid(
             None,
             "`concurrency` must be at least 1".into(),

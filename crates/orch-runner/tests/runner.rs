@@ -79,7 +79,7 @@ async fn default_concurrency_is_one_cell_at_a_time() {
     let fake = Arc::new(FakeBackend::new(Duration::from_millis(20)));
     let (tx, _rx) = mpsc::unbounded_channel();
     let (_c, cancel_rx) = watch::channel(false);
-    let concurrency = run.plan.concurrency;
+    let concurrency = run.plan.concurrency.unwrap_or(1);
     execute(&mut run, fake.clone(), opts(concurrency), tx, cancel_rx)
         .await
         .unwrap();

@@ -9,8 +9,15 @@
 //! memory as consumable resources, and `jobacct_gather/linux` with
 //! `OverMemoryKill`, which kills a step over its `--mem`.
 //!
+//! With [`SlurmCluster::start_with_submit_limit`], accounting too: a
+//! MariaDB server of its own (`mariadb-install-db` into the folder, its own
+//! socket and port, no grant tables) under `slurmdbd`, the cluster
+//! registered with `sacctmgr`, `AccountingStorageEnforce=limits` and the
+//! current user's association limited to `MaxSubmitJobs=N`, so `sbatch`
+//! refuses a job past N (`AssocMaxSubmitJobLimit`) as a real site's does.
+//!
 //! Needs Debian's `slurm-wlm` and `munge` and root (slurmd runs jobs as
-//! their users). [`SlurmCluster::start`] says why when it cannot start; the
+//! their users); accounting also `slurmdbd` and `mariadb-server`. [`SlurmCluster::start`] says why when it cannot start; the
 //! cluster stops, every job cancelled, when the value is dropped.
 //!
 //! ```no_run
@@ -33,6 +40,8 @@ pub struct SlurmCluster {
     children: Vec<Child>,
     conf: PathBuf,
     nodes: u32,
+    /// With accounting: the association's `MaxSubmitJobs`.
+    max_submit: Option<u32>,
 }
 
 /// Name of node `i` (from 1).
@@ -118,6 +127,23 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// Why a cluster with accounting cannot start here, if it cannot.
+pub fn unavailable_accounting() -> Option<String> {
+    if let Some(why) = unavailable() {
+        return Some(why);
+    }
+    let missing: Vec<&str> = ["slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db"]
+        .into_iter()
+        .filter(|p| which(p).is_none())
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "missing {} (Debian: `apt-get install slurmdbd mariadb-server`)",
+            missing.join(", ")
+        )
+    })
+}
+
 impl SlurmCluster {
     /// A one-node cluster: munged, slurmctld and slurmd, once the node is idle.
     pub fn start() -> Result<SlurmCluster, String> {
@@ -126,7 +152,22 @@ impl SlurmCluster {
 
     /// A cluster of `nodes` nodes (one slurmd each), once every node is idle.
     pub fn start_nodes(nodes: u32) -> Result<SlurmCluster, String> {
-        if let Some(why) = unavailable() {
+        SlurmCluster::start_full(nodes, None)
+    }
+
+    /// A one-node cluster with accounting (MariaDB, slurmdbd) whose user
+    /// may have at most `max_submit` jobs queued or running: `sbatch`
+    /// refuses the next with `AssocMaxSubmitJobLimit`.
+    pub fn start_with_submit_limit(max_submit: u32) -> Result<SlurmCluster, String> {
+        SlurmCluster::start_full(1, Some(max_submit))
+    }
+
+    fn start_full(nodes: u32, max_submit: Option<u32>) -> Result<SlurmCluster, String> {
+        let why = match max_submit {
+            Some(_) => unavailable_accounting(),
+            None => unavailable(),
+        };
+        if let Some(why) = why {
             return Err(why);
         }
         let dir = tempfile_dir::Dir::new("orch-slurm").map_err(|e| format!("temp folder: {e}"))?;
@@ -137,6 +178,7 @@ impl SlurmCluster {
             children: Vec::new(),
             conf: conf.clone(),
             nodes: nodes.max(1),
+            max_submit,
         };
         cluster
             .configure()
@@ -158,6 +200,9 @@ impl SlurmCluster {
         )?;
         wait_for(Duration::from_secs(10), || root.join("munge.sock").exists())
             .map_err(|_| format!("munged did not start: {}", read(&root.join("munged.log"))))?;
+        if let Some(n) = max_submit {
+            cluster.start_accounting(n)?;
+        }
         let slurmctld = which("slurmctld").ok_or("no slurmctld")?;
         cluster.spawn(&slurmctld, &["-D".into(), "-i".into()], "slurmctld.out")?;
         let slurmd = which("slurmd").ok_or("no slurmd")?;
@@ -219,6 +264,46 @@ impl SlurmCluster {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into());
         let (ctld, slurmd) = (free_port()?, free_port()?);
+        let r = root.display();
+        let accounting = match self.max_submit {
+            None => "AccountingStorageType=accounting_storage/none\n".to_string(),
+            Some(_) => {
+                let (db, dbd) = (free_port()?, free_port()?);
+                let dbd_conf = format!(
+                    "AuthType=auth/munge
+AuthInfo=socket={r}/munge.sock
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={dbd}
+SlurmUser=root
+PidFile={r}/slurmdbd.pid
+LogFile={r}/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db}
+StorageUser=root
+StorageLoc=orch_acct
+"
+                );
+                // slurmdbd reads it beside `slurm.conf` and refuses one others can read.
+                let p = root.join("slurmdbd.conf");
+                std::fs::write(&p, dbd_conf)?;
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+                }
+                std::fs::write(root.join("mariadb.port"), db.to_string())?;
+                // `AccountingStoragePass`: the munge socket for slurmdbd's connections.
+                format!(
+                    "AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={dbd}
+AccountingStoragePass={r}/munge.sock
+AccountingStorageEnforce=associations,limits,qos
+"
+                )
+            }
+        };
         let mut nodes = String::new();
         let mut gres = String::from("AutoDetect=off\n");
         for n in 1..=self.nodes {
@@ -234,7 +319,6 @@ impl SlurmCluster {
             ));
         }
         let names: Vec<String> = (1..=self.nodes).map(node_name).collect();
-        let r = root.display();
         let conf = format!(
             "ClusterName=orchtest{pid}
 SlurmctldHost={host}(127.0.0.1)
@@ -262,8 +346,7 @@ GresTypes=gpu
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 MinJobAge=300
 DefMemPerCPU=1000
 KillWait=3
@@ -277,6 +360,102 @@ PlugStackConfig=/dev/null
         );
         std::fs::write(&self.conf, conf)?;
         std::fs::write(root.join("gres.conf"), gres)?;
+        Ok(())
+    }
+
+    /// MariaDB in the folder, slurmdbd on it, the cluster registered and
+    /// the user's associations limited to `max_submit` jobs.
+    fn start_accounting(&mut self, max_submit: u32) -> Result<(), String> {
+        let root = self.dir.path().to_path_buf();
+        let p = |n: &str| root.join(n).to_string_lossy().into_owned();
+        let port = read(&root.join("mariadb.port"));
+        let install = Command::new(which("mariadb-install-db").ok_or("no mariadb-install-db")?)
+            .args([
+                "--no-defaults".to_string(),
+                format!("--datadir={}", p("db")),
+                "--user=root".into(),
+                "--auth-root-authentication-method=normal".into(),
+                "--skip-test-db".into(),
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run `mariadb-install-db`: {e}"))?;
+        if !install.status.success() {
+            return Err(format!(
+                "`mariadb-install-db` failed: {}",
+                String::from_utf8_lossy(&install.stderr)
+            ));
+        }
+        // No grant tables: slurmdbd connects as root without a password.
+        let mariadbd = which("mariadbd").ok_or("no mariadbd")?;
+        self.spawn(
+            &mariadbd,
+            &[
+                "--no-defaults".into(),
+                format!("--datadir={}", p("db")),
+                format!("--socket={}", p("mariadb.sock")),
+                format!("--port={port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--user=root".into(),
+                "--skip-grant-tables".into(),
+                "--skip-log-bin".into(),
+                "--innodb-buffer-pool-size=32M".into(),
+                format!("--pid-file={}", p("mariadb.pid")),
+                format!("--log-error={}", p("mariadb.log")),
+            ],
+            "mariadb.out",
+        )?;
+        wait_for(Duration::from_secs(60), || {
+            std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok()
+        })
+        .map_err(|_| {
+            format!(
+                "mariadbd did not start: {}",
+                tail(&read(&root.join("mariadb.log")), 20)
+            )
+        })?;
+        let slurmdbd = which("slurmdbd").ok_or("no slurmdbd")?;
+        self.spawn(&slurmdbd, &["-D".into()], "slurmdbd.out")?;
+        let sacctmgr = |args: &[&str]| {
+            Command::new("sacctmgr")
+                .args(args)
+                .envs(self.env())
+                .stdin(Stdio::null())
+                .output()
+        };
+        wait_for(Duration::from_secs(60), || {
+            sacctmgr(&["-n", "-P", "show", "cluster"]).is_ok_and(|o| o.status.success())
+        })
+        .map_err(|_| {
+            format!(
+                "slurmdbd did not start: {}",
+                tail(&read(&root.join("slurmdbd.log")), 20)
+            )
+        })?;
+        let cluster = format!("orchtest{}", std::process::id());
+        let limit = format!("MaxSubmitJobs={max_submit}");
+        for args in [
+            vec!["-i", "add", "cluster", cluster.as_str()],
+            // The cluster's `root` association holds the user root.
+            vec![
+                "-i",
+                "modify",
+                "user",
+                "where",
+                "name=root",
+                "set",
+                limit.as_str(),
+            ],
+        ] {
+            let out = sacctmgr(&args).map_err(|e| format!("cannot run `sacctmgr`: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "`sacctmgr {}` failed: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -335,6 +514,12 @@ PlugStackConfig=/dev/null
     pub fn logs(&self) -> String {
         let r = self.dir.path();
         let mut s = format!("slurmctld.log:\n{}", tail(&read(&r.join("slurmctld.log")), 30));
+        if self.max_submit.is_some() {
+            s.push_str(&format!(
+                "\nslurmdbd.log:\n{}",
+                tail(&read(&r.join("slurmdbd.log")), 30)
+            ));
+        }
         for n in 1..=self.nodes {
             let name = node_name(n);
             s.push_str(&format!(

@@ -87,7 +87,7 @@ pub struct RunArgs {
     /// Where cells run
     #[arg(long, default_value = "local")]
     pub backend: Kind,
-    /// Cells run at once (default: the manifest's `concurrency`, else 1)
+    /// Cells run at once (default: the manifest's `concurrency`, else the backend's default, which `orch plan` shows)
     #[arg(short = 'j', long)]
     pub jobs: Option<usize>,
     /// Print the run record as JSON on stdout when done

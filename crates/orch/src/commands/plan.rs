@@ -38,7 +38,8 @@ pub async fn plan(
         },
     )?;
     // A cell that asks for more GPUs than this host has (local, docker) would be refused by `run`.
-    crate::commands::run::host_gpus(host, &plan)?;
+    let devices = crate::commands::run::host_gpus(host, &plan)?;
+    let jobs = jobs(host, &plan, None, &devices).await;
     let weights = host.weights(Some(&plan), false).await?;
     let models = host.check_models(&plan, &weights).await?;
     let missing = models.iter().any(|m| !m.complete);
@@ -69,6 +70,8 @@ pub async fn plan(
             "estimate": total,
             "weights_dir": weights.folder(),
             "weights": weights.to_string(),
+            "jobs": jobs.jobs,
+            "jobs_why": jobs.why,
             "models": models,
             "ready": !missing && !misfit,
         });
@@ -134,6 +137,10 @@ pub async fn plan(
         }
         print!("{}", output::table(&header, &rows));
         println!("{}", total_text(&total));
+        println!(
+            "jobs: {} at a time ({}; `--jobs N` to change)",
+            jobs.jobs, jobs.why
+        );
         if !models.is_empty() {
             println!("\nmodels (weights volume {weights}):");
             for m in &models {
@@ -176,6 +183,29 @@ pub async fn plan(
         }
     }
     Ok(if missing || misfit { 1 } else { 0 })
+}
+
+/// Cells at once for a run of `plan`: `--jobs`, else the suite's
+/// `concurrency`, else the backend's default; with why, in words.
+pub async fn jobs(
+    host: &dyn orch_backend::host::Host,
+    plan: &orch_manifest::Plan,
+    flag: Option<usize>,
+    devices: &orch_runner::GpuDevices,
+) -> orch_backend::host::DefaultJobs {
+    use orch_backend::host::DefaultJobs;
+    if let Some(n) = flag {
+        return DefaultJobs::new(n, "`--jobs`");
+    }
+    if let Some(n) = plan.concurrency {
+        return DefaultJobs::new(n, "the suite's `concurrency`");
+    }
+    let gpus = match devices {
+        orch_runner::GpuDevices::Known(d) => Some(d.len()),
+        _ => None,
+    };
+    let d = host.default_jobs(plan, gpus).await;
+    DefaultJobs::new(d.jobs, format!("{} default: {}", host.kind(), d.why))
 }
 
 /// The estimate of a whole plan.

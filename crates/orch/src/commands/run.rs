@@ -446,8 +446,10 @@ pub async fn run(
             ))
         }
     };
-    let concurrency = args.jobs.unwrap_or(run.plan.concurrency);
     let gpu_devices = host_gpus(host, &run.plan)?;
+    let concurrency = crate::commands::plan::jobs(host, &run.plan, args.jobs, &gpu_devices)
+        .await
+        .jobs;
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
 
