@@ -14,7 +14,9 @@
 //! socket and port, no grant tables) under `slurmdbd`, the cluster
 //! registered with `sacctmgr`, `AccountingStorageEnforce=limits` and the
 //! current user's association limited to `MaxSubmitJobs=N`, so `sbatch`
-//! refuses a job past N (`AssocMaxSubmitJobLimit`) as a real site's does.
+//! refuses a job past N (`AssocMaxSubmitJobLimit`) as a real site's does;
+//! and partition [`CAPPED_PARTITION`], whose partition QOS allows N-1 per
+//! user (`QOSMaxSubmitJobPerUserLimit`).
 //!
 //! Needs Debian's `slurm-wlm` and `munge` and root (slurmd runs jobs as
 //! their users); accounting also `slurmdbd` and `mariadb-server`. [`SlurmCluster::start`] says why when it cannot start; the
@@ -34,6 +36,11 @@ pub const GPUS: u32 = 8;
 /// The first node's name, and the partition of every node.
 pub const NODE: &str = "orchnode1";
 pub const PARTITION: &str = "gpu";
+/// With accounting, a second partition of the same nodes whose partition
+/// QOS (of the same name) allows one job fewer per user than the
+/// association: a limit that `sbatch` enforces and a reader of the user's
+/// association and QOS does not see.
+pub const CAPPED_PARTITION: &str = "capped";
 
 pub struct SlurmCluster {
     dir: tempfile_dir::Dir,
@@ -217,7 +224,8 @@ impl SlurmCluster {
         let env = cluster.env();
         let idle = wait_for(Duration::from_secs(60), || {
             Command::new("sinfo")
-                .args(["-h", "-N", "-o", "%t"])
+                // One line per node of the partition of every node.
+                .args(["-h", "-N", "-p", PARTITION, "-o", "%t"])
                 .envs(env.clone())
                 .stderr(Stdio::null())
                 .output()
@@ -353,9 +361,16 @@ KillWait=3
 MessageTimeout=10
 SlurmdParameters=config_overrides
 PlugStackConfig=/dev/null
-{nodes}PartitionName={PARTITION} Nodes={} Default=YES MaxTime=INFINITE State=UP
-",
-            names.join(","),
+{nodes}PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP
+{capped}",
+            names = names.join(","),
+            capped = match self.max_submit {
+                Some(_) => format!(
+                    "PartitionName={CAPPED_PARTITION} Nodes={} QOS={CAPPED_PARTITION} MaxTime=INFINITE State=UP\n",
+                    names.join(",")
+                ),
+                None => String::new(),
+            },
             pid = std::process::id(),
         );
         std::fs::write(&self.conf, conf)?;
@@ -434,6 +449,7 @@ PlugStackConfig=/dev/null
         })?;
         let cluster = format!("orchtest{}", std::process::id());
         let limit = format!("MaxSubmitJobs={max_submit}");
+        let capped = format!("MaxSubmitJobsPerUser={}", max_submit.saturating_sub(1).max(1));
         for args in [
             vec!["-i", "add", "cluster", cluster.as_str()],
             // The cluster's `root` association holds the user root.
@@ -446,6 +462,7 @@ PlugStackConfig=/dev/null
                 "set",
                 limit.as_str(),
             ],
+            vec!["-i", "add", "qos", CAPPED_PARTITION, capped.as_str()],
         ] {
             let out = sacctmgr(&args).map_err(|e| format!("cannot run `sacctmgr`: {e}"))?;
             if !out.status.success() {

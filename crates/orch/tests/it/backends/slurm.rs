@@ -674,3 +674,80 @@ fn max_cost_cancels_the_running_job() {
         c.show_job(id)
     );
 }
+
+/// Every cell of a record succeeded, with its own job, recorded once (one
+/// cell folder each, no interrupted attempt).
+fn each_recorded_once(rec: &Value, store: &Path, cells: usize) {
+    let list = rec["cells"].as_array().unwrap();
+    assert_eq!(list.len(), cells, "{rec}");
+    let mut jobs = std::collections::BTreeSet::new();
+    for cell in list {
+        assert_eq!(cell["status"], "succeeded", "{cell}");
+        assert!(jobs.insert(cell["info"]["slurm_job_id"].as_str().unwrap().to_string()));
+    }
+    let run_dir = store.join(rec["id"].as_str().unwrap());
+    let folders = std::fs::read_dir(run_dir.join("cells")).unwrap().count();
+    assert_eq!(folders, cells);
+    assert!(!run_dir.join("interrupted").exists());
+}
+
+#[test]
+fn a_run_past_the_submission_limit_waits_for_slots_and_retries_refusals() {
+    if let Some(why) = orch_testkit::slurm::unavailable_accounting() {
+        skip::skip_or_fail(
+            &skip::current_test(),
+            &format!("this test needs a Slurm cluster with accounting here: {why}"),
+        );
+        return;
+    }
+    const LIMIT: u32 = 3;
+    let c = SlurmCluster::start_with_submit_limit(LIMIT)
+        .unwrap_or_else(|e| panic!("cannot start the test cluster: {e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let suite = |partition: &str| {
+        let m = tmp.path().join(format!("{partition}.yaml"));
+        std::fs::write(
+            &m,
+            format!("name: many\nslurm: {{partition: {partition}, poll: 0.5s}}\nbenchmarks:\n  - name: nap\n    workload: {{shell: 'sleep 2; echo ORCH_METRIC x=1'}}\n    matrix:\n      i: [1, 2, 3, 4, 5, 6, 7, 8]\n"),
+        )
+        .unwrap();
+        m
+    };
+    // `orch plan` says the default: the association's limit.
+    let m = suite(orch_testkit::slurm::PARTITION);
+    let plan = orch(&c)
+        .args(["plan", "-f", m.to_str().unwrap(), "--backend", "slurm", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        text.contains(&format!(
+            "jobs: {LIMIT} at a time (slurm default: the submission limit, `MaxSubmitJobs` of the association"
+        )),
+        "{text}\n{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+
+    // Eight cells at once against a limit of three: five wait for a slot.
+    let (out, rec) = run(&c, &m, &store, &["-j", "8"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\n{}", c.logs());
+    each_recorded_once(&rec, &store, 8);
+    assert!(err.contains("waiting to submit"), "{err}");
+    assert!(!err.contains("refused"), "{err}");
+
+    // A limit the run cannot read (the partition's QOS allows one job
+    // fewer): the refused submissions are made again, no cell fails.
+    let m = suite(orch_testkit::slurm::CAPPED_PARTITION);
+    let (out, rec) = run(&c, &m, &store, &["-j", "8"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\n{}", c.logs());
+    each_recorded_once(&rec, &store, 8);
+    assert!(
+        err.contains("slurm refused the job for now (QOSMaxSubmitJobPerUserLimit)"),
+        "{err}"
+    );
+    assert!(c.queued_jobs().is_empty(), "jobs left: {:?}", c.queued_jobs());
+}
