@@ -26,6 +26,12 @@
 //! - `nodes: N` cells get `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`,
 //!   `NNODES`, `NODE_RANK`; every node's agent writes its own result, and
 //!   each node's hardware and telemetry go into the record (`info.nodes`);
+//! - submissions keep to the user's submission limit, read once per run
+//!   (`MaxJobCount`, and with enforced accounting `MaxSubmitJobs` and the
+//!   like of the association and QOS), less the user's jobs already queued:
+//!   a cell past it waits for one of the run's jobs to leave the queue; a
+//!   refusal for such a limit (changed under the run, or one not read) is
+//!   submitted again after a delay, never a failed cell;
 //! - cancel, `--max-cost` and a lost controller `scancel` the cell's job;
 //!   jobs are named `orch-<run>-<cell>` and commented `orch:<run>:<cell>`,
 //!   which `cleanup` (`orch down RUN`) cancels by.
@@ -38,11 +44,14 @@
 //! `#SBATCH` options and rendezvous variables, the per-node `node.sh` that starts the
 //! agent into the job folder or `nodes/<rank>/`), `sched.rs` (`sbatch`, one `squeue` for
 //! every watched job, `scontrol`/`sacct` for a finished job, `scancel`, jobs of a run by
-//! name/comment), `follow.rs` (the event stream's new lines, a mirror of a job folder on
+//! name/comment, the submission limit and the run's submission slots, which refusals are
+//! a limit's), `follow.rs` (the event stream's new lines, a mirror of a job folder on
 //! `shared_dir` into the store), `lib.rs` (`SlurmBackend`: submission, live pending
 //! reasons, `max_pending`, never-startable reasons, cancel, job end → status
 //! (`OUT_OF_MEMORY`/`TIMEOUT`/`NODE_FAIL`/`PREEMPTED`), every node's record into
-//! `info.nodes`; `run_job` for `orch setup --as-job`). It does not: link a Slurm library
+//! `info.nodes`, a slot before `sbatch` and refusals for a limit retried; `run_job` for
+//! `orch setup --as-job`), `host.rs` (the host side, the `--jobs` default: the submission
+//! limit). It does not: link a Slurm library
 //! or talk to `slurmrestd`: the commands every login node has.
 
 pub mod follow;
