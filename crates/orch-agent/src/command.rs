@@ -24,7 +24,7 @@
 use crate::capture::Capture;
 use crate::ctx::Ctx;
 use orch_protocol::{
-    CellResult, CommandWorkload, Failure, Phase, Status, StreamInfo, TaskSpec, METRICS_FILE_ENV,
+    CellResult, CommandWorkload, Failure, FailureKind, Phase, Status, StreamInfo, TaskSpec, METRICS_FILE_ENV,
     METRIC_LINE_PREFIX, PHASE_LINE_PREFIX,
 };
 use std::collections::BTreeMap;
@@ -67,7 +67,12 @@ pub fn run_with_logs(
 ) -> CellResult {
     let cell = task.cell_id.as_str();
     let Some(program) = cmd.argv.first() else {
-        return CellResult::failed(cell, Status::Failed, "invalid_config", "`argv` is empty");
+        return CellResult::failed(
+            cell,
+            Status::Failed,
+            FailureKind::InvalidConfig,
+            "`argv` is empty",
+        );
     };
     let metrics_path = out_dir.join(format!("{prefix}metrics.json"));
     let _ = std::fs::remove_file(&metrics_path);
@@ -88,7 +93,7 @@ pub fn run_with_logs(
             return CellResult::failed(
                 cell,
                 Status::Failed,
-                "agent_io",
+                FailureKind::AgentIo,
                 format!("cannot create log files in `{}`: {e}", out_dir.display()),
             )
         }
@@ -100,7 +105,7 @@ pub fn run_with_logs(
             let mut r = CellResult::failed(
                 cell,
                 Status::Failed,
-                "spawn",
+                FailureKind::Spawn,
                 format!("cannot start `{program}`: {e}"),
             );
             r.stdout = finish_quietly(out_cap);
@@ -153,7 +158,7 @@ pub fn run_with_logs(
                 return CellResult::failed(
                     cell,
                     Status::Failed,
-                    "agent_io",
+                    FailureKind::AgentIo,
                     format!("cannot wait for the command: {e}"),
                 );
             }
@@ -249,7 +254,7 @@ pub fn run_with_logs(
         }
         Ok(None) => {}
         Err(msg) => {
-            result.failure = Some(Failure::new("bad_metrics", msg));
+            result.failure = Some(Failure::new(FailureKind::BadMetrics, msg));
             result.status = Status::Failed;
         }
     }
@@ -270,7 +275,7 @@ pub fn run_with_logs(
         };
         result.status = status;
         result.failure = Some(Failure {
-            kind: status.as_str().to_string(),
+            kind: FailureKind::of_status(status),
             message,
             exit_code,
             signal,
@@ -280,19 +285,19 @@ pub fn run_with_logs(
     } else {
         let tail = last_line(&out_dir.join(format!("{prefix}stderr.log")));
         let (kind, mut message) = match (exit_code, signal) {
-            (Some(code), _) => ("exit_code", format!("command exited with code {code}")),
+            (Some(code), _) => (FailureKind::ExitCode, format!("command exited with code {code}")),
             (None, Some(sig)) => (
-                "signal",
+                FailureKind::Signal,
                 format!("command killed by signal {sig} ({})", signal_name(sig)),
             ),
-            _ => ("exit_code", "command ended abnormally".to_string()),
+            _ => (FailureKind::ExitCode, "command ended abnormally".to_string()),
         };
         if let Some(t) = tail {
             message.push_str(&format!("; last stderr line: {t}"));
         }
         result.status = Status::Failed;
         result.failure = Some(Failure {
-            kind: kind.into(),
+            kind,
             message,
             exit_code,
             signal,
@@ -424,7 +429,7 @@ pub(crate) fn supervised(
         return Err(Box::new(CellResult::failed(
             cell,
             Status::Failed,
-            "invalid_config",
+            FailureKind::InvalidConfig,
             "the command is empty",
         )));
     }
@@ -471,7 +476,7 @@ pub(crate) fn supervised(
             return Err(Box::new(CellResult::failed(
                 cell,
                 Status::Failed,
-                "spawn",
+                FailureKind::Spawn,
                 format!(
                     "the working directory `{dir}` does not exist here; hint: fix `workdir`, or leave it out"
                 ),

@@ -100,8 +100,8 @@ use crate::ctx::Ctx;
 use crate::lengths;
 use crate::outcheck;
 use orch_protocol::{
-    CellResult, Client, CompareWorkload, Failure, LoadGen, OutputCheck, Phase, ServerWorkload, Status,
-    TaskSpec, Variant,
+    CellResult, Client, CompareWorkload, Failure, FailureKind, LoadGen, OutputCheck, Phase, ServerWorkload,
+    Status, TaskSpec, Variant,
 };
 use orch_record::compare::{
     AnswersCheck, Better, CheckPlan as CheckPlanInfo, CheckStatus, CommandCheck, CompareInfo, Drift, Gate,
@@ -1205,13 +1205,13 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
         .collect();
     if ctx.stop_requested() {
         result.status = Status::Cancelled;
-        result.failure = Some(Failure::new("cancelled", "stopped on request"));
+        result.failure = Some(Failure::new(FailureKind::Cancelled, "stopped on request"));
     } else if let Some(why) = primary_missing {
         result.status = Status::Failed;
-        result.failure = Some(Failure::new("invalid_config", why));
+        result.failure = Some(Failure::new(FailureKind::InvalidConfig, why));
     } else if !failed.is_empty() {
         result.status = Status::Failed;
-        result.failure = Some(Failure::new("variant_failed", failed.join("; ")));
+        result.failure = Some(Failure::new(FailureKind::VariantFailed, failed.join("; ")));
     }
     result
 }

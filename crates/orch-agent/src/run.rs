@@ -3,8 +3,8 @@
 use crate::ctx::Ctx;
 use crate::{calibrate, command, gpu, server, transformer, AGENT_VERSION};
 use orch_protocol::{
-    BuiltinWorkload, CellResult, Event, Phase, Status, TaskSpec, Workload, FLAG_HARDWARE_MISMATCH,
-    PROTOCOL_VERSION,
+    BuiltinWorkload, CellResult, Event, FailureKind, Phase, Status, TaskSpec, Workload,
+    FLAG_HARDWARE_MISMATCH, PROTOCOL_VERSION,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         let mut r = CellResult::failed(
             &task.cell_id,
             Status::Failed,
-            FLAG_HARDWARE_MISMATCH,
+            FailureKind::HardwareMismatch,
             format!("{m} (strict hardware: the workload did not run)"),
         );
         r.flags.push(FLAG_HARDWARE_MISMATCH.into());
@@ -75,7 +75,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
                 let mut r = CellResult::failed(
                     &task.cell_id,
                     Status::Failed,
-                    "files_error",
+                    FailureKind::FilesError,
                     format!("the cell's files could not be laid out: {e}"),
                 );
                 r.hardware = Some(hardware);
@@ -85,7 +85,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
         }
     }
     if let Some(msg) = builtin_without_cuda(task, &hardware) {
-        let mut r = CellResult::failed(&task.cell_id, Status::Failed, "workload_error", msg);
+        let mut r = CellResult::failed(&task.cell_id, Status::Failed, FailureKind::WorkloadError, msg);
         r.hardware = Some(hardware);
         probe.record(&mut r.info);
         return finish(r, out_dir, ctx);
@@ -120,7 +120,7 @@ pub fn run_task(task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
             CellResult::failed(
                 &task.cell_id,
                 Status::Failed,
-                "agent_panic",
+                FailureKind::AgentPanic,
                 format!("the workload panicked: {msg}"),
             )
         }

@@ -11,7 +11,9 @@
 use crate::capture::Capture;
 use crate::command::{self, kill_group, last_line, terminate};
 use crate::ctx::Ctx;
-use orch_protocol::{CellResult, Client, Failure, Phase, Readiness, ServerWorkload, Status, TaskSpec};
+use orch_protocol::{
+    CellResult, Client, Failure, FailureKind, Phase, Readiness, ServerWorkload, Status, TaskSpec,
+};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::ExitStatusExt;
@@ -44,7 +46,7 @@ pub fn run_with(
         return CellResult::failed(
             cell,
             Status::Failed,
-            "invalid_config",
+            FailureKind::InvalidConfig,
             "the server command is empty",
         );
     };
@@ -55,7 +57,7 @@ pub fn run_with(
                 return CellResult::failed(
                     cell,
                     Status::Failed,
-                    "invalid_config",
+                    FailureKind::InvalidConfig,
                     format!("`ready.log` is not a valid regex: {e}"),
                 )
             }
@@ -71,7 +73,7 @@ pub fn run_with(
             return CellResult::failed(
                 cell,
                 Status::Failed,
-                "port_in_use",
+                FailureKind::PortInUse,
                 format!("port {p} is already in use before the server starts; hint: stop what holds it, or use another port"),
             );
         }
@@ -91,7 +93,7 @@ pub fn run_with(
             return CellResult::failed(
                 cell,
                 Status::Failed,
-                "agent_io",
+                FailureKind::AgentIo,
                 format!("cannot create log files: {e}"),
             )
         }
@@ -106,7 +108,7 @@ pub fn run_with(
             return CellResult::failed(
                 cell,
                 Status::Failed,
-                "spawn",
+                FailureKind::Spawn,
                 format!("cannot start `{program}`: {e}"),
             )
         }
@@ -152,7 +154,7 @@ pub fn run_with(
         if let Ok(Some(status)) = child.try_wait() {
             break Err((
                 Status::Failed,
-                "server_exited",
+                FailureKind::ServerExited,
                 describe_exit(status, started),
                 Some(status),
             ));
@@ -160,7 +162,7 @@ pub fn run_with(
         if ctx.stop_requested() {
             break Err((
                 Status::Cancelled,
-                "cancelled",
+                FailureKind::Cancelled,
                 "stopped on request while the server started".into(),
                 None,
             ));
@@ -176,7 +178,7 @@ pub fn run_with(
         if Instant::now() >= deadline {
             break Err((
                 Status::Timeout,
-                "startup_timeout",
+                FailureKind::StartupTimeout,
                 format!("orch: server not ready after {:.0}s", srv.startup_timeout_s),
                 None,
             ));
@@ -214,7 +216,7 @@ pub fn run_with(
                 Some(Client::Loadgen(lg)) if url.is_empty() => CellResult::failed(
                     cell,
                     Status::Failed,
-                    "invalid_config",
+                    FailureKind::InvalidConfig,
                     format!("the load generator needs the server's port: use `ready: {{http: ..., port: ...}}` or `ready: {{tcp: ...}}` ({})", lg.endpoint),
                 ),
                 Some(Client::Loadgen(lg)) => crate::loadgen::run(lg, task, &url, out_dir, ctx),
@@ -227,7 +229,7 @@ pub fn run_with(
             if let Ok(Some(status)) = child.try_wait() {
                 r.status = Status::Failed;
                 r.failure = Some(Failure {
-                    kind: "server_exited".into(),
+                    kind: FailureKind::ServerExited,
                     message: describe_exit(status, started),
                     exit_code: status.code(),
                     signal: status.signal(),
@@ -289,7 +291,7 @@ pub fn run_with(
     }
     if result.status == Status::Failed {
         if let (Some(f), Some(tail)) = (result.failure.as_mut(), last_line(&out_dir.join("stderr.log"))) {
-            if f.kind == "server_exited" {
+            if f.kind == FailureKind::ServerExited {
                 f.message.push_str(&format!("; last stderr line: {tail}"));
             }
         }

@@ -1,7 +1,7 @@
 //! The `orch-agent` binary as a container would run it.
 
 use orch_protocol::{
-    BuiltinWorkload, CellResult, CommandWorkload, Event, Measure, Status, TaskSpec, Workload,
+    BuiltinWorkload, CellResult, CommandWorkload, Event, FailureKind, Measure, Status, TaskSpec, Workload,
 };
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -121,7 +121,7 @@ fn signal_and_spawn_failures_are_recorded() {
         workdir: None,
     }));
     let (_, r, _, _tmp) = run_agent(&t);
-    assert_eq!(r.failure.unwrap().kind, "spawn");
+    assert_eq!(r.failure.unwrap().kind, FailureKind::Spawn);
 }
 
 #[test]

@@ -35,7 +35,7 @@ use bollard::Docker;
 use futures::StreamExt;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -406,21 +406,20 @@ impl Platform for Container<'_> {
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
         if self.image.is_empty() {
             return Err(Early::failed(
-                "no_image",
+                FailureKind::NoImage,
                 "the cell names no `image`; container backends need one (`image: REF` or `image: {build: NAME}`)",
             ));
         }
         let weights = self.backend.weights_volume().await;
         Self::write_task(cell, weights).map_err(|e| {
             Early::failed(
-                "cell_folder",
+                FailureKind::CellFolder,
                 format!("cannot write the task into `{}`: {e}", cell.dir.display()),
             )
         })?;
-        self.agent_log = Some(
-            std::fs::File::create(cell.dir.join("agent.log"))
-                .map_err(|e| Early::failed("cell_folder", format!("cannot create `agent.log`: {e}")))?,
-        );
+        self.agent_log = Some(std::fs::File::create(cell.dir.join("agent.log")).map_err(|e| {
+            Early::failed(FailureKind::CellFolder, format!("cannot create `agent.log`: {e}"))
+        })?);
         let backend = self.backend;
         let mut body = Self::body(backend, &self.image, cell, weights).await;
         let name = container_name(&cell.task.run_id, &cell.id);
@@ -442,14 +441,14 @@ impl Platform for Container<'_> {
                 Ok(c) => c,
                 Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, message }) => {
                     return Err(Early::failed(
-                        "no_image",
+                        FailureKind::NoImage,
                         format!(
                             "image `{}` is not in the engine ({message}); hint: `orch build -f SUITE` builds it, or `docker pull {}`",
                             self.image, self.image
                         ),
                     ))
                 }
-                Err(e) => return Err(Early::failed("container_create", format!("the Docker engine failed: {e}"))),
+                Err(e) => return Err(Early::failed(FailureKind::ContainerCreate, format!("the Docker engine failed: {e}"))),
             };
             self.id = Some(created.id.clone());
             let Err(e) = docker.start_container(&created.id, None).await else {
@@ -465,7 +464,7 @@ impl Platform for Container<'_> {
                 format!("the Docker daemon may not raise the container's memlock/stack limits ({msg}); the cell runs with the daemon's limits (NCCL may need them raised)")
             } else {
                 return Err(Early::failed(
-                    "container_start",
+                    FailureKind::ContainerStart,
                     format!("the container did not start: {msg}"),
                 ));
             };
@@ -579,7 +578,7 @@ impl Platform for Container<'_> {
             (
                 Status::Oom,
                 Failure::new(
-                    "oom",
+                    FailureKind::Oom,
                     format!(
                         "the container was killed for using more memory than its limit{}",
                         limit.map(|b| format!(" ({b} bytes)")).unwrap_or_default()
@@ -592,7 +591,7 @@ impl Platform for Container<'_> {
             (
                 Status::Failed,
                 Failure::new(
-                    "container_killed",
+                    FailureKind::ContainerKilled,
                     "the container ended without a result (exit code 137): killed (SIGKILL) from outside",
                 )
                 .exited(exit_code, None),

@@ -33,7 +33,7 @@ use crate::watch;
 use crate::CELL_CONTAINER;
 use k8s_openapi::api::core::v1::Pod;
 use orch_backend::lifecycle::PlatformEnd;
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 
 /// The cell container's `terminated` state.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -165,12 +165,12 @@ impl PodEnd {
 
     /// The end in a record's words: (status, failure).
     pub fn failure(&self) -> (Status, Failure) {
-        let failed = |kind: &str, message: String| (Status::Failed, Failure::new(kind, message));
+        let failed = |kind: FailureKind, message: String| (Status::Failed, Failure::new(kind, message));
         match self {
             PodEnd::Oom { exit_code } => (
                 Status::Oom,
                 Failure::new(
-                    "oom",
+                    FailureKind::Oom,
                     format!(
                         "the cell's container was killed for going over its memory limit (OOMKilled, exit code {exit_code})"
                     ),
@@ -178,24 +178,24 @@ impl PodEnd {
                 .exited(Some(*exit_code), None),
             ),
             PodEnd::Evicted { message } => {
-                failed("evicted", format!("the pod was evicted from its node: {message}"))
+                failed(FailureKind::Evicted, format!("the pod was evicted from its node: {message}"))
             }
             PodEnd::Disrupted { reason, message } => watch::disrupted(reason, message),
             PodEnd::Deadline { message } => (
                 Status::Timeout,
                 Failure::new(
-                    "timeout",
+                    FailureKind::Timeout,
                     format!("the Job's activeDeadlineSeconds passed: {message}"),
                 ),
             ),
             PodEnd::NodeLost { reason, message } => failed(
-                "node_lost",
+                FailureKind::NodeLost,
                 format!("the pod's node went away ({reason}): {message}"),
             ),
             PodEnd::Exited { exit_code, reason } => (
                 Status::Failed,
                 Failure::new(
-                    "agent_died",
+                    FailureKind::AgentDied,
                     format!(
                         "the cell's container exited with {exit_code} ({reason}) before the agent sent a result"
                     ),
@@ -203,11 +203,11 @@ impl PodEnd {
                 .exited(Some(*exit_code), None),
             ),
             PodEnd::Failed { phase } => failed(
-                "pod_failed",
+                FailureKind::PodFailed,
                 format!("the pod ended without a result (phase {phase})"),
             ),
             PodEnd::Gone => failed(
-                "pod_lost",
+                FailureKind::PodLost,
                 "the pod disappeared before the agent sent a result (deleted from outside, or its node was lost)"
                     .into(),
             ),
@@ -280,18 +280,18 @@ impl Cause {
     fn failure(&self, namespace: &str) -> (Status, Failure) {
         match self {
             Cause::Pod(p) => p.failure(),
-            Cause::Unreachable(why) => (Status::Failed, Failure::new("api_unreachable", why.clone())),
+            Cause::Unreachable(why) => (Status::Failed, Failure::new(FailureKind::ApiUnreachable, why.clone())),
             Cause::JobDeadline => (
                 Status::Timeout,
                 Failure::new(
-                    "timeout",
+                    FailureKind::Timeout,
                     "the Job's activeDeadlineSeconds passed and its pod was stopped",
                 ),
             ),
             Cause::Refused(why) => (
                 Status::Failed,
                 Failure::new(
-                    "forbidden",
+                    FailureKind::Forbidden,
                     format!("{why}; the cell's logs and metrics could not come home\nhint: grant what `deploy/kubernetes/orch-role.yaml` grants (`kubectl auth can-i get pods/log -n {namespace}`)"),
                 ),
             ),
@@ -391,7 +391,7 @@ pub fn stopped_outside() -> (Status, Failure) {
     (
         Status::Cancelled,
         Failure::new(
-            "disrupted",
+            FailureKind::Disrupted,
             "the pod was stopped from outside orch (deleted, drained or preempted; the cluster left no reason on it) while the cell ran; `orch run --resume RUN` runs it again",
         ),
     )
@@ -416,14 +416,10 @@ pub fn summary_result(cell_id: &str, text: &str) -> Option<CellResult> {
         Some(kind) => CellResult::failed(
             cell_id,
             status,
-            kind,
+            FailureKind::new(kind),
             v.get("message").and_then(|m| m.as_str()).unwrap_or_default(),
         ),
-        None => {
-            let mut r = CellResult::failed(cell_id, status, "", "");
-            r.failure = None;
-            r
-        }
+        None => CellResult::new(cell_id, status),
     };
     if let (Some(f), Some(code)) = (r.failure.as_mut(), v.get("exit_code").and_then(|c| c.as_i64())) {
         f.exit_code = Some(code as i32);

@@ -11,7 +11,7 @@
 //! or wrote no result when rank 0 succeeded. A cell orch stopped (cancel,
 //! deadline) keeps rank 0's end.
 
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::collections::BTreeMap;
 
 /// One rank other than 0 as the host saw it end.
@@ -41,7 +41,7 @@ fn failed_by_itself(r: &CellResult) -> bool {
         && !r
             .failure
             .as_ref()
-            .is_some_and(|f| matches!(f.kind.as_str(), "pod_lost" | "disrupted"))
+            .is_some_and(|f| matches!(f.kind, FailureKind::PodLost | FailureKind::Disrupted))
 }
 
 /// Put every rank into `result.info.nodes` and name the rank whose failure
@@ -104,7 +104,7 @@ pub fn apply(result: &mut CellResult, host0: Option<&str>, others: &[RankEnd], s
     };
     result.status = status;
     let mut f = Failure::new(
-        "node_rank_failed",
+        FailureKind::NodeRankFailed,
         format!(
             "node rank {} did not succeed: {why}; its logs are in `nodes/{}/`",
             o.rank, o.rank
@@ -134,7 +134,12 @@ mod tests {
     }
 
     fn failed(kind: &str, code: Option<i32>) -> CellResult {
-        let mut r = CellResult::failed("c", Status::Failed, kind, "command exited with code 1");
+        let mut r = CellResult::failed(
+            "c",
+            Status::Failed,
+            FailureKind::new(kind),
+            "command exited with code 1",
+        );
         if let Some(f) = r.failure.as_mut() {
             f.exit_code = code;
         }
@@ -171,7 +176,12 @@ mod tests {
     #[test]
     fn a_rank_that_failed_by_itself_is_the_cells_failure_even_when_rank_0_was_stopped() {
         // Rank 1 exited 1; the Job failed and its controller stopped rank 0.
-        let mut r = CellResult::failed("c", Status::Cancelled, "disrupted", "stopped from outside");
+        let mut r = CellResult::failed(
+            "c",
+            Status::Cancelled,
+            FailureKind::Disrupted,
+            "stopped from outside",
+        );
         apply(
             &mut r,
             Some("n0"),
@@ -203,20 +213,20 @@ mod tests {
             &[rank(1, Some(CellResult::new("c", Status::Cancelled)))],
             false,
         );
-        assert_eq!(r.failure.unwrap().kind, "exit_code");
+        assert_eq!(r.failure.unwrap().kind, FailureKind::ExitCode);
         let mut r = CellResult::new("c", Status::Cancelled);
         apply(&mut r, None, &[rank(1, Some(failed("exit_code", Some(1))))], true);
         assert_eq!(r.status, Status::Cancelled);
         assert!(r.failure.is_none());
         // Everyone stopped from outside (a drain): the disruption stays.
-        let mut r = CellResult::failed("c", Status::Cancelled, "disrupted", "drained");
+        let mut r = CellResult::failed("c", Status::Cancelled, FailureKind::Disrupted, "drained");
         apply(
             &mut r,
             None,
             &[rank(1, Some(CellResult::new("c", Status::Cancelled)))],
             false,
         );
-        assert_eq!(r.failure.unwrap().kind, "disrupted");
+        assert_eq!(r.failure.unwrap().kind, FailureKind::Disrupted);
     }
 
     #[test]
@@ -233,7 +243,7 @@ mod tests {
         );
         assert_eq!(r.info["nodes"][2]["status"], "no_result");
         let mut r = ok(1);
-        let oom = CellResult::failed("c", Status::Oom, "oom", "OOMKilled");
+        let oom = CellResult::failed("c", Status::Oom, FailureKind::Oom, "OOMKilled");
         apply(&mut r, None, &[rank(1, Some(oom))], false);
         assert_eq!(
             (r.status, r.failure.unwrap().kind.as_str()),

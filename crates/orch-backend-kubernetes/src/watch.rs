@@ -9,7 +9,7 @@
 use crate::end::{PodEnd, PodFacts};
 use crate::{AGENT_CONTAINER, CELL_CONTAINER};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use orch_protocol::{Failure, Status};
+use orch_protocol::{Failure, FailureKind, Status};
 use std::time::{Duration, Instant};
 
 /// Where a pod is before the cell's container runs.
@@ -22,7 +22,7 @@ pub enum PodState {
     Unschedulable { message: String },
     /// Waiting for something that will never come by itself.
     Stuck {
-        kind: &'static str,
+        kind: FailureKind,
         reason: String,
         message: String,
     },
@@ -31,7 +31,7 @@ pub enum PodState {
     /// The pod ended before the cell's container ran.
     EndedEarly {
         status: Status,
-        kind: &'static str,
+        kind: FailureKind,
         message: String,
     },
 }
@@ -83,7 +83,7 @@ pub(crate) fn disrupted(reason: &str, message: &str) -> (Status, Failure) {
     (
         Status::Cancelled,
         Failure::new(
-            "disrupted",
+            FailureKind::Disrupted,
             format!(
                 "the cluster took the pod away ({reason}){}; `orch run --resume` runs the cell again",
                 if message.is_empty() {
@@ -117,7 +117,7 @@ pub fn pod_state(pod: &Pod) -> PodState {
         let (status, failure) = disrupted(&reason, &message);
         return PodState::EndedEarly {
             status,
-            kind: "disrupted",
+            kind: FailureKind::Disrupted,
             message: failure.message,
         };
     }
@@ -132,7 +132,7 @@ pub fn pod_state(pod: &Pod) -> PodState {
         {
             return PodState::EndedEarly {
                 status: Status::Failed,
-                kind: "agent_install_failed",
+                kind: FailureKind::AgentInstallFailed,
                 message: format!(
                     "the init container `{AGENT_CONTAINER}` (installs the agent) exited with {}{}",
                     t.exit_code,
@@ -144,10 +144,10 @@ pub fn pod_state(pod: &Pod) -> PodState {
             };
         }
         let (st, kind) = match reason.as_str() {
-            "Evicted" => (Status::Failed, "evicted"),
-            "DeadlineExceeded" => (Status::Timeout, "timeout"),
-            "NodeLost" | "NodeShutdown" | "Terminated" => (Status::Failed, "node_lost"),
-            _ => (Status::Failed, "pod_failed"),
+            "Evicted" => (Status::Failed, FailureKind::Evicted),
+            "DeadlineExceeded" => (Status::Timeout, FailureKind::Timeout),
+            "NodeLost" | "NodeShutdown" | "Terminated" => (Status::Failed, FailureKind::NodeLost),
+            _ => (Status::Failed, FailureKind::PodFailed),
         };
         return PodState::EndedEarly {
             status: st,
@@ -194,21 +194,21 @@ pub fn pod_state(pod: &Pod) -> PodState {
         match reason.as_str() {
             "InvalidImageName" | "ErrImageNeverPull" => {
                 return PodState::Stuck {
-                    kind: "image_pull_failed",
+                    kind: FailureKind::ImagePullFailed,
                     message: format!("{which} cannot be pulled ({reason}): {message}"),
                     reason,
                 }
             }
             "ErrImagePull" | "ImagePullBackOff" if pull_error_is_permanent(&message) => {
                 return PodState::Stuck {
-                    kind: "image_pull_failed",
+                    kind: FailureKind::ImagePullFailed,
                     message: format!("{which} cannot be pulled ({reason}): {message}"),
                     reason,
                 }
             }
             "CreateContainerConfigError" => {
                 return PodState::Stuck {
-                    kind: "container_config_error",
+                    kind: FailureKind::ContainerConfigError,
                     message: format!("the container `{name}` cannot be created ({reason}): {message}"),
                     reason,
                 }
@@ -417,7 +417,7 @@ mod tests {
         assert!(matches!(
             pod_state(&p),
             PodState::Stuck {
-                kind: "image_pull_failed",
+                kind: FailureKind::ImagePullFailed,
                 ..
             }
         ));
@@ -435,7 +435,7 @@ mod tests {
         assert!(matches!(
             pod_state(&p),
             PodState::Stuck {
-                kind: "container_config_error",
+                kind: FailureKind::ContainerConfigError,
                 ..
             }
         ));
@@ -451,10 +451,13 @@ mod tests {
         );
         assert!(matches!(
             pod_state(&p),
-            PodState::EndedEarly { kind: "evicted", .. }
+            PodState::EndedEarly {
+                kind: FailureKind::Evicted,
+                ..
+            }
         ));
-        assert_eq!(pod_end(Some(&p)).1.kind, "evicted");
-        assert_eq!(pod_end(None).1.kind, "pod_lost");
+        assert_eq!(pod_end(Some(&p)).1.kind, FailureKind::Evicted);
+        assert_eq!(pod_end(None).1.kind, FailureKind::PodLost);
     }
 
     #[test]
@@ -479,7 +482,7 @@ mod tests {
         assert!(matches!(
             pod_state(&p),
             PodState::EndedEarly {
-                kind: "disrupted",
+                kind: FailureKind::Disrupted,
                 status: Status::Cancelled,
                 ..
             }
@@ -488,7 +491,7 @@ mod tests {
         let p = pod(serde_json::json!({"status": {"phase": "Failed", "conditions": [
             {"type": "DisruptionTarget", "status": "False", "reason": "EvictionByEvictionAPI"}]}}));
         assert_eq!(disruption(&p), None);
-        assert_ne!(pod_end(Some(&p)).1.kind, "disrupted");
+        assert_ne!(pod_end(Some(&p)).1.kind, FailureKind::Disrupted);
     }
 }
 
@@ -627,7 +630,8 @@ impl Pending {
                 this.last_progress = now;
             }
         };
-        let fail = |kind: &str, message: String| Action::Fail(Status::Failed, Failure::new(kind, message));
+        let fail =
+            |kind: FailureKind, message: String| Action::Fail(Status::Failed, Failure::new(kind, message));
         let action = match seen {
             Seen::NoPod { refusals } => {
                 let mut action = Action::Wait;
@@ -638,7 +642,7 @@ impl Pending {
                         // Quota may free up; other refusals are final.
                         if !last.contains("exceeded quota") || self.stalled(now, limits) {
                             action = fail(
-                                "pod_rejected",
+                                FailureKind::PodRejected,
                                 format!("the cluster refused to create the cell's pod: {last}"),
                             );
                         }
@@ -646,7 +650,7 @@ impl Pending {
                 }
                 if action == Action::Wait && self.stalled(now, limits) {
                     action = fail(
-                        "pending_too_long",
+                        FailureKind::PendingTooLong,
                         format!(
                             "the Job made no pod within {:.0}s",
                             limits.max_pending.as_secs_f64()
@@ -689,7 +693,7 @@ impl Pending {
                         let fits = if self.scaling { Some(true) } else { *fits };
                         let unschedulable = |why: String| {
                             fail(
-                                "unschedulable",
+                                FailureKind::Unschedulable,
                                 format!(
                                     "no node can run the pod ({what} `{gpu}`; {why}, {:.0}s): {message}",
                                     waited.as_secs_f64()
@@ -734,12 +738,12 @@ impl Pending {
                             }
                         }
                     }
-                    PodState::Stuck { kind, message, .. } => fail(kind, message.clone()),
+                    PodState::Stuck { kind, message, .. } => fail(kind.clone(), message.clone()),
                     PodState::EndedEarly {
                         status,
                         kind,
                         message,
-                    } => Action::Fail(*status, Failure::new(kind, message.clone())),
+                    } => Action::Fail(*status, Failure::new(kind.clone(), message.clone())),
                     PodState::Pending { reason, message } => {
                         self.unschedulable_since = None;
                         self.scaling = false;
@@ -750,13 +754,15 @@ impl Pending {
                         // takes minutes: it gets the whole `max_pending`.
                         let (limit, kind) = match reason.as_str() {
                             "ErrImagePull" | "ImagePullBackOff" | "RegistryUnavailable" => {
-                                (Some(limits.max_pending), "image_pull_failed")
+                                (Some(limits.max_pending), FailureKind::ImagePullFailed)
                             }
-                            "ImageInspectError" => (Some(Duration::from_secs(90)), "image_pull_failed"),
+                            "ImageInspectError" => {
+                                (Some(Duration::from_secs(90)), FailureKind::ImagePullFailed)
+                            }
                             "CreateContainerError" | "RunContainerError" => {
-                                (Some(Duration::from_secs(30)), "container_config_error")
+                                (Some(Duration::from_secs(30)), FailureKind::ContainerConfigError)
                             }
-                            _ => (None, "pending_too_long"),
+                            _ => (None, FailureKind::PendingTooLong),
                         };
                         let mut action = Action::Wait;
                         match limit {
@@ -773,7 +779,7 @@ impl Pending {
                         }
                         if action == Action::Wait && stalled {
                             action = fail(
-                                "pending_too_long",
+                                FailureKind::PendingTooLong,
                                 format!(
                                     "the pod made no progress for {:.0}s (still {reason}{}){}",
                                     limits.max_pending.as_secs_f64(),
@@ -841,7 +847,7 @@ mod decide_tests {
         let Action::Fail(Status::Failed, f) = a else {
             panic!("{a:?}")
         };
-        assert_eq!(f.kind, "unschedulable");
+        assert_eq!(f.kind, FailureKind::Unschedulable);
         assert!(
             f.message
                 .contains("GPU `H100:8`; no node of the cluster can ever run it"),
@@ -883,7 +889,7 @@ mod decide_tests {
             "none",
         );
         let Action::Fail(_, f) = a else { panic!("{a:?}") };
-        assert_eq!(f.kind, "image_pull_failed");
+        assert_eq!(f.kind, FailureKind::ImagePullFailed);
         // Started: follow.
         let mut p = Pending::new(t0);
         assert_eq!(
@@ -910,7 +916,7 @@ mod decide_tests {
         let Action::Fail(_, f) = p.decide(&denied, t0 + Duration::from_secs(6), &LIMITS, "none").1 else {
             panic!()
         };
-        assert_eq!(f.kind, "pod_rejected");
+        assert_eq!(f.kind, FailureKind::PodRejected);
     }
 
     /// The default limits: a 90s grace for the autoscaler's word, 15m for its node.
@@ -969,7 +975,7 @@ mod decide_tests {
         let Action::Fail(Status::Failed, f) = at(&mut p, t0, 901, &nominated) else {
             panic!()
         };
-        assert_eq!(f.kind, "unschedulable");
+        assert_eq!(f.kind, FailureKind::Unschedulable);
         assert!(
             f.message.contains("`kubernetes.scale_up_timeout` (900s)"),
             "{}",
@@ -996,7 +1002,7 @@ mod decide_tests {
         let Action::Fail(Status::Failed, f) = at(&mut p, t0, 15, &no) else {
             panic!()
         };
-        assert_eq!(f.kind, "unschedulable");
+        assert_eq!(f.kind, FailureKind::Unschedulable);
         assert!(
             f.message
                 .contains(&format!("the cluster autoscaler adds no node: {words}")),
@@ -1025,7 +1031,7 @@ mod decide_tests {
         let Action::Fail(Status::Failed, f) = at(&mut p, t0, 90, &silent) else {
             panic!()
         };
-        assert_eq!(f.kind, "unschedulable");
+        assert_eq!(f.kind, FailureKind::Unschedulable);
         assert!(
             f.message
                 .contains("no autoscaler added one, 90s): 0/3 nodes are available"),

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_files::{Shipment, CELL_BLOBS, CELL_ROOT};
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -259,11 +259,11 @@ fn gpu_choices(task: &orch_protocol::TaskSpec) -> Vec<orch_protocol::GpuRequest>
 
 /// The `orch: modal ...` line for a sandbox's end (the diagnosis rules match it).
 fn note_line(f: &Failure) -> String {
-    let what = match f.kind.as_str() {
-        "oom" => "modal sandbox killed for running out of memory",
-        "sandbox_terminated" => "modal sandbox terminated",
-        "timeout" => "modal sandbox timed out",
-        "cancelled" => "modal sandbox cancelled",
+    let what = match f.kind {
+        FailureKind::Oom => "modal sandbox killed for running out of memory",
+        FailureKind::SandboxTerminated => "modal sandbox terminated",
+        FailureKind::Timeout => "modal sandbox timed out",
+        FailureKind::Cancelled => "modal sandbox cancelled",
         _ => "modal sandbox failed",
     };
     format!("{what}: {}", f.message)
@@ -281,12 +281,12 @@ fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Sta
     let (st, kind, message) = match (by_host, status) {
         (Some(Status::Cancelled), _) => (
             Status::Cancelled,
-            "cancelled",
+            FailureKind::Cancelled,
             "the sandbox was terminated by orch (cancel)".to_string(),
         ),
         (Some(Status::Timeout), _) | (_, GenericStatus::Timeout) => (
             Status::Timeout,
-            "timeout",
+            FailureKind::Timeout,
             format!("the sandbox timed out before the agent sent a result{detail}"),
         ),
         (
@@ -296,7 +296,7 @@ fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Sta
             | GenericStatus::MemoryThrashingEviction,
         ) => (
             Status::Oom,
-            "oom",
+            FailureKind::Oom,
             format!(
                 "the sandbox was killed for running out of memory ({}){detail}",
                 status.as_str_name()
@@ -304,17 +304,17 @@ fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Sta
         ),
         (_, GenericStatus::Terminated) => (
             Status::Failed,
-            "sandbox_terminated",
+            FailureKind::SandboxTerminated,
             format!("the sandbox was terminated before the agent sent a result{detail}"),
         ),
         (_, GenericStatus::InitFailure) => (
             Status::Failed,
-            "sandbox_init_failed",
+            FailureKind::SandboxInitFailed,
             format!("the sandbox failed to start{detail}"),
         ),
         _ => (
             Status::Failed,
-            "sandbox_failed",
+            FailureKind::SandboxFailed,
             format!(
                 "the sandbox ended without a result ({}, exit code {}){detail}",
                 status.as_str_name(),
@@ -325,7 +325,7 @@ fn ended_without_result(result: &GenericResult, by_host: Option<Status>) -> (Sta
     (
         st,
         Failure {
-            kind: kind.into(),
+            kind,
             message,
             exit_code,
             signal: None,
@@ -441,7 +441,8 @@ impl Sandbox<'_> {
     async fn create(&mut self, cell: &mut Cell) -> Result<(), Early> {
         let backend = self.backend;
         let modal = &backend.modal;
-        let backend_err = |e: ModalError| Early::failed("backend", BackendError::from(e).to_string());
+        let backend_err =
+            |e: ModalError| Early::failed(FailureKind::Backend, BackendError::from(e).to_string());
         let Some(spec) = cell
             .launch
             .image
@@ -450,7 +451,7 @@ impl Sandbox<'_> {
             .cloned()
         else {
             return Err(Early::failed(
-                "no_image",
+                FailureKind::NoImage,
                 "the cell names no `image`; the modal backend needs one (`image: REF` or `image: {build: NAME}`)",
             ));
         };
@@ -479,7 +480,7 @@ impl Sandbox<'_> {
                     self.info.push(("image_build_failed_step", s.into()));
                 }
                 return Err(Early::failed(
-                    "image_build_failed",
+                    FailureKind::ImageBuildFailed,
                     format!("the image `{image}` did not build{at}: {message}"),
                 ));
             }
@@ -493,7 +494,7 @@ impl Sandbox<'_> {
             if !s.items.is_empty() {
                 let id = backend.files_mount(&app_id, s).await.map_err(|e| {
                     Early::failed(
-                        "files_error",
+                        FailureKind::FilesError,
                         format!("the cell's files did not reach Modal: {}", BackendError::from(e)),
                     )
                 })?;
@@ -604,7 +605,7 @@ impl Sandbox<'_> {
         cell.note(&format!("no GPU could be had on modal: {}", tried.join(", ")));
         self.info.push(("modal_gpus_tried", tried.clone().into()));
         Err(Early::failed(
-            "gpu_unavailable",
+            FailureKind::GpuUnavailable,
             format!("no GPU could be had on Modal: {}", tried.join(", ")),
         ))
     }
@@ -619,7 +620,7 @@ impl Platform for Sandbox<'_> {
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
         self.create(cell).await?;
         let Some(id) = self.id.clone() else {
-            return Err(Early::failed("backend", "no sandbox was created"));
+            return Err(Early::failed(FailureKind::Backend, "no sandbox was created"));
         };
         let modal = self.backend.modal.clone();
         // Stderr (the agent's own) into sandbox.log, in the background.
@@ -709,16 +710,22 @@ impl Platform for Sandbox<'_> {
         }
         // The exit status is the agent's own only where the sandbox failed by
         // itself (not terminated, timed out or killed for memory).
-        let exit_code = failure.exit_code.filter(|_| failure.kind == "sandbox_failed");
+        let exit_code = failure
+            .exit_code
+            .filter(|_| failure.kind == FailureKind::SandboxFailed);
         // Modal's OOM kill is `oom`, whatever the agent managed to say;
         // other ends are Modal's words (a signal in the exit code of a
         // failed sandbox is the agent's crash).
-        PlatformEnd::named(recovered, exit_code, (status, failure), &["oom"])
+        PlatformEnd::named(recovered, exit_code, (status, failure), &[FailureKind::Oom])
     }
 
     fn note_line(&self, f: &Failure) -> Option<String> {
         // Noted with their own words when they happened.
-        (!matches!(f.kind.as_str(), "image_build_failed" | "gpu_unavailable")).then(|| note_line(f))
+        (!matches!(
+            f.kind,
+            FailureKind::ImageBuildFailed | FailureKind::GpuUnavailable
+        ))
+        .then(|| note_line(f))
     }
 
     async fn finish(&mut self, _cell: &mut Cell, result: &mut CellResult) {
@@ -769,7 +776,10 @@ mod tests {
             status: GenericStatus::Terminated as i32,
             ..Default::default()
         };
-        assert_eq!(ended_without_result(&r, None).1.kind, "sandbox_terminated");
+        assert_eq!(
+            ended_without_result(&r, None).1.kind,
+            FailureKind::SandboxTerminated
+        );
         assert_eq!(
             ended_without_result(&r, Some(Status::Cancelled)).0,
             Status::Cancelled

@@ -63,7 +63,7 @@ use async_trait::async_trait;
 use follow::{Mirror, Tail};
 use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
-use orch_protocol::{CellResult, Event, Failure, Status};
+use orch_protocol::{CellResult, Event, Failure, FailureKind, Status};
 use sched::{JobEnd, Scheduler, UNSATISFIABLE};
 use script::{GpuFlag, JobSpec};
 use std::collections::BTreeMap;
@@ -559,20 +559,20 @@ impl GaveUp {
     fn early(&self, spec: &JobSpec) -> Early {
         match self {
             GaveUp::PendingTooLong(reason) => Early::failed(
-                "pending_too_long",
+                FailureKind::PendingTooLong,
                 format!(
                     "the job waited in the queue longer than `max_pending` (last reason: {reason}) and was cancelled"
                 ),
             ),
             GaveUp::Unsatisfiable(reason) => Early::failed(
-                "unsatisfiable",
+                FailureKind::Unsatisfiable,
                 format!(
                     "slurm cannot run the job as asked (pending reason {reason}: the partition has fewer nodes, or limits lower than asked); asked: {}",
                     request_text(spec)
                 ),
             ),
             GaveUp::LostController(e) => Early::failed(
-                "scheduler_unreachable",
+                FailureKind::SchedulerUnreachable,
                 format!("the Slurm controller did not answer for {}s: {e}", LOST_CONTROLLER.as_secs()),
             ),
         }
@@ -732,7 +732,7 @@ impl Platform for SlurmJob<'_> {
         let (limit, _) = self.backend.sched.limit(&target).await;
         if let Some(l) = limit.as_ref().filter(|l| l.jobs == 0) {
             return Err(Early::failed(
-                "submit",
+                FailureKind::Submit,
                 format!(
                     "slurm allows this user no job ({} is 0); hint: ask the cluster's admins, or set `slurm.account`/`slurm.qos` to one that allows jobs",
                     l.source
@@ -784,14 +784,14 @@ impl Platform for SlurmJob<'_> {
                         .await;
                     return Err(if said.contains(UNSATISFIABLE) {
                         Early::failed(
-                            "unsatisfiable",
+                            FailureKind::Unsatisfiable,
                             format!(
                                 "slurm refused the job: no node can ever run it ({UNSATISFIABLE}); asked: {}",
                                 request_text(&self.spec)
                             ),
                         )
                     } else {
-                        Early::failed("submit", format!("slurm refused the job: {e}"))
+                        Early::failed(FailureKind::Submit, format!("slurm refused the job: {e}"))
                     });
                 }
             }
@@ -927,14 +927,15 @@ type Ended = Option<(Status, Failure)>;
 /// for [`PlatformEnd`].
 fn job_end(end: &JobEnd, log: &str, spec: &JobSpec) -> (Ended, Ended) {
     let state = end.state.as_str();
-    let failure = |kind: &str, message: String| Failure::new(kind, message).exited(end.exit_code, end.signal);
+    let failure =
+        |kind: FailureKind, message: String| Failure::new(kind, message).exited(end.exit_code, end.signal);
     if killed_for_memory(end, log) {
         let mem = spec
             .mem_mib
             .map(|m| format!("--mem={m}M"))
             .unwrap_or_else(|| "the partition's default memory".into());
         let f = failure(
-            "oom",
+            FailureKind::Oom,
             format!("slurm killed the job for using more memory than it asked for ({mem})"),
         );
         return (Some((Status::Oom, f)), None);
@@ -942,19 +943,19 @@ fn job_end(end: &JobEnd, log: &str, spec: &JobSpec) -> (Ended, Ended) {
     let verdict = match state {
         "TIMEOUT" | "DEADLINE" => Some((
             Status::Timeout,
-            failure("timeout", format!("slurm's time limit ({} min) ended the job", spec.time_minutes)),
+            failure(FailureKind::Timeout, format!("slurm's time limit ({} min) ended the job", spec.time_minutes)),
         )),
         "PREEMPTED" => Some((
             Status::Cancelled,
             failure(
-                "preempted",
+                FailureKind::Preempted,
                 "slurm preempted the job (a higher-priority job took its nodes); `orch run --resume RUN` runs the cell again".into(),
             ),
         )),
         "NODE_FAIL" | "BOOT_FAIL" => Some((
             Status::Failed,
             failure(
-                "node_failure",
+                FailureKind::NodeFailure,
                 format!(
                     "a node of the job failed ({state} on {}); the cell did not finish",
                     if end.nodes.is_empty() { "?" } else { &end.nodes }
@@ -968,7 +969,7 @@ fn job_end(end: &JobEnd, log: &str, spec: &JobSpec) -> (Ended, Ended) {
     }
     let words = if state == "CANCELLED" {
         failure(
-            "cancelled_outside",
+            FailureKind::CancelledOutside,
             "the job was cancelled outside orch (`scancel`, an administrator or a reservation's end)".into(),
         )
     } else {
@@ -980,7 +981,7 @@ fn job_end(end: &JobEnd, log: &str, spec: &JobSpec) -> (Ended, Ended) {
             .collect();
         let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
         failure(
-            "agent_crashed",
+            FailureKind::AgentCrashed,
             format!(
                 "the agent crashed: the job ended without a result ({}, exit code {}:{}){}",
                 if state.is_empty() { "state unknown" } else { state },
@@ -1054,7 +1055,7 @@ async fn node_results(job_dir: &Path, result: &mut CellResult) {
                     r.status
                 };
                 result.failure = Some(Failure::new(
-                    "node_rank_failed",
+                    FailureKind::NodeRankFailed,
                     format!(
                         "node rank {rank} did not succeed: {}",
                         r.failure
@@ -1145,10 +1146,15 @@ mod tests {
             (Status::Cancelled, "preempted")
         );
         let r = j(None, "CANCELLED", "", None);
-        assert_eq!(r.failure.unwrap().kind, "cancelled_outside");
+        assert_eq!(r.failure.unwrap().kind, FailureKind::CancelledOutside);
         let r = j(None, "CANCELLED", "", Some(Stop::Cancelled));
         assert_eq!(r.status, Status::Cancelled);
-        let terminated = CellResult::failed("c", Status::Failed, "exit_code", "command exited with code 143");
+        let terminated = CellResult::failed(
+            "c",
+            Status::Failed,
+            FailureKind::ExitCode,
+            "command exited with code 143",
+        );
         let r = j(Some(terminated), "CANCELLED", "", Some(Stop::Cancelled));
         assert_eq!(
             (r.status, r.failure.unwrap().exit_code),
@@ -1157,23 +1163,23 @@ mod tests {
         // The agent's own result stands, unless the scheduler knows better.
         let ok = CellResult::new("c", Status::Succeeded);
         assert_eq!(j(Some(ok), "COMPLETED", "", None).status, Status::Succeeded);
-        let stopped = CellResult::failed("c", Status::Cancelled, "cancelled", "stopped");
+        let stopped = CellResult::failed("c", Status::Cancelled, FailureKind::Cancelled, "stopped");
         let r = j(Some(stopped.clone()), "TIMEOUT", "", None);
         assert_eq!(r.status, Status::Timeout);
         let r = j(Some(stopped), "PREEMPTED", "", None);
-        assert_eq!(r.failure.unwrap().kind, "preempted");
-        let crashed = CellResult::failed("c", Status::Failed, "signal", "killed");
+        assert_eq!(r.failure.unwrap().kind, FailureKind::Preempted);
+        let crashed = CellResult::failed("c", Status::Failed, FailureKind::Signal, "killed");
         assert_eq!(
             j(Some(crashed), "FAILED", "Exceeded job memory limit", None).status,
             Status::Oom
         );
         let r = j(None, "FAILED", "x\nsrun: error: boom\n", None);
         let f = r.failure.unwrap();
-        assert_eq!(f.kind, "agent_crashed");
+        assert_eq!(f.kind, FailureKind::AgentCrashed);
         assert!(f.message.contains("srun: error: boom"), "{}", f.message);
         // Given up before it ran.
         let e = GaveUp::PendingTooLong("Resources".into()).early(&s);
-        assert_eq!(e.failure.kind, "pending_too_long");
+        assert_eq!(e.failure.kind, FailureKind::PendingTooLong);
         assert!(e.failure.message.contains("Resources"));
     }
 

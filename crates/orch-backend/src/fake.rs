@@ -3,7 +3,7 @@
 
 use crate::{Backend, BackendError, Cancel, CellEvent, CellLaunch, Events, Ran};
 use async_trait::async_trait;
-use orch_protocol::{CellResult, Event, Phase, Status};
+use orch_protocol::{CellResult, Event, FailureKind, Phase, Status};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -88,7 +88,12 @@ impl Backend for FakeBackend {
         let mut r = if status == Status::Succeeded {
             CellResult::new(&id, status)
         } else {
-            CellResult::failed(&id, status, status.as_str(), format!("scripted {status}"))
+            CellResult::failed(
+                &id,
+                status,
+                FailureKind::of_status(status),
+                format!("scripted {status}"),
+            )
         };
         r.metrics.insert("fake".into(), 1.0);
         Ok(r)

@@ -40,7 +40,7 @@ pub use local::LocalBackend;
 pub use secrets::host_masker;
 
 use async_trait::async_trait;
-use orch_protocol::{CellResult, Event, Phase, TaskSpec};
+use orch_protocol::{CellResult, Event, FailureKind, Phase, TaskSpec};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
 
@@ -275,7 +275,7 @@ pub fn agent_crash(
         format!("{how}; its last stderr lines: {}", tail.join(" | "))
     };
     orch_protocol::Failure {
-        kind: "agent_crashed".into(),
+        kind: FailureKind::AgentCrashed,
         message,
         exit_code,
         signal,
@@ -399,7 +399,7 @@ mod tests {
         .unwrap();
         // A container runtime reports SIGFPE as exit code 136.
         let f = agent_crash(dir.path(), "the container", Some(136), None);
-        assert_eq!(f.kind, "agent_crashed");
+        assert_eq!(f.kind, FailureKind::AgentCrashed);
         assert_eq!(f.signal, Some(8));
         assert!(f.message.contains("SIGFPE (signal 8)"), "{}", f.message);
         assert!(f.message.contains("first | second | last words"), "{}", f.message);

@@ -34,7 +34,7 @@ use crate::home::Home;
 use crate::{BackendError, CellEvent, CellLaunch, EventRelay};
 use async_trait::async_trait;
 use orch_protocol::mask::Masker;
-use orch_protocol::{CellResult, Event, Failure, Measure, Phase, Status, TaskSpec};
+use orch_protocol::{CellResult, Event, Failure, FailureKind, Measure, Phase, Status, TaskSpec};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -299,7 +299,7 @@ impl Cell {
     }
 
     /// A failed result of this cell (the cell's id, no exit status).
-    pub fn failed(&self, status: Status, kind: &str, message: impl Into<String>) -> CellResult {
+    pub fn failed(&self, status: Status, kind: FailureKind, message: impl Into<String>) -> CellResult {
         CellResult::failed(&self.id, status, kind, message)
     }
 
@@ -321,7 +321,7 @@ pub struct Early {
 }
 
 impl Early {
-    pub fn failed(kind: &str, message: impl Into<String>) -> Early {
+    pub fn failed(kind: FailureKind, message: impl Into<String>) -> Early {
         Early {
             status: Status::Failed,
             failure: Failure::new(kind, message),
@@ -353,9 +353,9 @@ impl PlatformEnd {
         result: Option<CellResult>,
         exit_code: Option<i32>,
         ended: (Status, Failure),
-        verdicts: &[&str],
+        verdicts: &[FailureKind],
     ) -> PlatformEnd {
-        let verdict = verdicts.contains(&ended.1.kind.as_str());
+        let verdict = verdicts.contains(&ended.1.kind);
         PlatformEnd {
             result,
             exit_code,
@@ -590,11 +590,17 @@ fn ranked(
             let (status, failure) = match stopped {
                 Some(Stop::Cancelled) => (
                     Status::Cancelled,
-                    Failure::new("cancelled", format!("{what} was stopped by orch (cancel)")),
+                    Failure::new(
+                        FailureKind::Cancelled,
+                        format!("{what} was stopped by orch (cancel)"),
+                    ),
                 ),
                 Some(Stop::Timeout) => (
                     Status::Timeout,
-                    Failure::new("timeout", format!("{what} did not finish in time and was killed")),
+                    Failure::new(
+                        FailureKind::Timeout,
+                        format!("{what} did not finish in time and was killed"),
+                    ),
                 ),
                 None => match (&end.verdict, &end.words) {
                     (Some(v), _) => {
@@ -639,12 +645,12 @@ fn ranked(
         .clone()
         .or_else(|| stopped_outside.filter(|_| stopped.is_none() && r.status == Status::Cancelled));
     if let Some((status, failure)) = &verdict {
-        let applies = if failure.kind == "oom" {
+        let applies = if failure.kind == FailureKind::Oom {
             !matches!(r.status, Status::Succeeded | Status::Cancelled)
         } else {
             stopped.is_none() && r.status != Status::Succeeded
         };
-        if applies && r.failure.as_ref().map(|f| f.kind.as_str()) != Some(failure.kind.as_str()) {
+        if applies && r.failure.as_ref().map(|f| &f.kind) != Some(&failure.kind) {
             note(failure);
             let mut failure = failure.clone();
             if let Some(old) = &r.failure {
@@ -667,7 +673,7 @@ fn finish_stop(mut r: CellResult, stopped: Option<Stop>) -> CellResult {
         r.status = Status::Cancelled;
         r.failure = Some(
             Failure::new(
-                "cancelled",
+                FailureKind::Cancelled,
                 format!(
                     "the cell was stopped by orch (cancel){}",
                     old.as_ref()
@@ -788,12 +794,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (c, _rx) = cell(dir.path(), "hunter2-secret");
         let failed = Event::Result {
-            result: CellResult::failed("c", Status::Failed, "exit_code", "exited 1"),
+            result: CellResult::failed("c", Status::Failed, FailureKind::ExitCode, "exited 1"),
         };
         let mut p = script(
             &[failed.to_line()],
             PlatformEnd {
-                verdict: Some((Status::Oom, Failure::new("oom", "killed for memory"))),
+                verdict: Some((Status::Oom, Failure::new(FailureKind::Oom, "killed for memory"))),
                 ..Default::default()
             },
         );
@@ -818,14 +824,17 @@ mod tests {
             &[r#"{"event":"message","text":"hunter2-secret"}"#.to_string()],
             PlatformEnd {
                 exit_code: Some(139),
-                words: Some((Status::Failed, Failure::new("sandbox_failed", "ended with 139"))),
+                words: Some((
+                    Status::Failed,
+                    Failure::new(FailureKind::SandboxFailed, "ended with 139"),
+                )),
                 ..Default::default()
             },
         );
         let (_tx, cancel) = watch::channel(false);
         let r = drive(&mut p, c, cancel).await;
         let f = r.failure.unwrap();
-        assert_eq!(f.kind, "agent_crashed");
+        assert_eq!(f.kind, FailureKind::AgentCrashed);
         assert!(
             f.message.contains("SIGSEGV") && f.message.contains("ended with 139"),
             "{}",
@@ -866,7 +875,7 @@ mod tests {
         let (c, _rx) = cell(dir.path(), "hunter2-secret");
         // The platform recovers the agent's own result (it started meanwhile):
         // a workload killed by the stop is still `cancelled`.
-        let killed = CellResult::failed("c", Status::Failed, "signal", "killed by SIGTERM");
+        let killed = CellResult::failed("c", Status::Failed, FailureKind::Signal, "killed by SIGTERM");
         let mut p = script(
             &[],
             PlatformEnd {
@@ -891,7 +900,7 @@ mod tests {
 
     /// An agent's result of `status`, failed with `kind` unless it succeeded.
     fn agent(status: Status, kind: &str) -> CellResult {
-        let mut r = CellResult::failed("c", status, kind, format!("the agent: {kind}"));
+        let mut r = CellResult::failed("c", status, FailureKind::new(kind), format!("the agent: {kind}"));
         if status == Status::Succeeded {
             r.failure = None;
         } else if let Some(f) = r.failure.as_mut() {
@@ -902,7 +911,10 @@ mod tests {
 
     fn verdict(status: Status, kind: &str) -> PlatformEnd {
         PlatformEnd {
-            verdict: Some((status, Failure::new(kind, format!("the platform: {kind}")))),
+            verdict: Some((
+                status,
+                Failure::new(FailureKind::new(kind), format!("the platform: {kind}")),
+            )),
             ..Default::default()
         }
     }
@@ -910,7 +922,10 @@ mod tests {
     fn words(status: Status, kind: &str, exit_code: Option<i32>) -> PlatformEnd {
         PlatformEnd {
             exit_code,
-            words: Some((status, Failure::new(kind, format!("the platform: {kind}")))),
+            words: Some((
+                status,
+                Failure::new(FailureKind::new(kind), format!("the platform: {kind}")),
+            )),
             ..Default::default()
         }
     }
@@ -918,7 +933,7 @@ mod tests {
     fn ended(r: &CellResult) -> (Status, String) {
         (
             r.status,
-            r.failure.as_ref().map(|f| f.kind.clone()).unwrap_or_default(),
+            r.failure.as_ref().map(|f| f.kind.to_string()).unwrap_or_default(),
         )
     }
 
@@ -1089,7 +1104,7 @@ mod tests {
     fn a_cancel_orch_did_not_ask_for_is_the_platforms_stop_from_outside() {
         let outside = (
             Status::Cancelled,
-            Failure::new("disrupted", "stopped from outside"),
+            Failure::new(FailureKind::Disrupted, "stopped from outside"),
         );
         let judged = |outside: Option<(Status, Failure)>, stopped: Option<Stop>, end: PlatformEnd| {
             let dir = tempfile::tempdir().unwrap();

@@ -12,7 +12,7 @@
 use crate::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use crate::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use async_trait::async_trait;
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -258,7 +258,8 @@ impl Platform for Agent {
             let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
             (
                 Status::Oom,
-                Failure::new("oom", format!("the agent ran out of memory: {tail}")).exited(exit_code, signal),
+                Failure::new(FailureKind::Oom, format!("the agent ran out of memory: {tail}"))
+                    .exited(exit_code, signal),
             )
         });
         PlatformEnd {

@@ -35,7 +35,7 @@ pub mod stats;
 
 use orch_manifest::tasks::TaskInfo;
 use orch_record::compare::{Better, CompareInfo, GateKind, VariantEntry, Verdict};
-use orch_record::{CellStatus, CellView};
+use orch_record::{CellStatus, CellView, FailureKind};
 use serde::{Deserialize, Serialize};
 use stats::Interval;
 use std::collections::BTreeMap;
@@ -291,14 +291,14 @@ fn variant_cause(name: &str, v: &VariantEntry) -> Option<Cause> {
         let kind = v
             .diagnosis
             .as_ref()
-            .map(|d| d.kind.clone())
+            .map(|d| d.kind.to_string())
             .or_else(|| {
                 v.failure
                     .as_deref()
                     .filter(|f| f.contains("patch") && f.contains("apply"))
-                    .map(|_| "patch_does_not_apply".to_string())
+                    .map(|_| FailureKind::PatchDoesNotApply.to_string())
             })
-            .unwrap_or_else(|| "variant_failed".into());
+            .unwrap_or_else(|| FailureKind::VariantFailed.to_string());
         return Some(Cause {
             kind,
             variant: name.to_string(),
@@ -306,10 +306,10 @@ fn variant_cause(name: &str, v: &VariantEntry) -> Option<Cause> {
     }
     if let Some(g) = &v.gate {
         let kind = match g.kind {
-            GateKind::OutputMismatch => "output_mismatch".to_string(),
+            GateKind::OutputMismatch => g.kind.as_str().to_string(),
             GateKind::Flagged => match v.flags.first() {
-                Some(f) => format!("flagged: {f}"),
-                None => "flagged".into(),
+                Some(f) => format!("{}: {f}", g.kind.as_str()),
+                None => g.kind.as_str().to_string(),
             },
         };
         return Some(Cause {
@@ -416,8 +416,8 @@ fn score_task(c: &TaskCell, opts: &Options) -> Result<TaskScore, CampaignError> 
                 .view
                 .diagnosis
                 .as_ref()
-                .map(|d| d.kind.clone())
-                .or_else(|| c.view.failure.as_ref().map(|f| f.kind.clone()))
+                .map(|d| d.kind.to_string())
+                .or_else(|| c.view.failure.as_ref().map(|f| f.kind.to_string()))
                 .unwrap_or_else(|| c.view.status.as_str().to_string());
             s.cause = Some(cell_cause(kind));
             return Ok(s);
@@ -432,7 +432,7 @@ fn score_task(c: &TaskCell, opts: &Options) -> Result<TaskScore, CampaignError> 
                 .view
                 .diagnosis
                 .as_ref()
-                .map(|d| d.kind.clone())
+                .map(|d| d.kind.to_string())
                 .unwrap_or_else(|| st.as_str().to_string()),
         },
         variant: name.to_string(),

@@ -38,7 +38,7 @@ fn info(vs: Vec<V>) -> BTreeMap<String, serde_json::Value> {
                         gate: None,
                         logs: format!("variants/{n}"),
                         diagnosis: Some(orch_record::Diagnosis {
-                            kind: kind.into(),
+                            kind: orch_record::FailureKind::new(kind),
                             evidence: vec![],
                             hint: String::new(),
                         }),

@@ -9,7 +9,9 @@
 //! is diagnosed again without the patterns that only logs of its own source trigger,
 //! so a pattern written for one thread's wording does not count for that thread.
 
-use crate::{diagnose_with_exit, diagnose_without, patterns_triggered, ExitInfo, Rules, UNKNOWN};
+use crate::{
+    diagnose_with_exit, diagnose_without, patterns_triggered, ExitInfo, FailureKind, Rules, UNKNOWN,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -36,7 +38,7 @@ pub enum EvalError {
 pub struct LabelledLog {
     pub path: PathBuf,
     /// The kind its name starts with.
-    pub expected: String,
+    pub expected: FailureKind,
     /// `# source:` line, else the file name.
     pub source: String,
     /// Sub-folder of the evaluated folder (`""` at its top).
@@ -80,10 +82,10 @@ pub struct LogResult {
     pub file: String,
     pub source: String,
     pub split: String,
-    pub expected: String,
-    pub got: String,
+    pub expected: FailureKind,
+    pub got: FailureKind,
     /// The kind without the patterns only this log's source triggers.
-    pub got_loso: String,
+    pub got_loso: FailureKind,
     /// The first evidence line.
     pub evidence: Option<String>,
 }
@@ -92,7 +94,7 @@ pub struct LogResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalReport {
     pub total: Score,
-    pub by_kind: BTreeMap<String, Score>,
+    pub by_kind: BTreeMap<FailureKind, Score>,
     pub by_split: BTreeMap<String, Score>,
     pub sources: usize,
     /// Logs whose expected kind is `unknown` that were given a kind (false alarms).
@@ -176,7 +178,7 @@ fn load_one(root: &Path, path: &Path) -> Result<LabelledLog, EvalError> {
         .unwrap_or_default();
     Ok(LabelledLog {
         path: path.to_path_buf(),
-        expected: expected.to_string(),
+        expected: FailureKind::new(expected),
         source: source.unwrap_or_else(|| stem.clone()),
         split,
         log: body.concat(),
@@ -207,7 +209,7 @@ pub fn evaluate(logs: &[LabelledLog], rules: &Rules) -> EvalReport {
         }
     }
     let mut total = Score::default();
-    let mut by_kind: BTreeMap<String, Score> = BTreeMap::new();
+    let mut by_kind: BTreeMap<FailureKind, Score> = BTreeMap::new();
     let mut by_split: BTreeMap<String, Score> = BTreeMap::new();
     let mut results = Vec::with_capacity(logs.len());
     let mut false_kind_on_unknown = 0;
@@ -278,7 +280,7 @@ impl EvalReport {
             "kind", "logs", "right", "right-loso"
         ));
         for (k, sc) in &self.by_kind {
-            s.push_str(&line(k, sc));
+            s.push_str(&line(k.as_str(), sc));
         }
         for (k, sc) in &self.by_split {
             s.push_str(&line(
@@ -312,7 +314,7 @@ mod tests {
     fn log(expected: &str, source: &str, text: &str) -> LabelledLog {
         LabelledLog {
             path: PathBuf::from(format!("{expected}__{source}.log")),
-            expected: expected.into(),
+            expected: FailureKind::new(expected),
             source: source.into(),
             split: String::new(),
             log: text.into(),
@@ -348,9 +350,15 @@ rules:
         let rules: Rules = "rules: [{kind: a, patterns: ['boom']}]"
             .parse()
             .unwrap_or_else(|e: crate::RulesError| panic!("{e}"));
-        let r = evaluate(&[log(UNKNOWN, "s1", "boom"), log(UNKNOWN, "s2", "fine")], &rules);
+        let r = evaluate(
+            &[
+                log(UNKNOWN.as_str(), "s1", "boom"),
+                log(UNKNOWN.as_str(), "s2", "fine"),
+            ],
+            &rules,
+        );
         assert_eq!(r.false_kind_on_unknown, 1);
-        assert_eq!(r.by_kind[UNKNOWN].correct, 1);
+        assert_eq!(r.by_kind[&UNKNOWN].correct, 1);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! ```
 //! let rules = orch_diagnose::Rules::default();
 //! let d = orch_diagnose::diagnose("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", &rules);
-//! assert_eq!(d.kind, "cuda_oom");
+//! assert_eq!(d.kind, orch_diagnose::FailureKind::CudaOom);
 //! ```
 //!
 //! ## What is where
@@ -34,90 +34,44 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
-/// The kinds the default rules (and the exit status) can name.
-pub const KINDS: &[&str] = &[
-    "cuda_oom",
-    "kv_cache_insufficient",
-    "max_model_len_too_large",
-    "gpu_busy",
-    "gated_repo",
-    "no_network",
-    "unsupported_architecture",
-    "transformers_too_old",
-    "cuda_driver_too_old",
-    "no_kernel_image",
-    "binary_abi_mismatch",
-    "nccl_shm",
-    "tp_size_invalid",
-    "cuda_fork",
-    "port_in_use",
-    "host_oom_killed",
-    "startup_timeout",
-    "patch_does_not_apply",
-    "slurm_unsatisfiable",
-    "slurm_memory_limit",
-    "slurm_time_limit",
-    "slurm_preempted",
-    "slurm_node_failure",
-    "slurm_pending_too_long",
-    "illegal_memory_access",
-    "gpu_hardware_fault",
-    "nccl_error",
-    "disk_full",
-    "kernel_build_failed",
-    "triton_resources",
-    "dtype_unsupported",
-    "trust_remote_code_required",
-    "image_build_failed",
-    "gpu_unavailable",
-    "sandbox_terminated",
-    "unschedulable",
-    "image_pull_failed",
-    "container_config_error",
-    "agent_install_failed",
-    "agent_crashed",
-    "evicted",
-    "node_lost",
-    "pending_too_long",
-    "pod_rejected",
-    "memory_estimate_exceeded",
-    UNKNOWN,
-];
+/// The kinds the default rules (and the exit status) can name:
+/// [`FailureKind::DIAGNOSED`]. A user rule may name others ([`FailureKind::Other`]).
+pub const KINDS: &[FailureKind] = FailureKind::DIAGNOSED;
 
 /// Kinds named from what orch, a backend or a tool reports about a cell
 /// (`orch: slurm ...`, `orch: kubernetes ...`, `orch: modal ...` lines, git's
 /// report on a patch), not from a workload's own log: public issue threads
 /// hold no logs of them, so the real-log corpus (`tests/real`) does not
 /// cover them; `tests/corpus` has files for each.
-pub const BACKEND_KINDS: &[&str] = &[
-    "patch_does_not_apply",
-    "slurm_unsatisfiable",
-    "slurm_memory_limit",
-    "slurm_time_limit",
-    "slurm_preempted",
-    "slurm_node_failure",
-    "slurm_pending_too_long",
-    "image_build_failed",
-    "gpu_unavailable",
-    "sandbox_terminated",
-    "unschedulable",
-    "image_pull_failed",
-    "container_config_error",
-    "agent_install_failed",
-    "agent_crashed",
-    "evicted",
-    "node_lost",
-    "pending_too_long",
-    "pod_rejected",
-    "memory_estimate_exceeded",
+pub const BACKEND_KINDS: &[FailureKind] = &[
+    FailureKind::PatchDoesNotApply,
+    FailureKind::SlurmUnsatisfiable,
+    FailureKind::SlurmMemoryLimit,
+    FailureKind::SlurmTimeLimit,
+    FailureKind::SlurmPreempted,
+    FailureKind::SlurmNodeFailure,
+    FailureKind::SlurmPendingTooLong,
+    FailureKind::ImageBuildFailed,
+    FailureKind::GpuUnavailable,
+    FailureKind::SandboxTerminated,
+    FailureKind::Unschedulable,
+    FailureKind::ImagePullFailed,
+    FailureKind::ContainerConfigError,
+    FailureKind::AgentInstallFailed,
+    FailureKind::AgentCrashed,
+    FailureKind::Evicted,
+    FailureKind::NodeLost,
+    FailureKind::PendingTooLong,
+    FailureKind::PodRejected,
+    FailureKind::MemoryEstimateExceeded,
 ];
 
 /// The kind when no rule matched.
-pub const UNKNOWN: &str = "unknown";
+pub const UNKNOWN: FailureKind = FailureKind::Unknown;
 /// The kind of a server that did not become ready in time.
-pub const STARTUP_TIMEOUT: &str = "startup_timeout";
+pub const STARTUP_TIMEOUT: FailureKind = FailureKind::StartupTimeout;
 /// The kind of a process the kernel (or a memory cgroup) killed.
-pub const HOST_OOM_KILLED: &str = "host_oom_killed";
+pub const HOST_OOM_KILLED: FailureKind = FailureKind::HostOomKilled;
 
 /// Priority of the `timed_out` exit flag: specific causes in the log (>= 50) beat it.
 pub const TIMEOUT_PRIORITY: u32 = 45;
@@ -136,8 +90,8 @@ pub fn not_ready_message(secs: u64) -> String {
     format!("orch: server not ready after {secs}s")
 }
 
-/// A named cause of failure: the shape records keep (`orch-record`'s).
-pub use orch_record::Diagnosis;
+/// A named cause of failure: the shape records keep (`orch-record`'s), and its kind.
+pub use orch_record::{Diagnosis, FailureKind};
 
 /// How the process ended, when known.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,7 +149,7 @@ type Key = (bool, u32, bool, usize);
 #[derive(Debug)]
 struct Hit {
     rule: Option<usize>,
-    kind: String,
+    kind: FailureKind,
     line: usize,
     key: Key,
     /// The context line that let a rule with `context` count.
@@ -436,7 +390,7 @@ pub fn diagnose_without(
         if let Some((kind, priority, text)) = synthetic {
             hits.push(Hit {
                 rule: None,
-                kind: kind.to_string(),
+                kind,
                 line: n,
                 key: (true, priority, true, n),
                 context_line: None,
@@ -554,9 +508,9 @@ fn unknown(lines: &[Cow<'_, str>], is_demoted: &dyn Fn(&str) -> bool, rules: &Ru
         add(l, &mut evidence);
     }
     Diagnosis {
-        kind: UNKNOWN.to_string(),
+        kind: UNKNOWN,
         evidence,
-        hint: rules.hint_for(UNKNOWN).map(str::to_string).unwrap_or_else(|| {
+        hint: rules.hint_for(&UNKNOWN).map(str::to_string).unwrap_or_else(|| {
             "no known cause found: read the evidence lines and the whole log; add a rule for it".to_string()
         }),
     }
@@ -572,7 +526,7 @@ mod tests {
         let kinds = rules.kinds();
         for k in KINDS {
             if *k != UNKNOWN {
-                assert!(kinds.contains(k), "no default rule yields {k}");
+                assert!(kinds.contains(&k), "no default rule yields {k}");
             }
             let hint = rules.hint_for(k).unwrap_or_else(|| panic!("no hint for {k}"));
             assert!(
@@ -634,7 +588,10 @@ mod tests {
         assert_eq!(diagnose_with_exit("", Some(&both), &rules).kind, STARTUP_TIMEOUT);
         // A specific cause in the log beats the timeout.
         let log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.";
-        assert_eq!(diagnose_with_exit(log, Some(&t), &rules).kind, "cuda_oom");
+        assert_eq!(
+            diagnose_with_exit(log, Some(&t), &rules).kind,
+            FailureKind::CudaOom
+        );
         assert_eq!(
             diagnose_with_exit(&not_ready_message(600), None, &rules).kind,
             STARTUP_TIMEOUT
@@ -649,13 +606,13 @@ mod tests {
             None,
             &Rules::default(),
         );
-        assert_eq!(d.kind, "port_in_use");
+        assert_eq!(d.kind, FailureKind::PortInUse);
     }
 
     #[test]
     fn json_shape() {
         let d = Diagnosis {
-            kind: "cuda_oom".into(),
+            kind: FailureKind::CudaOom,
             evidence: vec!["a".into()],
             hint: "h".into(),
         };
@@ -690,7 +647,7 @@ rules:
             "OSError: [Errno 28] No space left on device: '/root/.cache'",
             &rules,
         );
-        assert_eq!(d.kind, "disk_full");
+        assert_eq!(d.kind, FailureKind::DiskFull);
         assert_eq!(d.hint, "free space on the volume holding the weights");
         assert_eq!(
             diagnose("OSError: [Errno 98] Address already in use", &rules).kind,
@@ -719,7 +676,7 @@ rules:
         let r: Rules = r#"{"rules": [{"kind": "x_y", "patterns": ["boom"], "hint": "stop `it`"}]}"#
             .parse()
             .unwrap_or_else(|e: RulesError| panic!("{e}"));
-        assert_eq!(diagnose("Boom", &r).kind, "x_y");
+        assert_eq!(diagnose("Boom", &r).kind.as_str(), "x_y");
     }
 
     #[test]
@@ -733,12 +690,12 @@ rules:
                 &Rules::default()
             )
             .kind,
-            "host_oom_killed"
+            FailureKind::HostOomKilled
         );
         let r: Rules = "rules:\n  - {kind: x_y, patterns: [boom], unless: ['maybe']}\n"
             .parse()
             .unwrap_or_else(|e: RulesError| panic!("{e}"));
-        assert_eq!(diagnose("boom", &r).kind, "x_y");
+        assert_eq!(diagnose("boom", &r).kind.as_str(), "x_y");
         assert_eq!(diagnose("maybe boom", &r).kind, UNKNOWN);
     }
 }

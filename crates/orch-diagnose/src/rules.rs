@@ -1,5 +1,6 @@
 //! Rule files: parsing, validation, regex compilation and layering.
 
+use crate::FailureKind;
 use regex::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -105,7 +106,7 @@ fn default_priority() -> u32 {
 #[derive(Debug, Clone)]
 pub(crate) struct Rule {
     pub id: Option<String>,
-    pub kind: String,
+    pub kind: FailureKind,
     pub priority: u32,
     pub set: RegexSet,
     pub patterns: Vec<String>,
@@ -244,7 +245,7 @@ impl Rules {
                 spec.clone(),
                 Some(Rule {
                     id: spec.id.clone(),
-                    kind: spec.kind.clone(),
+                    kind: FailureKind::new(&spec.kind),
                     priority: spec.priority,
                     set,
                     patterns: spec.patterns.clone(),
@@ -391,7 +392,7 @@ impl Rules {
         let (r, i) = self.owner[g];
         let rule = &self.rules[r];
         (
-            rule.id.clone().unwrap_or_else(|| rule.kind.clone()),
+            rule.id.clone().unwrap_or_else(|| rule.kind.to_string()),
             rule.patterns[i].clone(),
         )
     }
@@ -430,8 +431,8 @@ impl Rules {
     }
 
     /// Kinds that some rule yields, sorted.
-    pub fn kinds(&self) -> Vec<&str> {
-        let mut kinds: Vec<&str> = self.rules.iter().map(|r| r.kind.as_str()).collect();
+    pub fn kinds(&self) -> Vec<&FailureKind> {
+        let mut kinds: Vec<&FailureKind> = self.rules.iter().map(|r| &r.kind).collect();
         kinds.sort_unstable();
         kinds.dedup();
         kinds
@@ -447,14 +448,14 @@ impl Rules {
     }
 
     /// The hint of `kind` from the `hints` table.
-    pub fn hint_for(&self, kind: &str) -> Option<&str> {
-        self.hints.get(kind).map(String::as_str)
+    pub fn hint_for(&self, kind: &FailureKind) -> Option<&str> {
+        self.hints.get(kind.as_str()).map(String::as_str)
     }
 
     pub(crate) fn rule_hint(&self, rule: &Rule) -> String {
         rule.hint
             .clone()
-            .or_else(|| self.hints.get(&rule.kind).cloned())
+            .or_else(|| self.hints.get(rule.kind.as_str()).cloned())
             .unwrap_or_else(|| format!("no hint is written for `{}`: read the evidence lines", rule.kind))
     }
 }

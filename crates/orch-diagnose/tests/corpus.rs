@@ -2,6 +2,7 @@
 //! A sibling `<name>.exit.json` (`{"code": 137, "signal": null, "timed_out": false}`)
 //! gives how the process ended.
 
+use orch_diagnose::FailureKind;
 use orch_diagnose::{diagnose_with_exit, ExitInfo, Rules, KINDS, UNKNOWN};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,19 +29,15 @@ fn real_logs() -> Vec<orch_diagnose::eval::LabelledLog> {
 fn real_corpus_is_diagnosed() {
     let logs = real_logs();
     assert!(logs.len() >= 80, "{} real logs, want at least 80", logs.len());
-    let mut per_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut per_kind: BTreeMap<&FailureKind, usize> = BTreeMap::new();
     for l in &logs {
         assert!(
             l.source.contains('#') || l.source.starts_with("http"),
             "{}: no `# source:` line",
             l.path.display()
         );
-        assert!(
-            KINDS.contains(&l.expected.as_str()),
-            "{}: unknown kind",
-            l.path.display()
-        );
-        *per_kind.entry(l.expected.as_str()).or_default() += 1;
+        assert!(KINDS.contains(&l.expected), "{}: unknown kind", l.path.display());
+        *per_kind.entry(&l.expected).or_default() += 1;
     }
     for k in KINDS.iter().filter(|k| !orch_diagnose::BACKEND_KINDS.contains(k)) {
         assert!(
@@ -62,12 +59,12 @@ fn real_corpus_is_diagnosed() {
     );
 }
 
-fn expected_kind(path: &Path) -> String {
+fn expected_kind(path: &Path) -> FailureKind {
     let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
     let (kind, _source) = stem
         .split_once("__")
         .unwrap_or_else(|| panic!("{stem}: name must be <kind>__<source>_<n>.log"));
-    kind.to_string()
+    FailureKind::new(kind)
 }
 
 fn exit_info(path: &Path) -> Option<ExitInfo> {
@@ -85,15 +82,11 @@ fn corpus_is_diagnosed_by_name() {
         "corpus has {} logs, want at least 40",
         files.len()
     );
-    let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_kind: BTreeMap<FailureKind, usize> = BTreeMap::new();
     let mut failures = Vec::new();
     for path in &files {
         let want = expected_kind(path);
-        assert!(
-            KINDS.contains(&want.as_str()),
-            "{}: unknown kind {want}",
-            path.display()
-        );
+        assert!(KINDS.contains(&want), "{}: unknown kind {want}", path.display());
         *per_kind.entry(want.clone()).or_default() += 1;
         let log = std::fs::read_to_string(path).unwrap();
         let exit = exit_info(path);
@@ -127,7 +120,7 @@ fn corpus_is_diagnosed_by_name() {
     }
     for k in KINDS {
         assert!(
-            per_kind.get(*k).copied().unwrap_or(0) >= 2,
+            per_kind.get(k).copied().unwrap_or(0) >= 2,
             "kind {k} has fewer than 2 corpus logs"
         );
     }
@@ -176,7 +169,7 @@ fn large_log_is_fast_enough() {
     log.push_str("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n");
     let start = std::time::Instant::now();
     let d = orch_diagnose::diagnose(&log, &rules);
-    assert_eq!(d.kind, "cuda_oom");
+    assert_eq!(d.kind, FailureKind::CudaOom);
     println!("100k lines in {:?}", start.elapsed());
 }
 
@@ -195,15 +188,16 @@ fn load_with_user_layers_an_explicit_file() {
         "OSError: [Errno 28] No space left on device: '/weights/x'",
         &rules,
     );
-    assert_eq!(d.kind, "weights_volume_full");
+    assert_eq!(d.kind.as_str(), "weights_volume_full");
+    assert!(!d.kind.is_builtin());
     assert_eq!(d.hint, "free space on the weights volume");
     // The defaults are there under it.
     let d = orch_diagnose::diagnose("OSError: [Errno 28] No space left on device: '/tmp/x'", &rules);
-    assert_eq!(d.kind, "disk_full");
+    assert_eq!(d.kind, FailureKind::DiskFull);
     // The defaults are still there.
     assert_eq!(
         orch_diagnose::diagnose("OSError: [Errno 98] Address already in use", &rules).kind,
-        "port_in_use"
+        FailureKind::PortInUse
     );
     let missing = Rules::load_with_user(Some(Path::new("/nonexistent/diagnose.yaml")));
     assert!(missing.is_err_and(|e| e.to_string().contains("/nonexistent/diagnose.yaml")));

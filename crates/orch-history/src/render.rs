@@ -123,7 +123,7 @@ pub fn csv(h: &History) -> String {
                 status.to_string(),
                 pt.failure
                     .as_ref()
-                    .and_then(|f| f.kind.clone())
+                    .and_then(|f| f.kind.as_ref().map(|k| k.to_string()))
                     .unwrap_or_default(),
                 p.verdict.map(|v| v.as_str().to_string()).unwrap_or_default(),
                 if s.change_points.iter().any(|c| c.point == i) {

@@ -4,7 +4,7 @@
 
 use crate::HistoryError;
 use chrono::{DateTime, Duration, Utc};
-use orch_record::{CellStatus, CellView, RunRecord};
+use orch_record::{CellStatus, CellView, FailureKind, RunRecord};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,7 +85,7 @@ pub struct PointFailure {
     /// The diagnosis kind (`cuda_oom`, `nccl_timeout`), when one was named;
     /// else the failure's own kind (`exit_code`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub kind: Option<FailureKind>,
 }
 
 /// One run of a series.
@@ -337,7 +337,7 @@ pub(crate) mod tests {
             duration_s: Some(1.0),
             info: BTreeMap::new(),
             diagnosis: (status != "succeeded").then(|| Diagnosis {
-                kind: "cuda_oom".into(),
+                kind: FailureKind::CudaOom,
                 evidence: vec![],
                 hint: String::new(),
             }),
@@ -451,7 +451,7 @@ pub(crate) mod tests {
         let p = &s[0].points;
         assert_eq!(p.len(), 3);
         assert_eq!(p[1].failure.as_ref().unwrap().status, CellStatus::Oom);
-        assert_eq!(p[1].failure.as_ref().unwrap().kind.as_deref(), Some("cuda_oom"));
+        assert_eq!(p[1].failure.as_ref().unwrap().kind, Some(FailureKind::CudaOom));
         assert!(p[2].failure.is_some() && p[2].value.is_none());
     }
 

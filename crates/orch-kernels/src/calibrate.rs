@@ -16,7 +16,7 @@
 
 use crate::device::{default_device, dtype_name, open_device, parse_device, parse_dtype, DeviceKind};
 use candle_core::{DType, Device, Tensor};
-use orch_protocol::{CalibrateConfig, CellResult, Phase, Status, TaskSpec};
+use orch_protocol::{CalibrateConfig, CellResult, FailureKind, Phase, Status, TaskSpec};
 use orch_workload::ctx::Ctx;
 use orch_workload::stats;
 use serde_json::{json, Value};
@@ -75,7 +75,7 @@ pub fn run(cfg: &CalibrateConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResult 
     let cell = &task.cell_id;
     let plan = match resolve(cfg, task) {
         Ok(p) => p,
-        Err(msg) => return CellResult::failed(cell, Status::Failed, "workload_error", msg),
+        Err(msg) => return CellResult::failed(cell, Status::Failed, FailureKind::WorkloadError, msg),
     };
     let mut result = match measure(&plan, task, ctx) {
         Ok(Some(r)) => r,
@@ -84,7 +84,7 @@ pub fn run(cfg: &CalibrateConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResult 
             CellResult::failed(
                 cell,
                 Status::Cancelled,
-                "cancelled",
+                FailureKind::Cancelled,
                 "stopped before the calibration finished",
             )
         }
@@ -100,9 +100,9 @@ pub fn run(cfg: &CalibrateConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResult 
                 cell,
                 status,
                 if status == Status::Oom {
-                    "oom"
+                    FailureKind::Oom
                 } else {
-                    "workload_error"
+                    FailureKind::WorkloadError
                 },
                 format!("calibration failed: {text}"),
             )

@@ -73,7 +73,7 @@
 use crate::dataset::{Req, Turn};
 use crate::evclient;
 use crate::tokens::Tokens;
-use orch_protocol::{CellResult, LoadGen, Phase, RampStrategy, RampUp, Status, TaskSpec};
+use orch_protocol::{CellResult, FailureKind, LoadGen, Phase, RampStrategy, RampUp, Status, TaskSpec};
 use orch_workload::ctx::Ctx;
 use orch_workload::stats;
 use rand::{Rng, SeedableRng};
@@ -164,7 +164,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         task.weights_dir.as_deref(),
     ) {
         Ok(t) => t.map(Arc::new),
-        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e.to_string()),
+        Err(e) => return CellResult::failed(cell, Status::Failed, FailureKind::InvalidConfig, e.to_string()),
     };
     let all = match prompts(
         cfg,
@@ -172,7 +172,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
         tok.as_deref(),
     ) {
         Ok(p) => p,
-        Err(e) => return CellResult::failed(cell, Status::Failed, "invalid_config", e),
+        Err(e) => return CellResult::failed(cell, Status::Failed, FailureKind::InvalidConfig, e),
     };
     let (warm, measured) = all.split_at(cfg.warmup_requests as usize);
     if !warm.is_empty() {
@@ -483,7 +483,7 @@ pub fn run(cfg: &LoadGen, task: &TaskSpec, base_url: &str, out_dir: &Path, ctx: 
     if ok.is_empty() {
         r.status = Status::Failed;
         r.failure = Some(orch_protocol::Failure::new(
-            "loadgen_failed",
+            FailureKind::LoadgenFailed,
             format!(
                 "no request succeeded against {url}: {}",
                 errors

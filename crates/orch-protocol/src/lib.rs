@@ -14,7 +14,9 @@
 //! `TaskSpec` (one cell's work, versioned by `PROTOCOL_VERSION`),
 //! `Workload`, `Measure`, `LogLimits`, `Event`, `CellResult`, `Status`, `Phase`, the
 //! `ORCH_METRIC`/`ORCH_PHASE`/`ORCH_METRICS_FILE` names, `Event::from_line` and
-//! `parse_metrics_json` (the decoders the fuzz targets exercise); `mask.rs`: the one
+//! `parse_metrics_json` (the decoders the fuzz targets exercise); `kind.rs`: `FailureKind`,
+//! the named cause of a failure (every built-in kind a variant, a user rule's kind
+//! `Other`; its string on the wire); `mask.rs`: the one
 //! secret `Masker` (forms, `StreamMasker` across chunks, JSON-safe masking, the
 //! 6-character minimum, `KNOWN_SECRET_ENV`, the Hub token file's paths); `ship.rs`: the
 //! frames of the shipping stream (events, file chunks, digests) and result summaries. It
@@ -22,11 +24,13 @@
 
 pub mod error;
 pub mod gpu;
+pub mod kind;
 pub mod mask;
 pub mod paths;
 
 pub use error::ErrorClass;
 pub use gpu::GpuRequest;
+pub use kind::FailureKind;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -638,8 +642,9 @@ impl Phase {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     /// Short machine-readable cause (`exit_code`, `signal`, `oom`, `timeout`,
-    /// `cancelled`, `spawn`, `agent_crashed`, `workload_error`).
-    pub kind: String,
+    /// `cancelled`, `spawn`, `agent_crashed`, `workload_error`, ...; its
+    /// string on the wire).
+    pub kind: FailureKind,
     /// One-line human message.
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -650,9 +655,9 @@ pub struct Failure {
 
 impl Failure {
     /// A failure of `kind` with its message, no exit status.
-    pub fn new(kind: &str, message: impl Into<String>) -> Failure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Failure {
         Failure {
-            kind: kind.to_string(),
+            kind,
             message: message.into(),
             exit_code: None,
             signal: None,
@@ -810,7 +815,7 @@ impl CellResult {
         }
     }
 
-    pub fn failed(cell_id: &str, status: Status, kind: &str, message: impl Into<String>) -> Self {
+    pub fn failed(cell_id: &str, status: Status, kind: FailureKind, message: impl Into<String>) -> Self {
         let mut r = CellResult::new(cell_id, status);
         r.failure = Some(Failure::new(kind, message));
         r

@@ -189,7 +189,7 @@ mod tests {
     fn summaries_fit_their_room() {
         let mut r = CellResult::new("c", Status::Failed);
         r.failure = Some(Failure {
-            kind: "exit".into(),
+            kind: crate::FailureKind::ExitCode,
             message: "é".repeat(5000),
             exit_code: Some(3),
             signal: None,

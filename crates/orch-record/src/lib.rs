@@ -8,7 +8,9 @@
 //!   `result.json`) and a cell as a run record shows it ([`CellView`]:
 //!   its record, or `pending`);
 //! - [`diagnosis`]: the named cause of a failure ([`Diagnosis`]), as
-//!   `orch-diagnose` finds it in a cell's logs;
+//!   `orch-diagnose` finds it in a cell's logs; its kind is a [`FailureKind`]
+//!   (defined in `orch-protocol`, where a cell's `Failure` names one too,
+//!   and re-exported here: every reader and writer of a kind uses it);
 //! - [`compare`]: a comparison cell's `info` ([`CompareInfo`]: its variants,
 //!   gates, pairs, verdicts and per-metric comparisons), as the agent writes
 //!   it and every reader reads it;
@@ -35,4 +37,5 @@ pub use cell::{CellRecord, CellStatus, CellView};
 pub use compare::CompareInfo;
 pub use cost::{BudgetRecord, CellCost, RunCost, OTHER_PHASE};
 pub use diagnosis::Diagnosis;
+pub use orch_protocol::FailureKind;
 pub use run::{run_id, Environment, RunMeta, RunRecord, RunState, RunSummary};

@@ -128,9 +128,12 @@ pub fn render(r: &Report) -> String {
             h.and_then(|h| h.driver_version.clone()).unwrap_or_default(),
             h.and_then(|h| h.cuda_version.clone()).unwrap_or_default(),
             c.flags.join(";"),
-            c.failure.as_ref().map(|x| x.kind.clone()).unwrap_or_default(),
+            c.failure.as_ref().map(|x| x.kind.to_string()).unwrap_or_default(),
             c.failure.as_ref().map(|x| x.message.clone()).unwrap_or_default(),
-            c.diagnosis.as_ref().map(|d| d.kind.clone()).unwrap_or_default(),
+            c.diagnosis
+                .as_ref()
+                .map(|d| d.kind.to_string())
+                .unwrap_or_default(),
             c.diagnosis.as_ref().map(|d| d.hint.clone()).unwrap_or_default(),
         ];
         if calibrated {

@@ -762,7 +762,7 @@ fn comparison(o: &mut String, cmp: &CompareCell) {
             h(v.failure.as_deref().unwrap_or(""))
         );
         if let Some(d) = &v.diagnosis {
-            let _ = write!(o, "<br>cause {}; hint: {}", code(&d.kind), h(&d.hint));
+            let _ = write!(o, "<br>cause {}; hint: {}", code(d.kind.as_str()), h(&d.hint));
         }
         o.push_str("</p>\n");
     }
@@ -839,11 +839,16 @@ fn failures(o: &mut String, r: &Report) {
             h(&f.gpu)
         );
         if let Some(x) = &f.failure {
-            let _ = writeln!(o, "<p><b>failure</b> {}: {}</p>", code(&x.kind), h(&x.message));
+            let _ = writeln!(
+                o,
+                "<p><b>failure</b> {}: {}</p>",
+                code(x.kind.as_str()),
+                h(&x.message)
+            );
         }
         match &f.diagnosis {
             Some(d) => {
-                let _ = writeln!(o, "<p><b>cause</b> {}</p>", code(&d.kind));
+                let _ = writeln!(o, "<p><b>cause</b> {}</p>", code(d.kind.as_str()));
                 if !d.evidence.is_empty() {
                     let ev: Vec<String> = d.evidence.iter().take(5).map(|e| h(e)).collect();
                     let _ = writeln!(o, "<pre>{}</pre>", ev.join("\n"));

@@ -4,6 +4,7 @@
 #[path = "support/fixture.rs"]
 mod fixture;
 
+use orch_record::FailureKind;
 use orch_report::model::{competition_ranks, usd_per_1k_tokens};
 use orch_report::{render, Format, Options, Report, ReportError};
 
@@ -212,11 +213,14 @@ fn comparisons_and_failures() {
     assert_eq!(c.rows[0].verdict, "faster");
     assert!(c.rows[0].key && !c.rows[2].key);
     let agent = c.variants.iter().find(|v| v.name == "agent").unwrap();
-    assert_eq!(agent.diagnosis.as_ref().unwrap().kind, "gated_repo");
+    assert_eq!(agent.diagnosis.as_ref().unwrap().kind, FailureKind::GatedRepo);
 
     let failed: Vec<&str> = r.failures.iter().map(|f| f.cell.as_str()).collect();
     assert_eq!(failed, ["transformer.l4.preset-2.7b", "vllm-3way.h100x2"]);
-    assert_eq!(r.failures[0].diagnosis.as_ref().unwrap().kind, "cuda_oom");
+    assert_eq!(
+        r.failures[0].diagnosis.as_ref().unwrap().kind,
+        FailureKind::CudaOom
+    );
     assert!(close(r.failures[0].wasted_usd.unwrap(), 0.012));
 }
 

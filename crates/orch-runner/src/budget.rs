@@ -9,6 +9,7 @@ use chrono::Utc;
 use orch_cost::{BudgetRecord, BudgetTracker, Rate};
 use orch_manifest::CellPlan;
 use orch_protocol::{CellResult, Status};
+use orch_record::FailureKind;
 use orch_store::{CellRecord, Run, StoreError};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +39,7 @@ pub struct CostOptions {
 pub const BUDGET_TICK: Duration = Duration::from_millis(250);
 
 /// Failure kind of a cell stopped (or not launched) by the budget.
-pub const BUDGET_FAILURE: &str = "budget";
+pub const BUDGET_FAILURE: FailureKind = FailureKind::Budget;
 
 /// The budget of an invocation with a cap: the tracker the cells report to, and the task
 /// that checks it every tick.
@@ -178,7 +179,7 @@ pub(crate) fn mark_budget(record: &mut CellRecord, message: String) {
         .unwrap_or((None, None));
     record.status = Status::Cancelled;
     record.failure = Some(orch_protocol::Failure {
-        kind: BUDGET_FAILURE.into(),
+        kind: BUDGET_FAILURE,
         message,
         exit_code,
         signal,

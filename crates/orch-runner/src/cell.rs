@@ -17,6 +17,7 @@ use orch_cost::{BudgetTracker, Rate};
 use orch_manifest::CellPlan;
 use orch_protocol::mask::Masker;
 use orch_protocol::{CellResult, Status};
+use orch_record::FailureKind;
 use orch_store::{CellRecord, Run, StoreError};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -111,12 +112,12 @@ pub(crate) async fn run_cell(
         files: files.as_ref().ok().cloned().flatten(),
     };
     let result = match (&devices, files) {
-        (_, Err(e)) => CellResult::failed(&cell.id, Status::Failed, "files_error", e.to_string()),
+        (_, Err(e)) => CellResult::failed(&cell.id, Status::Failed, FailureKind::FilesError, e.to_string()),
         (devices, Ok(_)) => match devices {
         Err(total) => CellResult::failed(
             &cell.id,
             Status::Failed,
-            "not_enough_gpus",
+            FailureKind::NotEnoughGpus,
             format!(
                 "the cell asks for {} GPUs and this host has {total}: it does not run on fewer or shared ones",
                 cell.gpu.count
@@ -135,7 +136,7 @@ pub(crate) async fn run_cell(
                 not_run(&shared, &cell.id, format!("cannot start: {e}"));
                 return Err(e.into());
             }
-            Err(e) => CellResult::failed(&cell.id, Status::Failed, "backend", e.to_string()),
+            Err(e) => CellResult::failed(&cell.id, Status::Failed, FailureKind::Backend, e.to_string()),
         },
         },
     };

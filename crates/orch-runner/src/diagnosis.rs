@@ -2,7 +2,7 @@
 //! variant's from its own logs, and a command that ran out of GPU memory recorded `oom`.
 
 use orch_protocol::Status;
-use orch_record::CompareInfo;
+use orch_record::{CompareInfo, FailureKind};
 use orch_store::CellRecord;
 
 /// For a comparison, name the cause of each failed variant from its own logs
@@ -55,7 +55,7 @@ pub fn diagnose_variants(record: &mut CellRecord, dir: &std::path::Path, rules: 
 }
 
 /// Diagnosis kinds that mean "the work does not fit the device's memory".
-const OOM_KINDS: &[&str] = &["cuda_oom"];
+const OOM_KINDS: &[FailureKind] = &[FailureKind::CudaOom];
 
 /// A command cell that failed because it ran out of GPU memory (a PyTorch
 /// `OutOfMemoryError`, a CUDA allocation failure: the diagnosis named it) is
@@ -66,17 +66,17 @@ pub fn oom_from_diagnosis(record: &mut CellRecord) {
     let is_oom = record
         .diagnosis
         .as_ref()
-        .is_some_and(|d| OOM_KINDS.contains(&d.kind.as_str()));
+        .is_some_and(|d| OOM_KINDS.contains(&d.kind));
     // Only a program that ended on its own (a command's exit code or signal):
     // a server that dies at start keeps `server_exited`, its cause named.
     let ended = record
         .failure
         .as_ref()
-        .is_some_and(|f| matches!(f.kind.as_str(), "exit_code" | "signal"));
+        .is_some_and(|f| matches!(f.kind, FailureKind::ExitCode | FailureKind::Signal));
     if record.status == Status::Failed && is_oom && ended {
         record.status = Status::Oom;
         if let Some(f) = record.failure.as_mut() {
-            f.kind = "oom".into();
+            f.kind = FailureKind::Oom;
         }
     }
 }
@@ -97,7 +97,7 @@ pub fn diagnose_cell(
     // A builtin workload's `oom` (its memory preflight, an allocation that
     // failed) is in no log: its message is the evidence.
     let message = failure
-        .filter(|f| f.kind == "oom")
+        .filter(|f| f.kind == FailureKind::Oom)
         .map(|f| f.message.clone())
         .unwrap_or_default();
     let stderr = [

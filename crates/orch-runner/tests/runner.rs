@@ -1,6 +1,7 @@
 use orch_backend::fake::FakeBackend;
 use orch_manifest::{load_str, ExpandOptions};
 use orch_protocol::Status;
+use orch_record::FailureKind;
 use orch_runner::{execute, GpuDevices, Progress, RunnerOptions};
 use orch_store::{host_environment, RunState, Store};
 use std::path::Path;
@@ -304,7 +305,7 @@ async fn a_cell_asking_for_more_gpus_than_the_host_has_never_runs() {
     let run = store.open_run(&id).unwrap();
     let rec = run.cell_record("a.h100x8.i-1").unwrap().expect("a record");
     let f = rec.failure.as_ref().unwrap();
-    assert_eq!(f.kind, "not_enough_gpus");
+    assert_eq!(f.kind, FailureKind::NotEnoughGpus);
     assert!(
         f.message.contains("asks for 8 GPUs and this host has 4"),
         "{}",

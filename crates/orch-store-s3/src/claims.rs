@@ -5,6 +5,7 @@
 use crate::conditional::writer_of;
 use crate::{Result, S3Store};
 use chrono::{DateTime, Utc};
+use orch_protocol::Status;
 use orch_store::{Run, StoreBackend, StoreError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -89,7 +90,7 @@ impl S3Store {
             if let Some(bytes) = &record {
                 let finished = serde_json::from_slice::<serde_json::Value>(bytes)
                     .ok()
-                    .and_then(|v| v["status"].as_str().map(|s| s != "cancelled"))
+                    .and_then(|v| v["status"].as_str().map(|s| s != Status::Cancelled.as_str()))
                     .unwrap_or(false);
                 if finished {
                     return Err(StoreError::RecordedElsewhere {

@@ -6,7 +6,7 @@
 
 use chrono::{Duration, Utc};
 use orch_manifest::{load_str, ExpandOptions};
-use orch_protocol::{CellResult, Phase, Status};
+use orch_protocol::{CellResult, FailureKind, Phase, Status};
 use orch_store::{host_environment, CellRecord, RunState, Store};
 use std::path::Path;
 
@@ -71,7 +71,7 @@ fn main() {
             let mut result = if status == Status::Succeeded {
                 CellResult::new(&cell.id, status)
             } else {
-                CellResult::failed(&cell.id, status, status.as_str(), "synthetic")
+                CellResult::failed(&cell.id, status, FailureKind::of_status(status), "synthetic")
             };
             result.timings = [
                 (Phase::Provision, secs * 0.1),

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, DeleteParams};
 use orch_backend::lifecycle::{Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::BackendError;
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::io::Write as _;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -63,9 +63,9 @@ impl JobCell<'_> {
 pub(super) fn early(e: KubeError) -> Early {
     match &e {
         KubeError::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut => {
-            Early::failed("api_unreachable", e.to_string())
+            Early::failed(FailureKind::ApiUnreachable, e.to_string())
         }
-        _ => Early::failed("backend", BackendError::from(e).to_string()),
+        _ => Early::failed(FailureKind::Backend, BackendError::from(e).to_string()),
     }
 }
 
@@ -227,11 +227,9 @@ impl Platform for JobCell<'_> {
             let others: Vec<RankEnd> = self.ranks.iter().filter_map(|r| r.end.clone()).collect();
             let before = result.failure.as_ref().map(|f| f.kind.clone());
             nodes::apply(result, self.node.as_deref(), &others, self.stopped.is_some());
-            if let Some(f) = result
-                .failure
-                .as_ref()
-                .filter(|f| f.kind == "node_rank_failed" && before.as_deref() != Some("node_rank_failed"))
-            {
+            if let Some(f) = result.failure.as_ref().filter(|f| {
+                f.kind == FailureKind::NodeRankFailed && before != Some(FailureKind::NodeRankFailed)
+            }) {
                 let line = format!("orch: {}", note_line(f));
                 self.log(&line);
                 cell.note(&line);

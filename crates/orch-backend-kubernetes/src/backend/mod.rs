@@ -62,7 +62,7 @@ use kube::api::{Api, ListParams};
 use orch_backend::home::Home;
 use orch_backend::lifecycle::{self, Cell};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
-use orch_protocol::{Failure, Status};
+use orch_protocol::{Failure, FailureKind, Status};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::{mpsc, Mutex};
@@ -181,7 +181,7 @@ impl Backend for KubernetesBackend {
         let Some(image) = cell.launch.image.clone() else {
             let mut r = cell.failed(
                 Status::Failed,
-                "no_image",
+                FailureKind::NoImage,
                 "the cell names no `image`; the kubernetes backend needs one (`image: REF`)",
             );
             r.timings.insert(orch_protocol::Phase::Provision, 0.0);

@@ -14,6 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Pod};
 use kube::api::{Api, ListParams};
 use orch_backend::lifecycle::{Cell, Early};
+use orch_protocol::FailureKind;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -258,7 +259,7 @@ impl JobCell<'_> {
                     if down.failed(e, backend.api_budget) {
                         let message = unreachable_message(backend.api_budget, &down.last());
                         self.log(&format!("orch: kubernetes api_unreachable: {message}"));
-                        return Err(Early::failed("api_unreachable", message));
+                        return Err(Early::failed(FailureKind::ApiUnreachable, message));
                     }
                     continue;
                 }

@@ -17,7 +17,7 @@ use kube::api::Api;
 use orch_backend::home::Home;
 use orch_backend::lifecycle::{Cell, Early};
 use orch_backend::BackendError;
-use orch_protocol::{CellResult, Failure, Status};
+use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -194,7 +194,10 @@ impl JobCell<'_> {
                 }
                 Err(CallError::Api(e)) => {
                     let e = KubeError::api(format!("list pods of job {}", self.job_name))(e);
-                    return Err(Early::failed("backend", BackendError::from(e).to_string()));
+                    return Err(Early::failed(
+                        FailureKind::Backend,
+                        BackendError::from(e).to_string(),
+                    ));
                 }
                 Err(CallError::Unreachable(e)) => {
                     if down.0.is_none() {
@@ -206,7 +209,7 @@ impl JobCell<'_> {
                     if down.failed(e, backend.api_budget) {
                         let message = unreachable_message(backend.api_budget, &down.last());
                         self.log(&format!("orch: kubernetes api_unreachable: {message}"));
-                        return Err(Early::failed("api_unreachable", message));
+                        return Err(Early::failed(FailureKind::ApiUnreachable, message));
                     }
                     continue;
                 }
@@ -255,7 +258,7 @@ impl JobCell<'_> {
                             }
                         }
                         failure.message = format!("node rank {r} of {n}: {}", failure.message);
-                        if failure.kind == "unschedulable" {
+                        if failure.kind == FailureKind::Unschedulable {
                             failure
                                 .message
                                 .push_str(&format!(" (the cell needs {n} such pods running at once)"));
@@ -272,7 +275,7 @@ impl JobCell<'_> {
                     return Ok(());
                 }
                 let failure = Failure::new(
-                    "node_rank_failed",
+                    FailureKind::NodeRankFailed,
                     format!(
                         "node rank {rank} ended without success before every rank of the cell ran; its logs are in `nodes/{rank}/`"
                     ),
@@ -301,7 +304,7 @@ impl JobCell<'_> {
                     }
                     let r = followed.iter().position(|f| *f).unwrap_or(1);
                     let failure = Failure::new(
-                        "node_rank_failed",
+                        FailureKind::NodeRankFailed,
                         format!(
                             "node rank {r} ended before every rank of the cell ran, and the Job failed ({reason}); its logs are in `nodes/{r}/`"
                         ),

@@ -11,6 +11,7 @@ use crate::{spec, KubeError, CELL_CONTAINER, JOB_LABEL};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
+use orch_protocol::FailureKind;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -191,7 +192,7 @@ impl KubernetesBackend {
             match pending.decide(&seen, Instant::now(), &limits, "none").1 {
                 Action::Wait => {}
                 Action::Follow => return Ok(pod_name),
-                Action::Fail(_, f) if f.kind == "unschedulable" => {
+                Action::Fail(_, f) if f.kind == FailureKind::Unschedulable => {
                     return Err(fail(format!(
                         "the pod of Job `{name}` cannot be scheduled: {}",
                         f.message

@@ -75,7 +75,7 @@ fn facts(pod: Option<PodFacts>) -> Facts {
 }
 
 fn agent(status: Status, kind: &str) -> CellResult {
-    let mut r = CellResult::failed("c", status, kind, format!("the agent: {kind}"));
+    let mut r = CellResult::failed("c", status, FailureKind::new(kind), format!("the agent: {kind}"));
     if status == Status::Succeeded {
         r.failure = None;
     }
@@ -552,7 +552,7 @@ fn the_lifecycle_ranks_the_clusters_end_against_the_agents_result() {
             stopped,
             end,
         );
-        let kind = r.failure.as_ref().map(|f| f.kind.clone()).unwrap_or_default();
+        let kind = r.failure.as_ref().map(|f| f.kind.to_string()).unwrap_or_default();
         assert_eq!((r.status, kind.as_str()), want, "{name}: {r:?}");
     }
 }

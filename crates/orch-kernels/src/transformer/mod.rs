@@ -38,7 +38,7 @@ pub use config::Kernels;
 use crate::device::DeviceKind;
 use bench::{bench, BenchError, Outcome};
 use config::{resolve, Resolved};
-use orch_protocol::{CellResult, Status, TaskSpec, TransformerConfig};
+use orch_protocol::{CellResult, FailureKind, Status, TaskSpec, TransformerConfig};
 use orch_workload::ctx::Ctx;
 use orch_workload::{stats, sysmem};
 use serde_json::Value;
@@ -55,7 +55,7 @@ pub fn run(cfg: &TransformerConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResul
     let cell = task.cell_id.as_str();
     let r = match resolve(cfg, task) {
         Ok(r) => r,
-        Err(msg) => return CellResult::failed(cell, Status::Failed, "invalid_config", msg),
+        Err(msg) => return CellResult::failed(cell, Status::Failed, FailureKind::InvalidConfig, msg),
     };
     let mut info = r.info();
     let with_info = |mut result: CellResult, info: BTreeMap<String, Value>| {
@@ -66,7 +66,7 @@ pub fn run(cfg: &TransformerConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResul
         let result = CellResult::failed(
             cell,
             Status::Failed,
-            "invalid_config",
+            FailureKind::InvalidConfig,
             "transformer `repetitions` must be at least 1",
         );
         return with_info(result, info);
@@ -74,14 +74,14 @@ pub fn run(cfg: &TransformerConfig, task: &TaskSpec, ctx: &mut Ctx) -> CellResul
 
     // Memory preflight, before anything is allocated.
     if let Err(msg) = memory::preflight(&r, task, &mut info) {
-        return with_info(CellResult::failed(cell, Status::Oom, "oom", msg), info);
+        return with_info(CellResult::failed(cell, Status::Oom, FailureKind::Oom, msg), info);
     }
 
     if ctx.stop_requested() {
         let result = CellResult::failed(
             cell,
             Status::Cancelled,
-            "cancelled",
+            FailureKind::Cancelled,
             "stop requested before the model was built",
         );
         return with_info(result, info);
@@ -96,17 +96,17 @@ fn result_of(r: &Resolved, cell: &str, outcome: Result<Outcome, BenchError>) -> 
     match outcome {
         Ok(Outcome::Cancelled { phase }) => {
             let msg = format!("stop requested during {}", phase.as_str());
-            CellResult::failed(cell, Status::Cancelled, "cancelled", msg)
+            CellResult::failed(cell, Status::Cancelled, FailureKind::Cancelled, msg)
         }
-        Ok(Outcome::Oom(msg)) => CellResult::failed(cell, Status::Oom, "oom", msg),
+        Ok(Outcome::Oom(msg)) => CellResult::failed(cell, Status::Oom, FailureKind::Oom, msg),
         Err(BenchError { stage, error }) => {
             let text = error.to_string();
             let first = text.lines().next().unwrap_or("").trim();
             let msg = format!("transformer {stage} failed: {first}");
             if is_oom(&text) {
-                CellResult::failed(cell, Status::Oom, "oom", msg)
+                CellResult::failed(cell, Status::Oom, FailureKind::Oom, msg)
             } else {
-                CellResult::failed(cell, Status::Failed, "workload_error", msg)
+                CellResult::failed(cell, Status::Failed, FailureKind::WorkloadError, msg)
             }
         }
         Ok(Outcome::Done { step_ms, params }) => succeeded(r, cell, &step_ms, params),

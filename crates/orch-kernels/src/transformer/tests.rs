@@ -8,7 +8,9 @@ use super::step::{make_inputs, step};
 use super::*;
 use crate::fused;
 use candle_core::{DType, Device, Tensor};
-use orch_protocol::{BuiltinWorkload, Event, LogLimits, Measure, Pass, Phase, Workload, PROTOCOL_VERSION};
+use orch_protocol::{
+    BuiltinWorkload, Event, FailureKind, LogLimits, Measure, Pass, Phase, Workload, PROTOCOL_VERSION,
+};
 use serde_json::json;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -177,7 +179,7 @@ fn invalid_configs_are_refused() {
     let (mut ctx, _) = ctx_with(false);
     let res = run(&cfg, &task(&cfg), &mut ctx);
     assert_eq!(res.status, Status::Failed);
-    assert_eq!(res.failure.unwrap().kind, "invalid_config");
+    assert_eq!(res.failure.unwrap().kind, FailureKind::InvalidConfig);
 }
 
 #[test]
@@ -421,7 +423,7 @@ fn memory_limit_gives_oom_before_allocating() {
     let res = run(&cfg, &t, &mut ctx);
     assert_eq!(res.status, Status::Oom);
     let failure = res.failure.unwrap();
-    assert_eq!(failure.kind, "oom");
+    assert_eq!(failure.kind, FailureKind::Oom);
     assert!(
         failure.message.starts_with("model needs about "),
         "{}",
@@ -439,7 +441,7 @@ fn stop_before_start_cancels() {
     let (mut ctx, events) = ctx_with(true);
     let res = run(&cfg, &task(&cfg), &mut ctx);
     assert_eq!(res.status, Status::Cancelled);
-    assert_eq!(res.failure.unwrap().kind, "cancelled");
+    assert_eq!(res.failure.unwrap().kind, FailureKind::Cancelled);
     assert!(events.lock().unwrap().is_empty());
 }
 

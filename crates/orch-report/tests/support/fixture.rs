@@ -7,7 +7,7 @@
 
 use chrono::{TimeZone, Utc};
 use orch_protocol::{Failure, GpuInfo, Hardware};
-use orch_record::{CellCost, CellView, Environment, RunRecord, RunState};
+use orch_record::{CellCost, CellView, Environment, FailureKind, RunRecord, RunState};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -225,13 +225,13 @@ pub fn run() -> RunRecord {
     let mut oom = cell("transformer.l4.preset-2.7b", "transformer", "L4", "oom");
     oom.params.insert("preset".into(), json!("2.7B"));
     oom.failure = Some(Failure {
-        kind: "oom".into(),
+        kind: FailureKind::Oom,
         message: "transformer build failed: CUDA out of memory".into(),
         exit_code: None,
         signal: None,
     });
     oom.diagnosis = Some(orch_record::Diagnosis {
-        kind: "cuda_oom".into(),
+        kind: FailureKind::CudaOom,
         evidence: vec![
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB <GPU 0>".into(),
         ],
@@ -245,7 +245,7 @@ pub fn run() -> RunRecord {
         ("human.output_throughput", 560.0),
     ]);
     cmp.failure = Some(Failure {
-        kind: "variant_failed".into(),
+        kind: FailureKind::VariantFailed,
         message: "`agent`: round 1: server exited".into(),
         exit_code: None,
         signal: None,

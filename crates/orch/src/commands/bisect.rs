@@ -19,6 +19,7 @@ use orch_history::bisect::{Bisection, Class, Effect, Next, Outcome, Step};
 use orch_manifest::{CellPlan, ExpandOptions, Plan};
 use orch_protocol::{Variant, Workload};
 use orch_record::compare::{CompareInfo, VariantEntry};
+use orch_record::FailureKind;
 use orch_runner::{execute, RunnerOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -333,7 +334,10 @@ fn classify(
         // meet is the suite's fault, so nothing can be compared; anything
         // else is this commit's).
         let cause = cause_of(c, None);
-        if c.failure.as_ref().is_some_and(|f| f.kind == "invalid_config") {
+        if c.failure
+            .as_ref()
+            .is_some_and(|f| f.kind == FailureKind::InvalidConfig)
+        {
             step.class = Class::Fatal;
         }
         step.cause = Some(cause);

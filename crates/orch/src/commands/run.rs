@@ -4,7 +4,7 @@ use crate::output::{self, Reporter};
 use anyhow::Context;
 use orch_backend::host::{Flags, Host, Weights};
 use orch_manifest::{ExpandOptions, GpuSpec};
-use orch_record::CellStatus;
+use orch_record::{CellStatus, FailureKind};
 use orch_runner::{execute, RunnerOptions};
 use tokio::sync::{mpsc, watch};
 
@@ -148,7 +148,7 @@ fn record_sunk(
             metrics: Default::default(),
             timings: Default::default(),
             failure: Some(orch_protocol::Failure::new(
-                "weights_missing",
+                FailureKind::WeightsMissing,
                 format!(
                     "model `{model}` is not set up: run `orch setup -f {}` (a gated model needs access first)",
                     manifest.display()
@@ -208,7 +208,10 @@ fn reusable(
         }
         if let Some(rec) = old.cell_record(&cell.id)? {
             // A task its missing model sank never ran: it runs again here.
-            let sunk = rec.failure.as_ref().is_some_and(|f| f.kind == "weights_missing");
+            let sunk = rec
+                .failure
+                .as_ref()
+                .is_some_and(|f| f.kind == FailureKind::WeightsMissing);
             if rec.status.is_finished() && !sunk {
                 out.push((old.id().to_string(), rec));
             }
