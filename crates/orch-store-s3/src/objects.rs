@@ -29,6 +29,9 @@ use crate::outage::Outage;
 pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
 /// Size of one part of a multipart upload (S3's minimum is 5 MiB).
 pub const PART_SIZE: u64 = 8 << 20;
+/// How long a request may try once the outage budget is spent: a probe
+/// that ends the outage if the store answers.
+pub const PROBE: Duration = Duration::from_secs(1);
 /// Requests in flight at once for batch reads.
 pub const PARALLEL: usize = 32;
 
@@ -644,16 +647,15 @@ impl Objects {
 
     /// Run `f` (the request `op` of `key`) on the client's runtime and
     /// wait for it, within the budget of the outage the process is in
-    /// (`outage.rs`): once that is spent, a request is not sent, and one in
-    /// flight is given up.
+    /// (`outage.rs`): a request in flight is given up when that is spent,
+    /// and once it is, a request is only a short probe ([`PROBE`]): the
+    /// store that answers it ends the outage, else it fails at once.
     fn block<F>(&self, op: &str, key: &str, f: F) -> Result<F::Output, StoreError>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        if self.outage.spent() {
-            return Err(self.gave_up(op, key));
-        }
+        let probe = self.outage.spent().then(|| Instant::now() + PROBE);
         let (tx, rx) = std::sync::mpsc::channel();
         let Some(rt) = self.rt.as_ref() else {
             unreachable!("the runtime lives until drop")
@@ -665,14 +667,15 @@ impl Objects {
                 // An outage may start (or end) while this request waits:
                 // look again at least every second.
                 let soon = Instant::now() + Duration::from_secs(1);
-                let wake = outage.deadline().map_or(soon, |d| d.min(soon));
+                let deadline = outage.deadline().map(|d| probe.map_or(d, |p| d.max(p)));
+                let wake = deadline.map_or(soon, |d| d.min(soon));
                 tokio::select! {
                     out = &mut f => {
                         let _ = tx.send(Some(out));
                         return;
                     }
                     _ = tokio::time::sleep_until(wake.into()) => {
-                        if outage.spent() {
+                        if outage.spent() && probe.is_none_or(|p| Instant::now() >= p) {
                             let _ = tx.send(None);
                             return;
                         }

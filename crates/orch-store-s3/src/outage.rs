@@ -6,9 +6,10 @@
 //! `ORCH_S3_TIMEOUT_S`): record uploads, the next cells' claims, the retry
 //! of spooled records and the final state write all give up together once
 //! the outage is older than the budget, instead of each spending a budget
-//! of its own one after another. Once spent, a request fails at once
-//! without being sent: the run stops, and a later command (`--resume`)
-//! starts with a budget of its own.
+//! of its own one after another. Once spent, a request is a probe of a
+//! second (`objects::PROBE`): it fails then, or the store answers and the
+//! outage is over; the run stops, and a later command (`--resume`) starts
+//! with a budget of its own.
 //!
 //! What the store answered meanwhile is tallied (`` `503 SlowDown` ×289``,
 //! `connection refused ×12`), so the message names it instead of the SDK's

@@ -273,8 +273,8 @@ fn an_outage_that_never_ends_is_given_up_within_one_budget_and_says_so() {
     let proxy = FaultProxy::start(&server.endpoint).unwrap();
     let m = manifest(tmp.path(), 12, "0.5");
     let work = tmp.path().join("w");
-    let budget = 6;
-    let short = [("ORCH_S3_TIMEOUT_S", "6")];
+    let budget = 8;
+    let short = [("ORCH_S3_TIMEOUT_S", "8")];
     let child = orch(&server, &proxy, &work, &short)
         .args([
             "run",
