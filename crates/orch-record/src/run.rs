@@ -27,8 +27,29 @@ pub enum RunState {
     Running,
     /// Every cell has a record.
     Complete,
-    /// Stopped (Ctrl-C) before every cell finished.
+    /// Stopped (Ctrl-C, the budget, a failure) before every cell finished.
     Interrupted,
+    /// Stopped because the result store could not be reached or written
+    /// (an outage that outlasted its budget); `--resume` runs the rest.
+    StoreUnreachable,
+}
+
+impl RunState {
+    /// The state as stored and shown (`running`, `store_unreachable`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Complete => "complete",
+            RunState::Interrupted => "interrupted",
+            RunState::StoreUnreachable => "store_unreachable",
+        }
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,4 +133,29 @@ pub fn run_id(now: DateTime<Utc>, suite: &str, salt: u16) -> String {
         })
         .collect();
     format!("{}-{}-{:04x}", now.format("%Y%m%d-%H%M%S"), suite, salt)
+}
+
+#[cfg(test)]
+mod state_tests {
+    use super::RunState;
+
+    #[test]
+    fn states_read_as_stored_and_show_as_stored() {
+        for s in [
+            RunState::Running,
+            RunState::Complete,
+            RunState::Interrupted,
+            RunState::StoreUnreachable,
+        ] {
+            let text = serde_json::to_string(&s).unwrap();
+            assert_eq!(text, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<RunState>(&text).unwrap(), s);
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        // The states of runs stored before this one still read.
+        assert_eq!(
+            serde_json::from_str::<RunState>("\"interrupted\"").unwrap(),
+            RunState::Interrupted
+        );
+    }
 }

@@ -29,7 +29,7 @@
 //! and stop) through one internal stop channel (cancel or budget), records each finished
 //! cell, stops launching on cancel or on a store/host failure (each cell it leaves without
 //! a record announced at once, `Progress::CellNotRun`), sets the run state (`interrupted`
-//! when it fails); `Progress` events for the UI. It does not: print anything.
+//! when it fails, `store_unreachable` when the store could not be reached); `Progress` events for the UI. It does not: print anything.
 
 mod budget;
 mod cell;
@@ -131,8 +131,9 @@ impl Outcome {
 }
 
 /// Run every unfinished cell of `run` on `backend`. When it fails (the
-/// store or the backend), the run is left `interrupted` (if the store still
-/// takes that), never `running`: `--resume` runs the rest.
+/// store or the backend), the run is left `interrupted`, or
+/// `store_unreachable` when the store could not be reached (if the store
+/// still takes that), never `running`: `--resume` runs the rest.
 pub async fn execute(
     run: &mut Run,
     backend: Arc<dyn Backend>,
@@ -141,10 +142,18 @@ pub async fn execute(
     cancel: watch::Receiver<bool>,
 ) -> Result<Outcome, RunnerError> {
     let out = execute_cells(run, backend, opts, progress, cancel).await;
-    if out.is_err() && run.meta.state == RunState::Running {
-        // Best effort: a store that refuses this too leaves the run
-        // `running`, which `--resume` treats the same way.
-        let _ = run.set_state(RunState::Interrupted);
+    if run.meta.state == RunState::Running {
+        let state = match &out {
+            Ok(_) => None,
+            Err(RunnerError::Store(e)) if e.is_outage() => Some(RunState::StoreUnreachable),
+            Err(_) => Some(RunState::Interrupted),
+        };
+        if let Some(state) = state {
+            // Best effort: a store that refuses this too leaves the run
+            // `running`, which `--resume` treats the same way (an object
+            // store keeps the state on this host and writes it later).
+            let _ = run.set_state(state);
+        }
     }
     out
 }
@@ -342,5 +351,9 @@ impl orch_protocol::ErrorClass for RunnerError {
             RunnerError::Backend(e) => e.is_user_error(),
             RunnerError::Join(_) => false,
         }
+    }
+
+    fn is_outage(&self) -> bool {
+        matches!(self, RunnerError::Store(e) if e.is_outage())
     }
 }

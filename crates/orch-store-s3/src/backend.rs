@@ -127,28 +127,39 @@ impl StoreBackend for S3Store {
                 return Err(e);
             }
         }
-        // The change noted below has the state's time and writer: readers
-        // tell the run's latest state from the changes (`reading.rs`).
-        let ms = Utc::now().timestamp_millis().max(0);
-        let key = format!("{}state/{ms:013}-{}.json", self.run_key(&meta.id), self.token);
-        // Unique key: a conflict can only be our own lost reply.
-        let _ = self.create(&key, self.with_writer(meta))?;
-        // The index is a cache of the state too: rewrite it from a run this
-        // store has seen, else drop it so that the next reader rebuilds it.
-        let seen = self.runs.lock().ok().and_then(|m| m.get(&meta.id).cloned());
-        let index = format!("{}index.json", self.run_key(&meta.id));
-        match seen {
-            Some(mut run) => {
-                run.meta = meta.clone();
-                if self.write_index(&run).is_err() {
-                    let _ = self.objects.delete(&[index]);
+        match self.write_state(meta) {
+            // A run that stops while the store is away: its state is kept
+            // on this host and written when the run is next opened.
+            Err(e) if objects::is_outage(&e) && meta.state != orch_store::RunState::Running => {
+                match self.keep_state(meta) {
+                    Ok(path) => eprintln!(
+                        "warning: the state `{}` of run {} could not be written to the store: it is kept at `{}` and written when the run is next opened (`orch show {}`, `orch run --resume {}`)",
+                        meta.state,
+                        meta.id,
+                        path.display(),
+                        meta.id,
+                        meta.id
+                    ),
+                    Err(keep) => eprintln!(
+                        "warning: the state `{}` of run {} could not be kept on this host either: {keep}",
+                        meta.state, meta.id
+                    ),
                 }
+                Err(e)
             }
-            None => {
-                let _ = self.objects.delete(&[index]);
-            }
+            r => r,
         }
-        self.note_change_at(&meta.id, ms)
+    }
+
+    fn lock_run(&self, run: &Run) -> Result<orch_store::WriterLock> {
+        self.lease_run(run)
+    }
+
+    fn kept_locally(&self, id: &str) -> Option<PathBuf> {
+        let dir = self.spool_dir(id);
+        std::fs::read_dir(&dir)
+            .is_ok_and(|mut d| d.next().is_some())
+            .then_some(dir)
     }
 
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {
@@ -208,7 +219,9 @@ impl StoreBackend for S3Store {
         };
         let outcome = match up.and_then(|()| self.create_records(run, record)) {
             Ok(outcome) => outcome,
-            Err(e @ StoreError::Remote { .. }) => return self.keep(run, record, &base, &dir, e),
+            Err(e @ (StoreError::Remote { .. } | StoreError::Unreachable { .. })) => {
+                return self.keep(run, record, &base, &dir, e)
+            }
             Err(e) => return Err(e),
         };
         let _ = std::fs::remove_dir_all(&dir);
@@ -367,5 +380,34 @@ impl S3Store {
         if due {
             let _ = self.write_index(run);
         }
+    }
+}
+
+impl S3Store {
+    /// Write a new state object of the run (no spool first), its index
+    /// and its change.
+    pub(crate) fn write_state(&self, meta: &RunMeta) -> Result<()> {
+        // The change noted below has the state's time and writer: readers
+        // tell the run's latest state from the changes (`reading.rs`).
+        let ms = Utc::now().timestamp_millis().max(0);
+        let key = format!("{}state/{ms:013}-{}.json", self.run_key(&meta.id), self.token);
+        // Unique key: a conflict can only be our own lost reply.
+        let _ = self.create(&key, self.with_writer(meta))?;
+        // The index is a cache of the state too: rewrite it from a run this
+        // store has seen, else drop it so that the next reader rebuilds it.
+        let seen = self.runs.lock().ok().and_then(|m| m.get(&meta.id).cloned());
+        let index = format!("{}index.json", self.run_key(&meta.id));
+        match seen {
+            Some(mut run) => {
+                run.meta = meta.clone();
+                if self.write_index(&run).is_err() {
+                    let _ = self.objects.delete(&[index]);
+                }
+            }
+            None => {
+                let _ = self.objects.delete(&[index]);
+            }
+        }
+        self.note_change_at(&meta.id, ms)
     }
 }

@@ -7,6 +7,8 @@
 //! run.json, manifest.yaml, plan.json   as in a folder store
 //! state/<ms>-<writer>.json             each change of state, budget or resumes; the last one counts
 //! claims/<cell>/<n>                    who runs attempt n of the cell (If-None-Match: one writer per attempt)
+//! writers/<ms>-<writer>.json           REWRITTEN: the lease of an `orch` writing the run (`lease.rs`;
+//!                                      the earliest live one holds the run, removed when it ends)
 //! records/<cell>/<n>.json              attempt n's record
 //! done/<cell>.json                     the record that finished the cell (If-None-Match: exactly one)
 //! cells/<cell>/<n>/<file>              attempt n's files (logs, events, telemetry); while it runs,
@@ -49,10 +51,11 @@
 //!
 //! Outages: every request has a connect, read, attempt and operation
 //! timeout and is retried with backoff (the SDK's `TimeoutConfig` and
-//! `RetryConfig`) within a budget of 60 s; the environment sets them:
+//! `RetryConfig`) within a budget of 60 s from the outage's first failed
+//! request, shared by every request of the process; the environment sets them:
 //!
 //! ```text
-//! ORCH_S3_TIMEOUT_S=60           one operation, all its attempts and backoff
+//! ORCH_S3_TIMEOUT_S=60           an outage (every request from its first failure on), and one operation
 //! ORCH_S3_ATTEMPT_TIMEOUT_S=30   one attempt (connect, send, the reply's headers; a read's body)
 //! ORCH_S3_CONNECT_TIMEOUT_S=5    opening a connection
 //! ORCH_S3_MAX_ATTEMPTS=40        attempts per operation at most
@@ -69,7 +72,14 @@
 //! ...) opens the run. A refused credential or a missing bucket stops the
 //! run (a user error); the record is spooled all the same.
 //!
-//! The files: `layout.rs` (URLs and keys), `conditional.rs` (write-once
+//! An outage is given up as a whole: every request of the process draws on
+//! one budget, counted from the outage's first failed request and reset when
+//! the store answers (`outage.rs`), and the error names what the store
+//! answered (`` `503 SlowDown` ×289``); a run that stops so keeps its state
+//! in the spool too, written when the store answers again.
+//!
+//! The files: `layout.rs` (URLs and keys), `lease.rs` (one writer per
+//! run), `outage.rs` (the outage budget and what the store answered), `conditional.rs` (write-once
 //! creates and the probe, JSON reads), `claims.rs` (who runs which attempt),
 //! `records.rs` (records and their cache), `index.rs` (the run index and the
 //! state it was made at), `catalog.rs` (run markers, changes, the catalog),
@@ -98,7 +108,9 @@ mod conditional;
 pub mod follow;
 mod index;
 mod layout;
+pub mod lease;
 pub mod objects;
+pub mod outage;
 mod reading;
 mod records;
 mod spool;

@@ -20,12 +20,18 @@ use futures::StreamExt;
 use orch_store::StoreError;
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::outage::Outage;
 
 /// Objects this size and larger go up in parts.
 pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
 /// Size of one part of a multipart upload (S3's minimum is 5 MiB).
 pub const PART_SIZE: u64 = 8 << 20;
+/// How long a request may try once the outage budget is spent: a probe
+/// that ends the outage if the store answers.
+pub const PROBE: Duration = Duration::from_secs(1);
 /// Requests in flight at once for batch reads.
 pub const PARALLEL: usize = 32;
 
@@ -215,7 +221,7 @@ pub fn redact(text: &str) -> String {
 /// profiles, SSO, `AWS_ENDPOINT_URL`, region), and the endpoint's name. A
 /// custom endpoint gets path-style addressing and checksums only where
 /// required (S3-compatible servers).
-async fn load(settings: Settings) -> (Client, String) {
+async fn load(settings: Settings, tally: crate::outage::Tally) -> (Client, String) {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     // A region is required to sign; S3-compatible servers accept any.
     if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
@@ -248,6 +254,7 @@ async fn load(settings: Settings) -> (Client, String) {
     let mut conf = aws_sdk_s3::config::Builder::from(&shared)
         .timeout_config(settings.timeout_config())
         .retry_config(settings.retry_config())
+        .interceptor(tally)
         // The SDK's retry quota (a token bucket shared by the process,
         // drained 5 to 10 tokens a retry) would stop every retry after a
         // few dozen failures: an outage of seconds fails many requests at
@@ -338,6 +345,8 @@ impl Drop for Trace {
 pub const LIST_PAGE: i32 = 100_000;
 
 pub struct Objects {
+    /// The outage this process is in, shared by every request (`outage.rs`).
+    pub outage: Arc<Outage>,
     /// Whether listings still ask for [`LIST_PAGE`] keys a page.
     long_pages: std::sync::atomic::AtomicBool,
     rt: Option<tokio::runtime::Runtime>,
@@ -357,10 +366,6 @@ impl Drop for Objects {
     }
 }
 
-/// The start of the message of an object store that cannot be reached.
-const UNREACHABLE: &str = "cannot reach the object store";
-/// The start of the message of one that did not answer in time.
-const SILENT: &str = "the object store";
 /// The code given here to a request that timed out (no server code has it).
 const TIMED_OUT: &str = "orch:timeout";
 
@@ -369,17 +374,17 @@ const TIMED_OUT: &str = "orch:timeout";
 /// cell's record is then kept on local disk and the run goes on.
 pub fn is_outage(e: &StoreError) -> bool {
     match e {
-        StoreError::Remote { message, user, .. } => {
-            !user
-                || message.starts_with(UNREACHABLE)
-                || (message.starts_with(SILENT) && message.contains(" did not answer "))
-        }
+        StoreError::Unreachable { .. } => true,
+        StoreError::Remote { user, .. } => !user,
         _ => false,
     }
 }
 
 /// What failed, classified: the user's to fix (credentials, bucket,
-/// endpoint) or not.
+/// endpoint), the store away (unreachable, silent, failing: named by what
+/// it answered in the outage, `answered`, never by the SDK's text), or
+/// another failure.
+#[allow(clippy::too_many_arguments)]
 fn remote(
     bucket: &str,
     endpoint: &str,
@@ -388,7 +393,10 @@ fn remote(
     code: Option<&str>,
     status: Option<u16>,
     message: String,
+    answered: Option<String>,
+    budget: Duration,
 ) -> StoreError {
+    let away = |what: String| unreachable_error(bucket, endpoint, op, key, Some(what), budget);
     let message = redact(&message);
     let cred = || credential_source();
     match (code, status) {
@@ -422,16 +430,12 @@ fn remote(
             hint: "set `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, or run `aws sso login`".into(),
             user: true,
         },
-        (Some(TIMED_OUT), _) => StoreError::Remote {
-            message: format!("{SILENT} at {endpoint} did not answer {op} `{key}` in `{bucket}` in time: {message}"),
-            hint: format!("check `AWS_ENDPOINT_URL` (or the region) and the network; `{TIMEOUT_ENV}` and `{ATTEMPT_TIMEOUT_ENV}` set how long a request is tried"),
-            user: true,
-        },
-        (None, None) => StoreError::Remote {
-            message: format!("{UNREACHABLE} at {endpoint} for {op} `{key}` in `{bucket}`: {message}"),
-            hint: "check `AWS_ENDPOINT_URL` (or the region) and the network".into(),
-            user: true,
-        },
+        (Some(TIMED_OUT), _) => away(answered.unwrap_or_else(|| "no reply in time".into())),
+        (None, None) => away(answered.unwrap_or_else(|| crate::outage::words_of(&message))),
+        (_, Some(s)) if s >= 500 || s == 429 => away(answered.unwrap_or_else(|| match code {
+            Some(c) => format!("`{s} {c}`"),
+            None => format!("`{s}`"),
+        })),
         _ => StoreError::Remote {
             message: format!(
                 "{op} `{key}` in the bucket `{bucket}` failed ({}): {message}",
@@ -440,6 +444,31 @@ fn remote(
             hint: "retry; if it persists the object store is failing".into(),
             user: false,
         },
+    }
+}
+
+/// The store away: what it answered in the outage (`for 61 s: `503
+/// SlowDown` ×289`), the request given up, and what to do.
+fn unreachable_error(
+    bucket: &str,
+    endpoint: &str,
+    op: &str,
+    key: &str,
+    answered: Option<String>,
+    budget: Duration,
+) -> StoreError {
+    let answered = answered.unwrap_or_else(|| "no answer".into());
+    let answered = if answered.starts_with("for ") {
+        format!("failed every request {answered}")
+    } else {
+        format!("answered {answered}")
+    };
+    StoreError::Unreachable {
+        message: format!("the object store at {endpoint} {answered}; gave up on {op} `{key}` in `{bucket}`"),
+        hint: format!(
+            "check `AWS_ENDPOINT_URL` (or the region) and the network; an outage is ridden out for `{TIMEOUT_ENV}` (now {}) from its first failed request",
+            crate::outage::secs(budget)
+        ),
     }
 }
 
@@ -498,7 +527,14 @@ type Read = Result<Option<Vec<u8>>, Failure>;
 /// GET `key` from `offset` on, the body read whole. The SDK retries the
 /// request; a body cut short (a connection dropped mid-reply) or silent
 /// past one attempt's time is read again here until the budget is spent.
-async fn read_object(c: Client, bucket: String, key: String, offset: u64, s: Settings) -> Read {
+async fn read_object(
+    c: Client,
+    bucket: String,
+    key: String,
+    offset: u64,
+    s: Settings,
+    outage: Arc<Outage>,
+) -> Read {
     let start = Instant::now();
     let mut tries = 0u32;
     loop {
@@ -529,6 +565,11 @@ async fn read_object(c: Client, bucket: String, key: String, offset: u64, s: Set
             Ok(Err(e)) => Failure::body(format!("the reply was cut short: {e}"), false),
             Err(_) => Failure::body(format!("no reply body within {:?}", s.attempt_timeout), true),
         };
+        outage.failed(if failure.code.is_some() {
+            "reply body cut off by a timeout"
+        } else {
+            "reply cut short"
+        });
         tries += 1;
         // The SDK's backoff, by hand: exponential with full jitter.
         let backoff = s
@@ -583,12 +624,18 @@ impl Objects {
             })?;
         let (tx, rx) = std::sync::mpsc::channel();
         let s = settings.clone();
+        let outage = Arc::new(Outage::new(settings.budget));
+        let tally = crate::outage::Tally {
+            outage: outage.clone(),
+            attempt_timeout: settings.attempt_timeout,
+        };
         rt.spawn(async move {
-            let _ = tx.send(load(s).await);
+            let _ = tx.send(load(s, tally).await);
         });
         // The task only ends by sending (a panic in the SDK would be a bug).
         let (client, endpoint) = wait(rx).unwrap_or_else(|| panic!("loading the AWS configuration panicked"));
         Ok(Objects {
+            outage,
             long_pages: std::sync::atomic::AtomicBool::new(true),
             rt: Some(rt),
             client,
@@ -598,21 +645,62 @@ impl Objects {
         })
     }
 
-    /// Run `f` on the client's runtime and wait for it.
-    fn block<F>(&self, f: F) -> F::Output
+    /// Run `f` (the request `op` of `key`) on the client's runtime and
+    /// wait for it, within the budget of the outage the process is in
+    /// (`outage.rs`): a request in flight is given up when that is spent,
+    /// and once it is, a request is only a short probe ([`PROBE`]): the
+    /// store that answers it ends the outage, else it fails at once.
+    fn block<F>(&self, op: &str, key: &str, f: F) -> Result<F::Output, StoreError>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        let probe = self.outage.spent().then(|| Instant::now() + PROBE);
         let (tx, rx) = std::sync::mpsc::channel();
         let Some(rt) = self.rt.as_ref() else {
             unreachable!("the runtime lives until drop")
         };
+        let outage = self.outage.clone();
         rt.spawn(async move {
-            let _ = tx.send(f.await);
+            tokio::pin!(f);
+            loop {
+                // An outage may start (or end) while this request waits:
+                // look again at least every second.
+                let soon = Instant::now() + Duration::from_secs(1);
+                let deadline = outage.deadline().map(|d| probe.map_or(d, |p| d.max(p)));
+                let wake = deadline.map_or(soon, |d| d.min(soon));
+                tokio::select! {
+                    out = &mut f => {
+                        let _ = tx.send(Some(out));
+                        return;
+                    }
+                    _ = tokio::time::sleep_until(wake.into()) => {
+                        if outage.spent() && probe.is_none_or(|p| Instant::now() >= p) {
+                            let _ = tx.send(None);
+                            return;
+                        }
+                    }
+                }
+            }
         });
         // The task only ends by sending; a panic in it is a bug of the SDK.
-        wait(rx).unwrap_or_else(|| panic!("an object store request panicked"))
+        match wait(rx) {
+            Some(Some(out)) => Ok(out),
+            Some(None) => Err(self.gave_up(op, key)),
+            None => panic!("an object store request panicked"),
+        }
+    }
+
+    /// The request `op` of `key` given up: the outage outlasted the budget.
+    fn gave_up(&self, op: &str, key: &str) -> StoreError {
+        unreachable_error(
+            &self.bucket,
+            &self.endpoint,
+            op,
+            key,
+            self.outage.describe(),
+            self.outage.budget(),
+        )
     }
 
     fn err<E: ProvideErrorMetadata + std::error::Error + 'static>(
@@ -633,6 +721,8 @@ impl Objects {
             f.code.as_deref(),
             f.status,
             f.message,
+            self.outage.describe(),
+            self.outage.budget(),
         )
     }
 
@@ -645,7 +735,8 @@ impl Objects {
             key.to_string(),
             self.settings.clone(),
         );
-        self.block(read_object(c, b, k, offset, st))
+        let outage = self.outage.clone();
+        self.block("read", key, read_object(c, b, k, offset, st, outage))?
             .map_err(|f| self.failed("read", key, f))
     }
 
@@ -663,7 +754,7 @@ impl Objects {
     fn put_with(&self, key: &str, bytes: Vec<u8>, over: Option<Settings>) -> Result<(), StoreError> {
         let _trace = Trace::new("PUT", key);
         let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
-        let r = self.block(async move {
+        let r = self.block("write", key, async move {
             let req = c.put_object().bucket(b).key(k).body(ByteStream::from(bytes));
             match over {
                 Some(s) => {
@@ -678,7 +769,7 @@ impl Objects {
                 }
                 None => req.send().await,
             }
-        });
+        })?;
         r.map(|_| ()).map_err(|e| self.err("write", key, &e))
     }
 
@@ -689,7 +780,7 @@ impl Objects {
     pub fn create(&self, key: &str, bytes: Vec<u8>, token: &str) -> Result<Created, StoreError> {
         let _trace = Trace::new("CREATE", key);
         let (c, b, k) = (self.client.clone(), self.bucket.clone(), key.to_string());
-        let r = self.block(async move {
+        let r = self.block("create", key, async move {
             c.put_object()
                 .bucket(b)
                 .key(k)
@@ -697,7 +788,7 @@ impl Objects {
                 .body(ByteStream::from(bytes))
                 .send()
                 .await
-        });
+        })?;
         match r {
             Ok(_) => Ok(Created::Ours),
             Err(e) => {
@@ -784,7 +875,7 @@ impl Objects {
                 None => long.then_some(LIST_PAGE),
             };
             let again = t.clone();
-            let out = self.block(async move {
+            let out = self.block("list", prefix, async move {
                 c.list_objects_v2()
                     .bucket(b)
                     .prefix(p)
@@ -794,7 +885,7 @@ impl Objects {
                     .set_continuation_token(t)
                     .send()
                     .await
-            });
+            })?;
             let out = match out {
                 Ok(out) => out,
                 Err(e) if page == Some(LIST_PAGE) && Failure::of(&e).status == Some(400) => {
@@ -838,16 +929,18 @@ impl Objects {
         let _trace = Trace::new("GET*", keys.first().map_or("", |k| k.as_str()));
         let (c, b, st) = (self.client.clone(), self.bucket.clone(), self.settings.clone());
         let keys2 = keys.to_vec();
-        let results = self.block(async move {
+        let outage = self.outage.clone();
+        let first = keys.first().map_or("", |k| k.as_str());
+        let results = self.block("read", first, async move {
             futures::stream::iter(keys2.into_iter().enumerate())
                 .map(|(i, k)| {
-                    let (c, b, st) = (c.clone(), b.clone(), st.clone());
-                    async move { (i, read_object(c, b, k, 0, st).await) }
+                    let (c, b, st, o) = (c.clone(), b.clone(), st.clone(), outage.clone());
+                    async move { (i, read_object(c, b, k, 0, st, o).await) }
                 })
                 .buffer_unordered(PARALLEL)
                 .collect::<Vec<_>>()
                 .await
-        });
+        })?;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         for (i, r) in results {
             match r {
@@ -862,8 +955,10 @@ impl Objects {
     pub fn delete(&self, keys: &[String]) -> Result<(), StoreError> {
         for k in keys {
             let (c, b, key) = (self.client.clone(), self.bucket.clone(), k.clone());
-            self.block(async move { c.delete_object().bucket(b).key(key).send().await })
-                .map_err(|e| self.err("delete", k, &e))?;
+            self.block("delete", k, async move {
+                c.delete_object().bucket(b).key(key).send().await
+            })?
+            .map_err(|e| self.err("delete", k, &e))?;
         }
         Ok(())
     }
@@ -889,7 +984,7 @@ impl Objects {
             key.to_string(),
             path.to_path_buf(),
         );
-        let r: Result<(), (String, Failure)> = self.block(async move {
+        let r: Result<(), (String, Failure)> = self.block("write", key, async move {
             use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
             let up = c
                 .create_multipart_upload()
@@ -963,7 +1058,7 @@ impl Objects {
                 .await
                 .map_err(|e| ("complete the multipart upload of".to_string(), Failure::of(&e)))?;
             Ok(())
-        });
+        })?;
         r.map_err(|(op, f)| self.failed(&op, key, f))?;
         Ok(size)
     }
@@ -986,6 +1081,8 @@ mod tests {
             code,
             status,
             message.to_string(),
+            None,
+            Duration::from_secs(60),
         )
     }
 
@@ -1016,6 +1113,28 @@ mod tests {
             "{text}"
         );
         let err = classify(Some("InternalError"), Some(500), "boom");
-        assert!(!err.is_user_error(), "{err}");
+        assert!(!err.is_user_error() && is_outage(&err), "{err}");
+        // The store away: named by what it answered, never the SDK's text.
+        let err = classify(Some("SlowDown"), Some(503), "internal SDK words");
+        let text = err.to_string();
+        assert!(
+            matches!(err, StoreError::Unreachable { .. }) && text.contains("`503 SlowDown`"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("internal SDK words") && text.contains("`ORCH_S3_TIMEOUT_S` (now 60 s)"),
+            "{text}"
+        );
+        let err = classify(
+            None,
+            None,
+            "dispatch failure: io error: tcp connect error: Connection refused (os error 111)",
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("answered connection refused;") && !text.contains("os error"),
+            "{text}"
+        );
+        assert!(!err.is_user_error() && is_outage(&err), "{err}");
     }
 }

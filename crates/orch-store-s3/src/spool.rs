@@ -10,10 +10,16 @@
 //! finished cell) its `done` marker are up. The uploads are create-once
 //! with the writer token of the entry, so an entry uploaded twice (two
 //! processes, or a reply lost before the entry was removed) is recorded once.
+//!
+//! A run that stops while the store is away keeps its last state there too
+//! (`state.pending`, the `RunMeta` as it was to be written): it is written,
+//! after the records, when the store answers again (the run's next write,
+//! or any command that opens the run), unless the store has a newer state
+//! of the run by then.
 
 use crate::conditional::poisoned;
 use crate::{follow, Result, S3Store};
-use orch_store::{CellRecord, Run, StoreError};
+use orch_store::{CellRecord, Run, RunMeta, StoreError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -35,6 +41,9 @@ struct Entry {
 }
 
 const VERSION: u32 = 1;
+
+/// The state a run stopped in, not yet written to the store.
+pub const PENDING_STATE: &str = "state.pending";
 
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
@@ -61,6 +70,55 @@ impl S3Store {
             .collect();
         out.sort();
         out
+    }
+
+    /// Keep the state `meta` on this host until the store answers (see the
+    /// module); the path it is kept at.
+    pub(crate) fn keep_state(&self, meta: &RunMeta) -> Result<PathBuf> {
+        let spool = self.spool_dir(&meta.id);
+        std::fs::create_dir_all(&spool).map_err(io("create the spool folder", &spool))?;
+        let path = spool.join(PENDING_STATE);
+        let tmp = spool.join(format!(".{PENDING_STATE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(meta).unwrap_or_default())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(io("write the run's state", &path))?;
+        if let Ok(mut p) = self.spool_pending.lock() {
+            p.insert(meta.id.clone());
+        }
+        Ok(path)
+    }
+
+    /// Write the state kept on this host, unless the store has a newer
+    /// one. True when one was kept (written or dropped as stale).
+    fn upload_state(&self, id: &str) -> Result<bool> {
+        let path = self.spool_dir(id).join(PENDING_STATE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io("read the run's kept state", &path)(e)),
+        };
+        let meta: RunMeta = serde_json::from_slice(&bytes).map_err(|source| StoreError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        let newer = self
+            .latest_state(id)?
+            .1
+            .is_some_and(|latest| latest.updated_at > meta.updated_at);
+        if !newer {
+            self.write_state(&meta)?;
+            eprintln!(
+                "note: run {id}'s state `{}`, kept on this host while the store was away, is written",
+                meta.state
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+        Ok(true)
     }
 
     /// Keep a record (and the attempt's files in `dir`) in the spool. The
@@ -130,7 +188,11 @@ impl S3Store {
                 sent += 1;
             }
         }
-        if self.spooled(id).is_empty() {
+        // The state after the records it covers.
+        if self.spooled(id).is_empty() && self.upload_state(id)? {
+            sent += 1;
+        }
+        if self.spooled(id).is_empty() && !self.spool_dir(id).join(PENDING_STATE).exists() {
             let _ = std::fs::remove_dir_all(self.spool_dir(id));
             if let Ok(mut p) = self.spool_pending.lock() {
                 p.remove(id);
@@ -142,7 +204,7 @@ impl S3Store {
     /// Note the spool of a run this process opens (another process's
     /// leftovers), and upload it. True when something went up.
     pub(crate) fn adopt_spool(&self, id: &str) -> Result<bool> {
-        if self.spooled(id).is_empty() {
+        if self.spooled(id).is_empty() && !self.spool_dir(id).join(PENDING_STATE).exists() {
             return Ok(false);
         }
         if let Ok(mut p) = self.spool_pending.lock() {

@@ -180,10 +180,14 @@ fn a_silent_endpoint_fails_within_the_budget_with_a_clear_error() {
         started.elapsed()
     );
     let text = err.to_string();
+    // Named by what the store answered (nothing, in time), not the SDK's words.
     assert!(
-        text.contains("did not answer") && text.contains("hint:"),
+        text.contains("failed every request for")
+            && text.contains("no reply within")
+            && text.contains("hint:"),
         "{text}"
     );
+    assert!(err.is_outage() && !err.is_user_error(), "{text}");
     assert!(text.contains("ORCH_S3_TIMEOUT_S"), "{text}");
     assert!(
         proxy.count(Mode::Silent) >= 2,

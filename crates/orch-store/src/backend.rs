@@ -68,6 +68,12 @@ pub trait StoreBackend: Send + Sync {
     /// Record a change of the run's state, budget or resume count.
     fn save_meta(&self, meta: &RunMeta) -> Result<()>;
 
+    /// Where this host keeps what could not be written to the store (an
+    /// object store's spool of records and state), when something is kept.
+    fn kept_locally(&self, _id: &str) -> Option<PathBuf> {
+        None
+    }
+
     /// The current record of one cell (finished, or the last cancelled one).
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>>;
 

@@ -36,11 +36,22 @@ pub enum StoreError {
     /// kept as an earlier attempt.
     #[error("cell `{cell}` of run `{run}` was already recorded by another process ({by})")]
     RecordedElsewhere { run: String, cell: String, by: String },
-    /// Another live `orch` writes this run (the folder store's writer lock).
-    #[error("run `{run}` is being written by another orch ({holder})\nhint: wait for it to end or stop it, then `orch run --resume {run}`; `orch show {run}` reads the run meanwhile")]
-    Locked { run: String, holder: String },
+    /// Another live `orch` writes this run (the folder store's writer
+    /// lock, an object store's writer lease); `cells`: the cells it holds
+    /// (those without a record), as [`held_cells`] words them.
+    #[error("run `{run}` is being written by another orch ({holder}){cells}\nhint: wait for it to end or stop it, then `orch run --resume {run}`; `orch show {run}` reads the run meanwhile")]
+    Locked {
+        run: String,
+        holder: String,
+        cells: String,
+    },
     /// An object store's failure. `user` when the user must fix it
     /// (credentials, bucket, URL); the message never holds a secret.
+    /// The object store is away (unreachable, silent or failing) past the
+    /// outage budget: named by what it answered. Neither the user's error
+    /// nor an internal one: `orch` exits 3 (see [`StoreError::is_outage`]).
+    #[error("{message}\nhint: {hint}")]
+    Unreachable { message: String, hint: String },
     #[error("{message}\nhint: {hint}")]
     Remote {
         message: String,
@@ -72,6 +83,33 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// True when the store could not be reached or written (an outage
+    /// that outlasted its budget): exit code 3.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Unreachable { .. })
+    }
+}
+
+/// The cells another writer holds, for [`StoreError::Locked`]: `; it holds
+/// the 3 cells without a record: `a`, `b`, `c``.
+pub fn held_cells(cells: &[String]) -> String {
+    const SHOWN: usize = 20;
+    if cells.is_empty() {
+        return String::new();
+    }
+    let mut names: Vec<String> = cells.iter().take(SHOWN).map(|c| format!("`{c}`")).collect();
+    if cells.len() > SHOWN {
+        names.push(format!("and {} more", cells.len() - SHOWN));
+    }
+    format!(
+        "; it holds the {} cell{} without a record: {}",
+        cells.len(),
+        if cells.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    )
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// `map_err(io("read", path))`: an IO error with what was being done to which path.
@@ -89,5 +127,9 @@ pub(crate) fn io<'a>(
 impl orch_protocol::ErrorClass for StoreError {
     fn is_user_error(&self) -> bool {
         Self::is_user_error(self)
+    }
+
+    fn is_outage(&self) -> bool {
+        Self::is_outage(self)
     }
 }

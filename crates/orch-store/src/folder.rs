@@ -122,7 +122,15 @@ impl StoreBackend for FolderStore {
     }
 
     fn lock_run(&self, run: &Run) -> Result<WriterLock> {
-        crate::lock::lock_folder(run.dir(), run.id())
+        crate::lock::lock_folder(run.dir(), run.id()).map_err(|e| match e {
+            // Say which cells the holder has to run.
+            StoreError::Locked { run: id, holder, .. } => StoreError::Locked {
+                run: id,
+                holder,
+                cells: crate::error::held_cells(&run.unfinished_cells().unwrap_or_default()),
+            },
+            e => e,
+        })
     }
 
     fn cell_record(&self, run: &Run, cell: &str) -> Result<Option<CellRecord>> {

@@ -63,11 +63,11 @@ mod warnings;
 
 pub use backend::StoreBackend;
 pub use environment::host_environment;
-pub use error::{Result, StoreError};
+pub use error::{held_cells, Result, StoreError};
 pub use files::{read_json, write_atomic, write_json};
 pub use folder::{FolderStore, UNRECORDED};
 pub use ledger::{cell_model, parallel_map, parallel_map_with, LEDGER_FILE};
-pub use lock::{Writer, WriterLock, LOCK_FILE, WRITER_FILE};
+pub use lock::{hostname, Writer, WriterLock, LOCK_FILE, WRITER_FILE};
 pub use names::{check_name, check_relative};
 pub use orch_record::{
     CellRecord, CellStatus, CellView, Environment, RunMeta, RunRecord, RunState, RunSummary,

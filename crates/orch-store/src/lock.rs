@@ -39,6 +39,9 @@ impl std::fmt::Display for Writer {
 /// earlier writer that died holding the run, if one did.
 pub struct WriterLock {
     held: Option<Held>,
+    /// Another store's lock (see [`WriterLock::guarded`]).
+    #[allow(dead_code)] // held for its `Drop`
+    guard: Option<Box<dyn Send>>,
     pub took_over: Option<Writer>,
 }
 
@@ -50,11 +53,22 @@ struct Held {
 }
 
 impl WriterLock {
-    /// No lock (a store without one: object stores claim each cell).
+    /// No lock (a store without a run-wide one).
     pub fn none() -> WriterLock {
         WriterLock {
             held: None,
+            guard: None,
             took_over: None,
+        }
+    }
+
+    /// A lock held by another store's `guard` (an object store's writer
+    /// lease), released when the guard is dropped.
+    pub fn guarded(guard: Box<dyn Send>, took_over: Option<Writer>) -> WriterLock {
+        WriterLock {
+            held: None,
+            guard: Some(guard),
+            took_over,
         }
     }
 }
@@ -70,7 +84,8 @@ impl Drop for WriterLock {
     }
 }
 
-fn hostname() -> String {
+/// This host's name (`/proc/sys/kernel/hostname`), as writers name it.
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -108,6 +123,7 @@ pub(crate) fn lock_folder(dir: &Path, run: &str) -> Result<WriterLock> {
                 holder: holder
                     .map(|w| w.to_string())
                     .unwrap_or_else(|| format!("its name is not in `{}` yet", writer_file.display())),
+                cells: String::new(),
             });
         }
         return Err(io("lock", &path)(err));
@@ -126,6 +142,7 @@ pub(crate) fn lock_folder(dir: &Path, run: &str) -> Result<WriterLock> {
             writer_file,
             me,
         }),
+        guard: None,
         took_over,
     })
 }
@@ -160,6 +177,11 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
         assert!(text.contains("hint:"), "{text}");
+        // It names the cells the holder has to run.
+        for c in &run.plan.cells {
+            assert!(text.contains(&format!("`{}`", c.id)), "{text}");
+        }
+        assert!(text.contains("the 2 cells without a record"), "{text}");
         drop(first);
         // Released cleanly: its name goes, no earlier writer to name.
         assert!(!run.dir().join(super::WRITER_FILE).exists());

@@ -1,4 +1,5 @@
-//! Exit codes: 2 for what the user must fix, 1 for internal failures.
+//! Exit codes: 2 for what the user must fix, 3 for a result store that
+//! could not be reached or written, 1 for internal failures.
 
 use std::fmt;
 
@@ -25,15 +26,33 @@ impl orch_protocol::ErrorClass for UserError {
     }
 }
 
+/// Whose an error is to fix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Class {
+    User,
+    /// The result store could not be reached or written.
+    Outage,
+    Internal,
+}
+
+/// The exit code of a result store outage (`ErrorClass::is_outage`).
+pub const STORE_OUTAGE: i32 = 3;
+
 /// The class of one cause, for the error types of orch's libraries (each
 /// says it through [`orch_protocol::ErrorClass`]); `None`: not one of them.
-fn class(cause: &(dyn std::error::Error + 'static)) -> Option<bool> {
+fn class(cause: &(dyn std::error::Error + 'static)) -> Option<Class> {
     use orch_protocol::ErrorClass;
     macro_rules! classes {
         ($($t:ty),+ $(,)?) => {
             $(
                 if let Some(e) = cause.downcast_ref::<$t>() {
-                    return Some(e.is_user_error());
+                    return Some(if e.is_user_error() {
+                        Class::User
+                    } else if e.is_outage() {
+                        Class::Outage
+                    } else {
+                        Class::Internal
+                    });
                 }
             )+
         };
@@ -55,12 +74,17 @@ fn class(cause: &(dyn std::error::Error + 'static)) -> Option<bool> {
     None
 }
 
-/// 2 for what the user must fix, however deep in the chain of causes; 1
-/// for an internal failure.
+/// 2 for what the user must fix, however deep in the chain of causes; 3
+/// for a result store that could not be reached or written; 1 for an
+/// internal failure.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
-    match e.chain().find_map(class) {
-        Some(true) => 2,
-        _ => 1,
+    let classes: Vec<Class> = e.chain().filter_map(class).collect();
+    if classes.contains(&Class::User) {
+        2
+    } else if classes.contains(&Class::Outage) {
+        STORE_OUTAGE
+    } else {
+        1
     }
 }
 
@@ -101,5 +125,16 @@ mod tests {
             exit_code(&anyhow::Error::from(orch_runner::RunnerError::Store(internal))),
             1
         );
+    }
+
+    #[test]
+    fn a_store_outage_exits_3_not_2() {
+        let away = orch_store::StoreError::Unreachable {
+            message: "the object store at http://s3 failed every request for 60 s: `503 SlowDown` ×289"
+                .into(),
+            hint: "check the network".into(),
+        };
+        let e = anyhow::Error::from(orch_runner::RunnerError::Store(away)).context("run r stopped");
+        assert_eq!(exit_code(&e), super::STORE_OUTAGE);
     }
 }

@@ -225,10 +225,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 pub fn run_text(rec: &RunRecord, dir: &Path) -> String {
     let mut out = format!(
         "run {}  suite {}  backend {}  {}\n",
-        rec.id,
-        rec.suite,
-        rec.backend,
-        format!("{:?}", rec.state).to_lowercase()
+        rec.id, rec.suite, rec.backend, rec.state
     );
     let rows: Vec<Vec<String>> = rec
         .cells

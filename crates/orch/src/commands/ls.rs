@@ -21,7 +21,7 @@ pub fn ls(store: &orch_store::Store, args: LsArgs) -> anyhow::Result<i32> {
             vec![
                 r.id.clone(),
                 r.suite.clone(),
-                format!("{:?}", r.state).to_lowercase(),
+                r.state.to_string(),
                 r.backend.clone(),
                 r.cells.to_string(),
                 output::counts_text(&r.counts),

@@ -503,8 +503,9 @@ pub async fn run(
             }
             _ => "",
         };
+        let kept = kept_hint(store, &run_id, &e);
         anyhow::Error::new(e).context(format!(
-            "run {run_id} stopped: cells without a record are run by `orch run --resume {run_id}`{why}"
+            "run {run_id} stopped: cells without a record are run by `orch run --resume {run_id}`{why}{kept}"
         ))
     })?;
 
@@ -537,6 +538,23 @@ pub async fn run(
             1
         },
     )
+}
+
+/// For a run stopped by a store outage: where what was not written is
+/// kept, and how it goes up.
+fn kept_hint(store: &orch_store::Store, run_id: &str, e: &orch_runner::RunnerError) -> String {
+    if !orch_protocol::ErrorClass::is_outage(e) {
+        return String::new();
+    }
+    match store.backend().kept_locally(run_id) {
+        Some(dir) => format!(
+            "\nhint: the store could not be reached; what was not written to it (records, the run's state) is kept at `{}` and goes up with `orch run --resume {run_id}` (or `orch show {run_id}`) once it answers",
+            dir.display()
+        ),
+        None => format!(
+            "\nhint: the store could not be reached; `orch run --resume {run_id}` once it answers"
+        ),
+    }
 }
 
 /// Cells of more nodes than the backend gives are refused.

@@ -412,6 +412,8 @@ fn a_second_writer_exits_2_naming_the_holder_and_a_dead_ones_run_is_taken_over()
             err.contains("host `") && err.contains("since ") && err.contains("hint:"),
             "{err}"
         );
+        // Which cells the holder has to run.
+        assert!(err.contains("without a record: `f."), "{err}");
     }
     let mut finished = BTreeMap::new();
     tally.cells_run_twice += check(&store, &run, &mut finished);
@@ -433,6 +435,57 @@ fn a_second_writer_exits_2_naming_the_holder_and_a_dead_ones_run_is_taken_over()
     );
     tally.write("concurrent_resume");
     assert_eq!(tally.cells_run_twice, 0);
+}
+
+#[test]
+fn a_resume_started_while_another_runs_names_the_cells_and_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cells = 4;
+    let m = suite(tmp.path(), cells, "sleep 1; echo ORCH_METRIC i={{i}}");
+    let store = tmp.path().join("s");
+    let s = store.to_str().unwrap();
+    // A run killed at once, then two resumes 1.5 s apart.
+    let mut killed = orch()
+        .args(["run", "-f", m.to_str().unwrap(), "--store", s, "--jobs", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = wait_for(
+        "the run never started",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || run_dir(&store).filter(|r| r.join("writer.json").is_file()),
+    );
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let id = run.file_name().unwrap().to_str().unwrap().to_string();
+    let first = orch()
+        .args(["run", "--resume", &id, "--store", s, "--jobs", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = orch()
+        .args(["run", "--resume", &id, "--store", s])
+        .output()
+        .unwrap();
+    let first_pid = first.id();
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", dump(&first));
+    assert_eq!(second.status.code(), Some(2), "{}", dump(&second));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("is being written by another orch")
+            && err.contains(&format!("pid {first_pid}"))
+            && err.contains("without a record: `f.")
+            && err.contains("hint:"),
+        "{err}"
+    );
+    let mut finished = BTreeMap::new();
+    assert_eq!(check(&store, &run, &mut finished), 0);
+    assert_eq!(complete_once(&store, &run, cells), 0);
 }
 
 /// Mount a tmpfs of `size` at `dir` (root only); unmounted on drop.

@@ -211,7 +211,7 @@ fn kill_9_then_resume_from_another_folder_loses_and_reruns_nothing() {
 }
 
 #[test]
-fn concurrent_resumes_record_each_cell_once() {
+fn a_second_resume_is_refused_naming_the_cells_and_the_holder() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(server) = require(S3Server::moto()) else {
         return;
@@ -250,12 +250,23 @@ fn concurrent_resumes_record_each_cell_once() {
             .unwrap()
     };
     let a = spawn("wa");
+    // The second a second or two later, as a user trying again would.
+    std::thread::sleep(Duration::from_millis(1500));
     let b = spawn("wb");
+    let a_pid = a.id();
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    // The first to end may see the other's last cell still running (exit 1).
-    for o in [&a, &b] {
-        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", dump(o));
-    }
+    // The first holds the run and runs it all; the second is refused
+    // before it runs anything, naming the holder and its cells.
+    assert_eq!(a.status.code(), Some(0), "{}", dump(&a));
+    assert_eq!(b.status.code(), Some(2), "{}", dump(&b));
+    let err = String::from_utf8_lossy(&b.stderr);
+    assert!(
+        err.contains("is being written by another orch")
+            && err.contains(&format!("pid {a_pid}"))
+            && err.contains("without a record: `s.")
+            && err.contains("hint:"),
+        "{err}"
+    );
     let show = orch(&env, &tmp.path().join("w0"))
         .args(["show", "latest", "--json", "--store", "s3://team/r"])
         .output()
@@ -276,6 +287,42 @@ fn concurrent_resumes_record_each_cell_once() {
         .output()
         .unwrap();
     assert_eq!(json(&cost)["total"]["cells"], 8, "{}", dump(&cost));
+}
+
+#[test]
+fn resumes_started_at_once_run_the_cells_once_with_one_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = require(S3Server::moto()) else {
+        return;
+    };
+    server.create_bucket("team").unwrap();
+    let env = server.env();
+    let m = slow_manifest(tmp.path(), 4);
+    let first = orch(&env, &tmp.path().join("w0"))
+        .args(["run", "-f", m.to_str().unwrap(), "--store", "s3://team/q"])
+        .output()
+        .unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", dump(&first));
+    let spawn = |w: &str| {
+        orch(&env, &tmp.path().join(w))
+            .args(["run", "--resume", "latest", "--store", "s3://team/q"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn("wa"), spawn("wb"));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    // Nothing left to run: both may end at once, or one is refused while
+    // the other holds the run; never both refused.
+    let codes = [a.status.code(), b.status.code()];
+    assert!(codes.contains(&Some(0)), "{}\n{}", dump(&a), dump(&b));
+    assert!(
+        codes.iter().all(|c| matches!(c, Some(0 | 2))),
+        "{}\n{}",
+        dump(&a),
+        dump(&b)
+    );
 }
 
 #[test]

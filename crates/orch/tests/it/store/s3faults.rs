@@ -3,7 +3,9 @@
 //! of every kind in the middle of a run (refused, 503 SlowDown, dropped,
 //! silent) lose and skip nothing; a silent endpoint is given up within the
 //! budget; a long outage keeps finished records on local disk and
-//! `--resume` uploads them; credentials refused mid-run exit 2 with a hint.
+//! `--resume` uploads them; an outage that never ends is given up within
+//! one budget (exit 3, naming what the store answered, the run left
+//! `store_unreachable`); credentials refused mid-run exit 2 with a hint.
 //! Under CI=true a missing server fails the test; elsewhere it is skipped.
 //! No timing is asserted beyond generous bounds that prove nothing hangs.
 
@@ -183,10 +185,11 @@ fn a_silent_endpoint_fails_within_the_budget_not_after_minutes() {
     assert_ne!(out.status.code(), Some(0), "{}", dump(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("did not answer") && err.contains("hint:"),
+        err.contains("no reply within 2 s ×") && err.contains("hint:"),
         "{}",
         dump(&out)
     );
+    assert_eq!(out.status.code(), Some(3), "{}", dump(&out));
     assert!(proxy.count(Mode::Silent) >= 2, "not retried: {}", dump(&out));
 }
 
@@ -261,6 +264,108 @@ fn a_long_outage_keeps_finished_records_and_resume_uploads_them() {
         "records left in {}",
         spool.display()
     );
+}
+
+#[test]
+fn an_outage_that_never_ends_is_given_up_within_one_budget_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = moto() else { return };
+    let proxy = FaultProxy::start(&server.endpoint).unwrap();
+    let m = manifest(tmp.path(), 12, "0.5");
+    let work = tmp.path().join("w");
+    let budget = 8;
+    let short = [("ORCH_S3_TIMEOUT_S", "8")];
+    let child = orch(&server, &proxy, &work, &short)
+        .args([
+            "run",
+            "-f",
+            m.to_str().unwrap(),
+            "--store",
+            "s3://team/n",
+            "-j",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Up for 2 s, then `503 SlowDown` to every request, for good.
+    std::thread::sleep(Duration::from_secs(2));
+    proxy.set(Mode::SlowDown);
+    let outage = Instant::now();
+    let out = wait_bounded(child, Duration::from_secs(300));
+    let took = outage.elapsed();
+    let all = dump(&out);
+    // One budget for the whole give-up (record uploads, the next cells'
+    // claims, the spooled records, the final state), not one each.
+    assert!(
+        took < Duration::from_secs(2 * budget),
+        "given up {took:?} after the outage began, budget {budget} s: {all}"
+    );
+    assert_eq!(out.status.code(), Some(3), "a store outage exits 3: {all}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // What the store answered, not the SDK's words.
+    assert!(err.contains("`503 SlowDown` ×"), "{all}");
+    for internal in [
+        "did not answer",
+        "service error",
+        "DispatchFailure",
+        "unhandled error",
+    ] {
+        assert!(!err.contains(internal), "`{internal}` in: {all}");
+    }
+    assert!(!err.contains(orch_testkit::s3::SECRET_KEY), "{all}");
+    // Where what was not written is kept, and how it goes up.
+    assert!(
+        err.contains("is kept at") && err.contains("orch run --resume"),
+        "{all}"
+    );
+    assert!(err.contains("hint:"), "{all}");
+    // The stopped state is kept on this host, and written on the next access.
+    let spool = find_spool(&work).expect("a spool");
+    let kept = std::fs::read_dir(&spool)
+        .unwrap()
+        .flatten()
+        .any(|run| run.path().join("state.pending").is_file());
+    assert!(kept, "no state kept in {}: {all}", spool.display());
+    proxy.set(Mode::Pass);
+    let show = orch(&server, &proxy, &work, &short)
+        .args(["show", "latest", "--store", "s3://team/n", "--json"])
+        .output()
+        .unwrap();
+    let rec: Value = serde_json::from_slice(&show.stdout).unwrap_or_else(|e| panic!("{e}: {}", dump(&show)));
+    assert_eq!(rec["state"], "store_unreachable", "{}", dump(&show));
+    let ls = orch(&server, &proxy, &work, &short)
+        .args(["ls", "--store", "s3://team/n"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains("store_unreachable"),
+        "{}",
+        dump(&ls)
+    );
+    // And the run resumes to the end, nothing lost or run twice.
+    let out = wait_bounded(
+        orch(&server, &proxy, &work, &short)
+            .args(["run", "--resume", "latest", "--store", "s3://team/n", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(300),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "first:\n{all}\nresume:\n{}",
+        dump(&out)
+    );
+    let (_, per_cell, done) = recorded(&server, &work, "n");
+    assert_eq!(done, 12, "{per_cell:?}");
+    for (cell, statuses) in &per_cell {
+        let ok = statuses.iter().filter(|s| *s == "succeeded").count();
+        assert_eq!(ok, 1, "{cell}: {statuses:?}\nfirst:\n{all}");
+    }
 }
 
 #[test]
