@@ -18,6 +18,22 @@
 //! Student-t 95% interval, the primary metric's verdict, Holm-corrected
 //! secondary verdicts) into `info.comparison`.
 //!
+//! # The phases, in order
+//!
+//! `run` reads as this list: `setup_variants` (per variant: checkout, patch,
+//! install), `plan_output_check` (what the first round asks), then
+//! `run_rounds`, each round of it `RoundsSoFar::next` (a stop, else the live
+//! variants shuffled and the round's nonce), every variant once in `measure`
+//! (`serve`: its server started, loaded and stopped; then its metrics kept
+//! and the defences' flags raised), `after_round` (the answers paired with
+//! the baseline's; after the first round the output check judged and the
+//! `check:` command run) and, after a warm-up round,
+//! `RoundsSoFar::end_warmup_round` (does warm-up go on). Then the teardown:
+//! `judge_lengths` (the answers' lengths against the baseline's),
+//! `gate_flagged` (flags into gates), and `verdicts`: `variant_entries`
+//! (means, drift), `compare_pairs` (every pair on every metric, a gate
+//! overriding the speed's verdict), `info` and the cell's status.
+//!
 //! # Outputs before speed, and defences against timer gaming
 //!
 //! A comparison judges patches, more and more of them written by agents; a
@@ -697,8 +713,97 @@ fn default_seed() -> u64 {
         .unwrap_or(0)
 }
 
+/// What every phase of a comparison reads: the workload, the cell's task,
+/// the cell folder, and the load generator when it is the client.
+struct Comparison<'a> {
+    cmp: &'a CompareWorkload,
+    task: &'a TaskSpec,
+    out_dir: &'a Path,
+    loadgen: Option<&'a LoadGen>,
+}
+
+impl Comparison<'_> {
+    /// The defences that read the load generator's answers are on.
+    fn defended(&self) -> bool {
+        self.cmp.defences && self.loadgen.is_some()
+    }
+}
+
+/// The rounds so far: warm-up, then measured rounds, until a stop.
+struct RoundsSoFar<'a> {
+    rng: rand::rngs::StdRng,
+    /// The output check, asked in the first round (its answers, as they come).
+    check: Option<CheckPlan<'a>>,
+    /// Each round's order of the variants' names, and each round's nonce.
+    orders: Vec<Vec<String>>,
+    nonces: Vec<String>,
+    /// The metric the verdicts go by (the suite's, else chosen from the
+    /// first round's), and why the rounds do not report it.
+    primary: Option<String>,
+    primary_missing: Option<String>,
+    /// Each round's wall time.
+    round_s: Vec<f64>,
+    /// Rounds run so far, warm-up ones included.
+    round: u32,
+    /// Warm-up rounds run so far, whether warm-up goes on, and why it ended.
+    warmed: u32,
+    warming: bool,
+    warmup_stopped_by: Option<WarmupStop>,
+    /// `/N` or ` (auto, at most N)`: the progress labels' limits.
+    limit: String,
+    warm_limit: String,
+}
+
+/// One round about to run.
+struct Round {
+    index: u32,
+    warm: bool,
+    /// `warm-up round 2/3`, `round 4 (auto, at most 20)`.
+    label: String,
+    /// The round's nonce (the same for every variant of the round).
+    nonce: Option<String>,
+}
+
+/// A comparison, in its phases: the variants set up, the output check
+/// planned, the rounds (warm-up, then measured), the answers' lengths
+/// judged, flags turned into gates, then the verdicts.
 pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx) -> CellResult {
-    let cell = task.cell_id.as_str();
+    let mut variants = setup_variants(cmp, out_dir, ctx);
+    let loadgen = match &cmp.server.client {
+        Some(Client::Loadgen(lg)) => Some(lg),
+        _ => None,
+    };
+    let c = Comparison {
+        cmp,
+        task,
+        out_dir,
+        loadgen,
+    };
+    let (check_info, check) = plan_output_check(&c, variants.len());
+    let seed = cmp.seed.unwrap_or_else(default_seed);
+    let (rounds, stopped_by) = run_rounds(&c, &mut variants, check, seed, ctx);
+    ctx.enter(Phase::Teardown);
+    let measured = rounds.round.saturating_sub(rounds.warmed);
+    ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
+    let length_info = judge_lengths(&c, &mut variants, ctx);
+    gate_flagged(&mut variants);
+    verdicts(
+        &c,
+        &variants,
+        Ended {
+            rounds,
+            stopped_by,
+            seed,
+            check_info,
+            length_info,
+        },
+        ctx,
+    )
+}
+
+/// Each variant checked out, patched and installed ([`setup`]); one that
+/// cannot be is failed, and the others go on.
+fn setup_variants(cmp: &CompareWorkload, out_dir: &Path, ctx: &mut Ctx) -> Vec<VariantState> {
     let mut variants: Vec<VariantState> = Vec::new();
     for v in &cmp.variants {
         ctx.message(format!("setting up variant `{}`", v.name));
@@ -727,321 +832,424 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             lengths: Vec::new(),
         });
     }
-    let loadgen = match &cmp.server.client {
-        Some(Client::Loadgen(lg)) => Some(lg),
-        _ => None,
-    };
+    variants
+}
 
-    // The output check rides on the first round: each variant's server,
-    // once ready, answers the check's prompts before the round's load (no
-    // server start of its own); the answers are judged against the
-    // baseline's once every variant has run that round.
-    let mut check_info: Option<CheckPlanInfo> = None;
-    let mut check_plan: Option<CheckPlan> = None;
-    if let Some(check) = &cmp.output_check {
-        match loadgen {
-            None => {
-                check_info = Some(CheckPlanInfo::Skipped {
-                    why: "the client is not the load generator; a `check:` command checks a command client's outputs"
-                        .into(),
-                });
-            }
-            Some(lg) => {
-                let nonce = cmp.defences.then(fresh_nonce);
-                let prompts = outcheck::prompts(check.prompts, nonce.as_deref());
-                let tok = crate::tokens::load(
-                    lg.tokenizer.as_deref(),
-                    lg.model.as_deref(),
-                    task.weights_dir.as_deref(),
-                )
-                .ok()
-                .flatten();
-                // Asked at the longest answer the timed load asks for, so a
-                // patch that cuts long answers only is seen here too.
-                let longest = crate::loadgen::longest_output(lg, tok.as_ref());
-                let check = OutputCheck {
-                    max_tokens: check.max_tokens.max(longest),
-                    ..check.clone()
-                };
-                check_info = Some(CheckPlanInfo::Ran {
-                    prompts: check.prompts,
-                    max_tokens: check.max_tokens,
-                    rule: match check.min_match_prefix {
-                        Some(n) => MatchRule::Prefix(n),
-                        None => MatchRule::Exact,
-                    },
-                    unit: if tok.is_some() { "tokens" } else { "words" }.into(),
-                    nonce,
-                    when: Some("first round, before its load".into()),
-                });
-                check_plan = Some(CheckPlan {
-                    check,
-                    lg,
-                    prompts,
-                    tok,
-                    answers: vec![None; variants.len()],
-                });
-            }
-        }
-    }
-
-    let seed = cmp.seed.unwrap_or_else(default_seed);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut orders: Vec<Vec<String>> = Vec::new();
-    let mut nonces: Vec<String> = Vec::new();
-    let mut primary: Option<String> = cmp.primary_metric.clone();
-    let mut primary_missing: Option<String> = None;
-    let mut round_s: Vec<f64> = Vec::new();
-    let mut round: u32 = 0;
-    // Warm-up rounds run so far, whether warm-up goes on, and why it ended.
-    let mut warmed: u32 = 0;
-    let mut warming = cmp.warmup_rounds > 0 || cmp.max_warmup_rounds.is_some();
-    let mut warmup_stopped_by: Option<WarmupStop> = None;
-    let limit = match cmp.max_rounds {
-        Some(m) => format!(" (auto, at most {m})"),
-        None => format!("/{}", cmp.rounds),
+/// The output check, as `info.output_check` records it, and its plan when
+/// it is asked. It rides on the first round: each variant's server, once
+/// ready, answers the check's prompts before the round's load (no server
+/// start of its own); the answers are judged against the baseline's once
+/// every variant has run that round.
+fn plan_output_check<'a>(
+    c: &Comparison<'a>,
+    variants: usize,
+) -> (Option<CheckPlanInfo>, Option<CheckPlan<'a>>) {
+    let Some(check) = &c.cmp.output_check else {
+        return (None, None);
     };
-    let warm_limit = match cmp.max_warmup_rounds {
-        Some(m) => format!(" (auto, at most {m})"),
-        None => format!("/{}", cmp.warmup_rounds),
+    let Some(lg) = c.loadgen else {
+        let info = CheckPlanInfo::Skipped {
+            why: "the client is not the load generator; a `check:` command checks a command client's outputs"
+                .into(),
+        };
+        return (Some(info), None);
+    };
+    let nonce = c.cmp.defences.then(fresh_nonce);
+    let prompts = outcheck::prompts(check.prompts, nonce.as_deref());
+    let tok = crate::tokens::load(
+        lg.tokenizer.as_deref(),
+        lg.model.as_deref(),
+        c.task.weights_dir.as_deref(),
+    )
+    .ok()
+    .flatten();
+    // Asked at the longest answer the timed load asks for, so a
+    // patch that cuts long answers only is seen here too.
+    let longest = crate::loadgen::longest_output(lg, tok.as_ref());
+    let check = OutputCheck {
+        max_tokens: check.max_tokens.max(longest),
+        ..check.clone()
+    };
+    let info = CheckPlanInfo::Ran {
+        prompts: check.prompts,
+        max_tokens: check.max_tokens,
+        rule: match check.min_match_prefix {
+            Some(n) => MatchRule::Prefix(n),
+            None => MatchRule::Exact,
+        },
+        unit: if tok.is_some() { "tokens" } else { "words" }.into(),
+        nonce,
+        when: Some("first round, before its load".into()),
+    };
+    let plan = CheckPlan {
+        check,
+        lg,
+        prompts,
+        tok,
+        answers: vec![None; variants],
+    };
+    (Some(info), Some(plan))
+}
+
+/// The rounds, warm-up then measured, each running every live variant once
+/// in a shuffled order, until a stop ([`RoundsSoFar::next`]); the rounds' state
+/// and why they stopped.
+fn run_rounds<'a>(
+    c: &Comparison<'a>,
+    variants: &mut [VariantState],
+    check: Option<CheckPlan<'a>>,
+    seed: u64,
+    ctx: &mut Ctx,
+) -> (RoundsSoFar<'a>, StoppedBy) {
+    let cmp = c.cmp;
+    let mut s = RoundsSoFar {
+        rng: rand::rngs::StdRng::seed_from_u64(seed),
+        check,
+        orders: Vec::new(),
+        nonces: Vec::new(),
+        primary: cmp.primary_metric.clone(),
+        primary_missing: None,
+        round_s: Vec::new(),
+        round: 0,
+        warmed: 0,
+        warming: cmp.warmup_rounds > 0 || cmp.max_warmup_rounds.is_some(),
+        warmup_stopped_by: None,
+        limit: match cmp.max_rounds {
+            Some(m) => format!(" (auto, at most {m})"),
+            None => format!("/{}", cmp.rounds),
+        },
+        warm_limit: match cmp.max_warmup_rounds {
+            Some(m) => format!(" (auto, at most {m})"),
+            None => format!("/{}", cmp.warmup_rounds),
+        },
     };
     let stopped_by = loop {
-        if ctx.stop_requested() {
-            break StoppedBy::Cancelled;
-        }
-        let live: Vec<usize> = (0..variants.len())
-            .filter(|&i| variants[i].failed.is_none())
-            .collect();
-        if live.len() < 2 {
-            break StoppedBy::VariantsFailed;
-        }
-        if primary_missing.is_some() {
-            break StoppedBy::PrimaryMetricMissing;
-        }
-        let warm = warming;
-        if !warm {
-            let mean_round = round_s.iter().sum::<f64>() / round_s.len().max(1) as f64;
-            if let Some(why) = should_stop(
-                cmp,
-                &variants,
-                primary.as_deref(),
-                round - warmed,
-                ctx.elapsed(),
-                mean_round,
-                task.measure.timeout_s,
-            ) {
-                break why;
-            }
-        }
-        let mut order = live;
-        order.shuffle(&mut rng);
-        orders.push(order.iter().map(|&i| variants[i].name.clone()).collect());
-        // One nonce per round, the same for every variant: rounds stay paired.
-        let nonce = (cmp.defences && loadgen.is_some()).then(|| format!("{}-r{round}", fresh_nonce()));
-        if let Some(n) = &nonce {
-            nonces.push(n.clone());
-        }
-        let label = if warm {
-            format!("warm-up round {}{warm_limit}", warmed + 1)
-        } else {
-            format!("round {}{limit}", round - warmed + 1)
+        let (round, order) = match s.next(c, variants, ctx) {
+            Ok(next) => next,
+            Err(why) => break why,
         };
         let t0 = Instant::now();
         for idx in order {
             if ctx.stop_requested() {
                 break;
             }
-            let v = &mut variants[idx];
-            let rdir = out_dir
-                .join("variants")
-                .join(&v.name)
-                .join(format!("round-{round}"));
-            if let Err(e) = std::fs::create_dir_all(&rdir) {
-                v.failed = Some(format!("cannot create `{}`: {e}", rdir.display()));
-                continue;
-            }
-            let mut srv = server_of(cmp, v);
-            if let (Some(n), Some(Client::Loadgen(lg))) = (&nonce, &srv.client) {
-                srv.client = Some(Client::Loadgen(with_nonce(lg, n, round)));
-            }
-            ctx.message(format!("{label}: {}", v.name));
-            let r = match check_plan.as_mut().filter(|_| round == 0) {
-                Some(plan) => {
-                    let (lg, check, prompts) = (plan.lg, &plan.check, &plan.prompts);
-                    let mut got: Option<Vec<outcheck::Answer>> = None;
-                    let mut ask = |url: &str| got = Some(outcheck::ask(url, lg, check, prompts));
-                    let r = crate::server::run_with(&srv, task, &rdir, ctx, Some(&mut ask));
-                    plan.answers[idx] = got;
-                    r
-                }
-                None => crate::server::run(&srv, task, &rdir, ctx),
-            };
-            if r.status != Status::Succeeded {
-                let why = r
-                    .failure
-                    .map(|f| f.message)
-                    .unwrap_or_else(|| r.status.to_string());
-                ctx.message(format!("variant `{}` failed in {label}: {why}", v.name));
-                v.failed = Some(format!("round {}: {why}", round + 1));
-                continue;
-            }
-            match &primary {
-                None => primary = orch_stats::default_primary(r.metrics.keys().map(String::as_str)),
-                Some(p) if !r.metrics.contains_key(p) => {
-                    primary_missing = Some(format!(
-                        "the primary metric `{p}` is not among the metrics the rounds report ({}); hint: set `primary_metric` to one of them",
-                        r.metrics.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ));
-                    break;
-                }
-                Some(_) => {}
-            }
-            let mut keys: Vec<&str> = primary.iter().map(String::as_str).collect();
-            for k in ["mean_ttft_ms", "median_itl_ms"] {
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
-            let headline: Vec<String> = keys
-                .iter()
-                .filter_map(|k| r.metrics.get(*k).map(|x| format!("{k}={x:.2}")))
-                .collect();
-            ctx.message(format!(
-                "{label} {}: {}",
-                v.name,
-                if headline.is_empty() {
-                    "done".to_string()
-                } else {
-                    headline.join(" ")
-                }
-            ));
-            // The defences look at every round, warm-up included.
-            if cmp.defences && loadgen.is_some() {
-                for (metric, flag, raised) in FLAG_METRICS {
-                    if r.metrics.get(*metric).is_some_and(|x| raised(*x))
-                        && !v.flags.iter().any(|f| f == flag)
-                    {
-                        ctx.message(format!(
-                            "variant `{}` flagged: `{metric}` = {} in {label}",
-                            v.name, r.metrics[*metric]
-                        ));
-                        v.flags.push(flag.to_string());
-                    }
-                }
-            }
-            if warm {
-                if let Some(x) = primary.as_deref().and_then(|p| r.metrics.get(p)) {
-                    v.warm.push(*x);
-                }
-            } else {
-                v.rounds.push(r.metrics);
+            if !measure(c, &mut s, &round, &mut variants[idx], idx, ctx) {
+                break;
             }
         }
-        round_s.push(t0.elapsed().as_secs_f64());
-        // Every variant's answers this round, paired with the baseline's.
-        if cmp.defences && loadgen.is_some() {
-            pair_round(&mut variants, out_dir, round);
-        }
-        // The output check's answers, judged against the baseline's (the
-        // first variant that answered), once every variant has run round 0.
-        if round == 0 {
-            if let Some(plan) = check_plan.as_mut() {
-                judge_output_check(plan, &mut variants, out_dir, ctx);
-            }
-        }
-        // The `check:` command, once every variant has run its first round.
-        if round == 0 {
-            if let Some(command) = &cmp.check {
-                let base = &variants[0];
-                let results: Vec<(usize, Result<(), String>)> = (0..variants.len())
-                    .filter(|&i| variants[i].failed.is_none() && base.failed.is_none())
-                    .map(|i| (i, run_check_command(command, &variants[i], base, out_dir, round)))
-                    .collect();
-                for (i, res) in results {
-                    let v = &mut variants[i];
-                    let log = format!("output-check/{}.log", v.name);
-                    match res {
-                        Ok(()) => {
-                            v.check = Some(VariantCheck::Command(CommandCheck {
-                                status: CheckStatus::Passed,
-                                command: command.clone(),
-                                log,
-                                why: None,
-                            }))
-                        }
-                        Err(why) => {
-                            ctx.message(format!("variant `{}`: output_mismatch: {why}", v.name));
-                            v.gate = Some(Gate {
-                                kind: GateKind::OutputMismatch,
-                                why: format!("{why} (`{log}`)"),
-                            });
-                            v.check = Some(VariantCheck::Command(CommandCheck {
-                                status: CheckStatus::OutputMismatch,
-                                command: command.clone(),
-                                log,
-                                why: Some(why),
-                            }));
-                        }
-                    }
-                }
-            }
-        }
-        round += 1;
-        if warm {
-            warmed += 1;
-            warming = match cmp.max_warmup_rounds {
-                None => warmed < cmp.warmup_rounds,
-                Some(max) => {
-                    let steady = || {
-                        variants.iter().filter(|v| v.failed.is_none()).all(|v| {
-                            orch_stats::steady(&v.warm, cmp.noise / 2.0, orch_stats::CONFIDENCE)
-                                .unwrap_or(false)
-                        })
-                    };
-                    if warmed >= max {
-                        warmup_stopped_by = Some(WarmupStop::MaxWarmupRounds);
-                        false
-                    } else if warmed >= cmp.warmup_rounds && steady() {
-                        warmup_stopped_by = Some(WarmupStop::Steady);
-                        false
-                    } else {
-                        true
-                    }
-                }
-            };
-            if !warming {
-                if let Some(why) = warmup_stopped_by {
-                    ctx.message(format!("warm-up ended after {warmed} rounds: {why}"));
-                }
-            }
+        s.round_s.push(t0.elapsed().as_secs_f64());
+        after_round(c, &mut s, variants, ctx);
+        s.round += 1;
+        if round.warm {
+            s.end_warmup_round(cmp, variants, ctx);
         }
     };
-    ctx.enter(Phase::Teardown);
-    let measured = round.saturating_sub(warmed);
-    ctx.message(format!("{measured} measured rounds; stopped by {stopped_by}"));
+    (s, stopped_by)
+}
 
-    // The answers' lengths against the baseline's, over every round.
-    let mut length_info: BTreeMap<String, Lengths> = BTreeMap::new();
-    if cmp.defences && loadgen.is_some() {
-        for v in variants.iter_mut().skip(1) {
-            if v.lengths.is_empty() {
-                continue;
-            }
-            let j = lengths::judge(&v.lengths, cmp.noise);
-            let evidence = write_lengths(out_dir, &v.name, &j, &v.lengths);
-            for (flag, why) in &j.flags {
-                ctx.message(format!("variant `{}` flagged: `{flag}`: {why}", v.name));
-                if !v.flags.contains(flag) {
-                    v.flags.push(flag.clone());
-                }
-            }
-            length_info.insert(v.name.clone(), lengths_entry(j, evidence));
+impl RoundsSoFar<'_> {
+    /// The next round and its variants in their shuffled order (recorded,
+    /// with its nonce), or why the rounds stop: a cancel, fewer than two
+    /// live variants, a primary metric the rounds do not report, or (once
+    /// warm) [`should_stop`].
+    fn next(
+        &mut self,
+        c: &Comparison,
+        variants: &[VariantState],
+        ctx: &Ctx,
+    ) -> Result<(Round, Vec<usize>), StoppedBy> {
+        if ctx.stop_requested() {
+            return Err(StoppedBy::Cancelled);
         }
+        let live: Vec<usize> = (0..variants.len())
+            .filter(|&i| variants[i].failed.is_none())
+            .collect();
+        if live.len() < 2 {
+            return Err(StoppedBy::VariantsFailed);
+        }
+        if self.primary_missing.is_some() {
+            return Err(StoppedBy::PrimaryMetricMissing);
+        }
+        let warm = self.warming;
+        if !warm {
+            let mean_round = self.round_s.iter().sum::<f64>() / self.round_s.len().max(1) as f64;
+            if let Some(why) = should_stop(
+                c.cmp,
+                variants,
+                self.primary.as_deref(),
+                self.round - self.warmed,
+                ctx.elapsed(),
+                mean_round,
+                c.task.measure.timeout_s,
+            ) {
+                return Err(why);
+            }
+        }
+        let mut order = live;
+        order.shuffle(&mut self.rng);
+        self.orders
+            .push(order.iter().map(|&i| variants[i].name.clone()).collect());
+        let round = self.round;
+        // One nonce per round, the same for every variant: rounds stay paired.
+        let nonce = c.defended().then(|| format!("{}-r{round}", fresh_nonce()));
+        if let Some(n) = &nonce {
+            self.nonces.push(n.clone());
+        }
+        let label = if warm {
+            format!("warm-up round {}{}", self.warmed + 1, self.warm_limit)
+        } else {
+            format!("round {}{}", round - self.warmed + 1, self.limit)
+        };
+        let round = Round {
+            index: round,
+            warm,
+            label,
+            nonce,
+        };
+        Ok((round, order))
     }
 
-    // Flags gate a variant that passed its output check, where the baseline
-    // (the reference) does not show them too: a server that always answers
-    // alike, or never honours `ignore_eos`, is what is compared, not a patch.
+    /// After a warm-up round: whether warm-up goes on (a fixed count, or
+    /// `warmup_rounds: auto` until every live variant is steady or
+    /// `max_warmup_rounds`), and why it ended.
+    fn end_warmup_round(&mut self, cmp: &CompareWorkload, variants: &[VariantState], ctx: &mut Ctx) {
+        self.warmed += 1;
+        let warmed = self.warmed;
+        self.warming = match cmp.max_warmup_rounds {
+            None => warmed < cmp.warmup_rounds,
+            Some(max) => {
+                let steady = || {
+                    variants.iter().filter(|v| v.failed.is_none()).all(|v| {
+                        orch_stats::steady(&v.warm, cmp.noise / 2.0, orch_stats::CONFIDENCE).unwrap_or(false)
+                    })
+                };
+                if warmed >= max {
+                    self.warmup_stopped_by = Some(WarmupStop::MaxWarmupRounds);
+                    false
+                } else if warmed >= cmp.warmup_rounds && steady() {
+                    self.warmup_stopped_by = Some(WarmupStop::Steady);
+                    false
+                } else {
+                    true
+                }
+            }
+        };
+        if !self.warming {
+            if let Some(why) = self.warmup_stopped_by {
+                ctx.message(format!("warm-up ended after {warmed} rounds: {why}"));
+            }
+        }
+    }
+}
+
+/// Variant `v` (index `idx`) in `round`: its server run ([`serve`]), its
+/// metrics kept (a warm-up round keeps the primary metric only), the
+/// defences' flags raised. `false`: the rounds do not report the primary
+/// metric, and the round stops.
+fn measure(
+    c: &Comparison,
+    s: &mut RoundsSoFar,
+    round: &Round,
+    v: &mut VariantState,
+    idx: usize,
+    ctx: &mut Ctx,
+) -> bool {
+    let Some(r) = serve(c, s, round, v, idx, ctx) else {
+        return true;
+    };
+    match &s.primary {
+        None => s.primary = orch_stats::default_primary(r.metrics.keys().map(String::as_str)),
+        Some(p) if !r.metrics.contains_key(p) => {
+            s.primary_missing = Some(format!(
+                "the primary metric `{p}` is not among the metrics the rounds report ({}); hint: set `primary_metric` to one of them",
+                r.metrics.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+            return false;
+        }
+        Some(_) => {}
+    }
+    let label = &round.label;
+    let mut keys: Vec<&str> = s.primary.iter().map(String::as_str).collect();
+    for k in ["mean_ttft_ms", "median_itl_ms"] {
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let headline: Vec<String> = keys
+        .iter()
+        .filter_map(|k| r.metrics.get(*k).map(|x| format!("{k}={x:.2}")))
+        .collect();
+    ctx.message(format!(
+        "{label} {}: {}",
+        v.name,
+        if headline.is_empty() {
+            "done".to_string()
+        } else {
+            headline.join(" ")
+        }
+    ));
+    // The defences look at every round, warm-up included.
+    if c.defended() {
+        for (metric, flag, raised) in FLAG_METRICS {
+            if r.metrics.get(*metric).is_some_and(|x| raised(*x)) && !v.flags.iter().any(|f| f == flag) {
+                ctx.message(format!(
+                    "variant `{}` flagged: `{metric}` = {} in {label}",
+                    v.name, r.metrics[*metric]
+                ));
+                v.flags.push(flag.to_string());
+            }
+        }
+    }
+    if round.warm {
+        if let Some(x) = s.primary.as_deref().and_then(|p| r.metrics.get(p)) {
+            v.warm.push(*x);
+        }
+    } else {
+        v.rounds.push(r.metrics);
+    }
+    true
+}
+
+/// Variant `v`'s server started, loaded and stopped for `round`
+/// ([`crate::server::run_with`]) in `variants/<name>/round-<n>/`; in the
+/// first round its server also answers the output check, once ready. The
+/// server's result, or `None` when the variant failed (`v.failed` says why).
+fn serve(
+    c: &Comparison,
+    s: &mut RoundsSoFar,
+    round: &Round,
+    v: &mut VariantState,
+    idx: usize,
+    ctx: &mut Ctx,
+) -> Option<CellResult> {
+    let (label, index) = (&round.label, round.index);
+    let rdir = c
+        .out_dir
+        .join("variants")
+        .join(&v.name)
+        .join(format!("round-{index}"));
+    if let Err(e) = std::fs::create_dir_all(&rdir) {
+        v.failed = Some(format!("cannot create `{}`: {e}", rdir.display()));
+        return None;
+    }
+    let mut srv = server_of(c.cmp, v);
+    if let (Some(n), Some(Client::Loadgen(lg))) = (&round.nonce, &srv.client) {
+        srv.client = Some(Client::Loadgen(with_nonce(lg, n, index)));
+    }
+    ctx.message(format!("{label}: {}", v.name));
+    let r = match s.check.as_mut().filter(|_| index == 0) {
+        Some(plan) => {
+            let (lg, check, prompts) = (plan.lg, &plan.check, &plan.prompts);
+            let mut got: Option<Vec<outcheck::Answer>> = None;
+            let mut ask = |url: &str| got = Some(outcheck::ask(url, lg, check, prompts));
+            let r = crate::server::run_with(&srv, c.task, &rdir, ctx, Some(&mut ask));
+            plan.answers[idx] = got;
+            r
+        }
+        None => crate::server::run(&srv, c.task, &rdir, ctx),
+    };
+    if r.status != Status::Succeeded {
+        let why = r
+            .failure
+            .map(|f| f.message)
+            .unwrap_or_else(|| r.status.to_string());
+        ctx.message(format!("variant `{}` failed in {label}: {why}", v.name));
+        v.failed = Some(format!("round {}: {why}", index + 1));
+        return None;
+    }
+    Some(r)
+}
+
+/// Once every variant has run a round: its answers paired with the
+/// baseline's; after the first round, the output check's answers judged
+/// and the `check:` command run.
+fn after_round(c: &Comparison, s: &mut RoundsSoFar, variants: &mut [VariantState], ctx: &mut Ctx) {
+    let round = s.round;
+    // Every variant's answers this round, paired with the baseline's.
+    if c.defended() {
+        pair_round(variants, c.out_dir, round);
+    }
+    // The output check's answers, judged against the baseline's (the
+    // first variant that answered), once every variant has run round 0.
+    if round == 0 {
+        if let Some(plan) = s.check.as_mut() {
+            judge_output_check(plan, variants, c.out_dir, ctx);
+        }
+    }
+    // The `check:` command, once every variant has run its first round.
+    if round == 0 {
+        if let Some(command) = &c.cmp.check {
+            check_commands(command, variants, c.out_dir, round, ctx);
+        }
+    }
+}
+
+/// The `check:` command run in every live variant's checkout (none when
+/// the baseline failed); a failure gates the variant `output_mismatch`.
+fn check_commands(command: &str, variants: &mut [VariantState], out_dir: &Path, round: u32, ctx: &mut Ctx) {
+    let base = &variants[0];
+    let results: Vec<(usize, Result<(), String>)> = (0..variants.len())
+        .filter(|&i| variants[i].failed.is_none() && base.failed.is_none())
+        .map(|i| (i, run_check_command(command, &variants[i], base, out_dir, round)))
+        .collect();
+    for (i, res) in results {
+        let v = &mut variants[i];
+        let log = format!("output-check/{}.log", v.name);
+        match res {
+            Ok(()) => {
+                v.check = Some(VariantCheck::Command(CommandCheck {
+                    status: CheckStatus::Passed,
+                    command: command.to_string(),
+                    log,
+                    why: None,
+                }))
+            }
+            Err(why) => {
+                ctx.message(format!("variant `{}`: output_mismatch: {why}", v.name));
+                v.gate = Some(Gate {
+                    kind: GateKind::OutputMismatch,
+                    why: format!("{why} (`{log}`)"),
+                });
+                v.check = Some(VariantCheck::Command(CommandCheck {
+                    status: CheckStatus::OutputMismatch,
+                    command: command.to_string(),
+                    log,
+                    why: Some(why),
+                }));
+            }
+        }
+    }
+}
+
+/// The answers' lengths against the baseline's, over every round
+/// ([`lengths::judge`]): each variant's flags raised, its evidence in
+/// `lengths/<name>.json`, and its entry by name.
+fn judge_lengths(c: &Comparison, variants: &mut [VariantState], ctx: &mut Ctx) -> BTreeMap<String, Lengths> {
+    let mut length_info: BTreeMap<String, Lengths> = BTreeMap::new();
+    if !c.defended() {
+        return length_info;
+    }
+    for v in variants.iter_mut().skip(1) {
+        if v.lengths.is_empty() {
+            continue;
+        }
+        let j = lengths::judge(&v.lengths, c.cmp.noise);
+        let evidence = write_lengths(c.out_dir, &v.name, &j, &v.lengths);
+        for (flag, why) in &j.flags {
+            ctx.message(format!("variant `{}` flagged: `{flag}`: {why}", v.name));
+            if !v.flags.contains(flag) {
+                v.flags.push(flag.clone());
+            }
+        }
+        length_info.insert(v.name.clone(), lengths_entry(j, evidence));
+    }
+    length_info
+}
+
+/// Flags gate a variant that passed its output check, where the baseline
+/// (the reference) does not show them too: a server that always answers
+/// alike, or never honours `ignore_eos`, is what is compared, not a patch.
+fn gate_flagged(variants: &mut [VariantState]) {
     for v in variants.iter_mut() {
         v.flags.sort();
     }
@@ -1059,12 +1267,91 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             });
         }
     }
+}
 
-    // Means per variant, and every pair compared.
-    let mut result = CellResult::new(cell, Status::Succeeded);
+/// What the rounds and the judgements after them leave for the verdicts.
+struct Ended<'a> {
+    rounds: RoundsSoFar<'a>,
+    stopped_by: StoppedBy,
+    seed: u64,
+    check_info: Option<CheckPlanInfo>,
+    length_info: BTreeMap<String, Lengths>,
+}
+
+/// The cell's result: each variant's means as metrics, `info` (every
+/// variant's entry, every pair compared, how the rounds went), and its
+/// status: cancelled, `invalid_config` (no primary metric), `variant_failed`,
+/// else succeeded.
+fn verdicts(c: &Comparison, variants: &[VariantState], ended: Ended, ctx: &Ctx) -> CellResult {
+    let cmp = c.cmp;
+    let Ended {
+        rounds,
+        stopped_by,
+        seed,
+        check_info,
+        mut length_info,
+    } = ended;
+    let primary = rounds.primary.as_deref();
+    let mut result = CellResult::new(c.task.cell_id.as_str(), Status::Succeeded);
+    let (entries, drifts) = variant_entries(variants, primary, &mut length_info, &mut result);
+    let (comparisons, pairs) = match primary.filter(|_| rounds.primary_missing.is_none()) {
+        Some(p) => compare_pairs(cmp, variants, p, seed, &drifts),
+        None => (Vec::new(), Vec::new()),
+    };
+    CompareInfo {
+        variants: entries,
+        comparison: comparisons,
+        pairs,
+        rounds: rounds.round.saturating_sub(rounds.warmed),
+        rounds_requested: Some(match cmp.max_rounds {
+            Some(_) => Rounds::Auto,
+            None => Rounds::Fixed(cmp.rounds),
+        }),
+        max_rounds: cmp.max_rounds,
+        stopped_by: Some(stopped_by),
+        warmup_rounds: rounds.warmed,
+        warmup_rounds_requested: cmp.max_warmup_rounds.map(|_| Rounds::Auto),
+        max_warmup_rounds: cmp.max_warmup_rounds,
+        warmup_stopped_by: cmp.max_warmup_rounds.map(|_| rounds.warmup_stopped_by),
+        output_check: check_info,
+        defences: cmp.defences,
+        nonces: rounds.nonces,
+        noise: cmp.noise,
+        primary_metric: rounds.primary.clone(),
+        method: Some(method_of(orch_stats::Method::StudentT)),
+        confidence: Some(orch_stats::CONFIDENCE),
+        seed: Some(seed),
+        order: rounds.orders,
+    }
+    .write_into(&mut result.info);
+    let failed: Vec<String> = variants
+        .iter()
+        .filter_map(|v| v.failed.as_ref().map(|f| format!("`{}`: {f}", v.name)))
+        .collect();
+    if ctx.stop_requested() {
+        result.status = Status::Cancelled;
+        result.failure = Some(Failure::new(FailureKind::Cancelled, "stopped on request"));
+    } else if let Some(why) = rounds.primary_missing {
+        result.status = Status::Failed;
+        result.failure = Some(Failure::new(FailureKind::InvalidConfig, why));
+    } else if !failed.is_empty() {
+        result.status = Status::Failed;
+        result.failure = Some(Failure::new(FailureKind::VariantFailed, failed.join("; ")));
+    }
+    result
+}
+
+/// Each variant's entry of `info.variants` and its means (`<name>.<metric>`
+/// into `result`'s metrics), with the drift of its primary metric.
+fn variant_entries(
+    variants: &[VariantState],
+    primary: Option<&str>,
+    length_info: &mut BTreeMap<String, Lengths>,
+    result: &mut CellResult,
+) -> (BTreeMap<String, VariantEntry>, BTreeMap<String, Option<Drift>>) {
     let mut entries: BTreeMap<String, VariantEntry> = BTreeMap::new();
     let mut drifts: BTreeMap<String, Option<Drift>> = BTreeMap::new();
-    for v in &variants {
+    for v in variants {
         let mut names: Vec<&String> = v.rounds.iter().flat_map(|r| r.keys()).collect();
         names.sort();
         names.dedup();
@@ -1074,7 +1361,7 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             let vals: Vec<f64> = v.rounds.iter().filter_map(|r| r.get(k).copied()).collect();
             let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
             result.metrics.insert(format!("{}.{k}", v.name), mean);
-            if primary.as_deref() == Some(k.as_str()) {
+            if primary == Some(k.as_str()) {
                 d = drift(&vals);
                 values.insert(k.clone(), vals);
             }
@@ -1102,6 +1389,19 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
             },
         );
     }
+    (entries, drifts)
+}
+
+/// Every pair of variants that both measured compared on every metric
+/// (`orch_stats::compare_pair`) into `info.comparison`, and on the primary
+/// metric into `info.pairs`; a gated pair's verdict is its gate's.
+fn compare_pairs(
+    cmp: &CompareWorkload,
+    variants: &[VariantState],
+    primary: &str,
+    seed: u64,
+    drifts: &BTreeMap<String, Option<Drift>>,
+) -> (Vec<MetricComparison>, Vec<Pair>) {
     let gate_of = |name: &str| {
         variants
             .iter()
@@ -1126,92 +1426,50 @@ pub fn run(cmp: &CompareWorkload, task: &TaskSpec, out_dir: &Path, ctx: &mut Ctx
     let drift_of = |name: &str| drifts.get(name).copied().flatten();
     let mut comparisons = Vec::new();
     let mut pairs = Vec::new();
-    if let Some(p) = primary.as_deref().filter(|_| primary_missing.is_none()) {
-        let opts = Options {
-            seed,
-            ..Options::new(cmp.noise)
-        };
-        for (i, a) in variants.iter().enumerate() {
-            for b in variants.iter().skip(i + 1) {
-                if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
-                    continue;
+    let opts = Options {
+        seed,
+        ..Options::new(cmp.noise)
+    };
+    for (i, a) in variants.iter().enumerate() {
+        for b in variants.iter().skip(i + 1) {
+            if a.failed.is_some() || b.failed.is_some() || a.rounds.is_empty() || b.rounds.is_empty() {
+                continue;
+            }
+            let gate = pair_gate(&a.name, &b.name);
+            for c in orch_stats::compare_pair(&paired(a, b), primary, &opts) {
+                let (n, method, speed) = (c.n, method_of(c.method), speed_verdict(c.verdict));
+                let mut m = metric_comparison(c, &a.name, &b.name);
+                if let Some(g) = &gate {
+                    // The speed stays; the verdict is the gate's.
+                    m.speed_verdict = Some(speed);
+                    m.verdict = g.kind.into();
+                    m.gate = Some(g.clone());
                 }
-                let gate = pair_gate(&a.name, &b.name);
-                for c in orch_stats::compare_pair(&paired(a, b), p, &opts) {
-                    let (n, method, speed) = (c.n, method_of(c.method), speed_verdict(c.verdict));
-                    let mut m = metric_comparison(c, &a.name, &b.name);
-                    if let Some(g) = &gate {
-                        // The speed stays; the verdict is the gate's.
-                        m.speed_verdict = Some(speed);
-                        m.verdict = g.kind.into();
-                        m.gate = Some(g.clone());
-                    }
-                    if m.is_primary() {
-                        let drift = PairDrift {
-                            base: drift_of(&a.name),
-                            other: drift_of(&b.name),
-                        };
-                        pairs.push(Pair {
-                            base: a.name.clone(),
-                            other: b.name.clone(),
-                            metric: m.metric.clone(),
-                            verdict: m.verdict,
-                            speedup: m.speedup,
-                            ci_low: m.ci_low,
-                            ci_high: m.ci_high,
-                            n,
-                            mde: m.mde,
-                            method,
-                            drift,
-                            speed_verdict: m.speed_verdict,
-                            gate: m.gate.clone(),
-                        });
-                        m.drift = Some(drift);
-                    }
-                    comparisons.push(m);
+                if m.is_primary() {
+                    let drift = PairDrift {
+                        base: drift_of(&a.name),
+                        other: drift_of(&b.name),
+                    };
+                    pairs.push(Pair {
+                        base: a.name.clone(),
+                        other: b.name.clone(),
+                        metric: m.metric.clone(),
+                        verdict: m.verdict,
+                        speedup: m.speedup,
+                        ci_low: m.ci_low,
+                        ci_high: m.ci_high,
+                        n,
+                        mde: m.mde,
+                        method,
+                        drift,
+                        speed_verdict: m.speed_verdict,
+                        gate: m.gate.clone(),
+                    });
+                    m.drift = Some(drift);
                 }
+                comparisons.push(m);
             }
         }
     }
-    CompareInfo {
-        variants: entries,
-        comparison: comparisons,
-        pairs,
-        rounds: measured,
-        rounds_requested: Some(match cmp.max_rounds {
-            Some(_) => Rounds::Auto,
-            None => Rounds::Fixed(cmp.rounds),
-        }),
-        max_rounds: cmp.max_rounds,
-        stopped_by: Some(stopped_by),
-        warmup_rounds: warmed,
-        warmup_rounds_requested: cmp.max_warmup_rounds.map(|_| Rounds::Auto),
-        max_warmup_rounds: cmp.max_warmup_rounds,
-        warmup_stopped_by: cmp.max_warmup_rounds.map(|_| warmup_stopped_by),
-        output_check: check_info,
-        defences: cmp.defences,
-        nonces,
-        noise: cmp.noise,
-        primary_metric: primary.clone(),
-        method: Some(method_of(orch_stats::Method::StudentT)),
-        confidence: Some(orch_stats::CONFIDENCE),
-        seed: Some(seed),
-        order: orders,
-    }
-    .write_into(&mut result.info);
-    let failed: Vec<String> = variants
-        .iter()
-        .filter_map(|v| v.failed.as_ref().map(|f| format!("`{}`: {f}", v.name)))
-        .collect();
-    if ctx.stop_requested() {
-        result.status = Status::Cancelled;
-        result.failure = Some(Failure::new(FailureKind::Cancelled, "stopped on request"));
-    } else if let Some(why) = primary_missing {
-        result.status = Status::Failed;
-        result.failure = Some(Failure::new(FailureKind::InvalidConfig, why));
-    } else if !failed.is_empty() {
-        result.status = Status::Failed;
-        result.failure = Some(Failure::new(FailureKind::VariantFailed, failed.join("; ")));
-    }
-    result
+    (comparisons, pairs)
 }

@@ -13,7 +13,8 @@
 //! - [`Host::down`], [`Host::dry_run`], prices ([`Host::price_partition`]),
 //!   who assigns GPUs ([`Host::shares_host_gpus`]), multi-node cells
 //!   ([`Host::max_nodes`]), how many cells run at once by default
-//!   ([`Host::default_jobs`], [`DefaultJobs`]);
+//!   ([`Host::default_jobs`], [`DefaultJobs`]), a comparison's checkouts kept
+//!   installed across cells and runs ([`Host::install_cache`]);
 //! - [`Host::doctor`]: what `orch doctor` checks of a backend ([`Check`]:
 //!   ok, warn, fail or skipped, with the next step), cheaply and spending nothing.
 
@@ -409,6 +410,14 @@ pub trait Host: Send + Sync {
         gpu_sets_default(plan, host_gpus)
     }
 
+    /// Where a comparison's checkouts, once installed, are kept for later
+    /// cells and runs (`orch bisect`'s steps, a campaign's tasks): a folder
+    /// the cells reach, when they run on this host. `None`: each cell
+    /// installs its own.
+    fn install_cache(&self) -> Option<PathBuf> {
+        None
+    }
+
     /// The price list's partition for the suite's cells, where prices are
     /// per partition (slurm).
     fn price_partition<'p>(&self, _plan: &'p Plan) -> Option<&'p str> {
@@ -558,6 +567,10 @@ impl Host for LocalHost {
 
     fn shares_host_gpus(&self) -> bool {
         true
+    }
+
+    fn install_cache(&self) -> Option<PathBuf> {
+        Some(orch_files::default_cache_dir().join("checkouts"))
     }
 
     async fn doctor(&self, plan: Option<&Plan>) -> Vec<Check> {

@@ -3,9 +3,10 @@
 //! ## What is where
 //!
 //! `cli.rs` (clap types only), `hosts.rs` (the backends' host sides, one
-//! line each), `commands/` (setup, build, plan, run, down, ls, show, logs, diagnose,
-//! report, compare, cost, prices, push, doctor, init, completions: each a straight
-//! script over `Host`/`Backend`), `build.rs` (the commit `--version` names),
+//! line each), `commands/` (setup, build, plan, run, bisect, history, down, ls, show, logs,
+//! diagnose, report, compare, cost, prices, push, pull, doctor, init, completions: each a
+//! straight script over `Host`/`Backend`; `commands/run/exec.rs` the one run loop of
+//! `orch run` and `orch bisect`), `build.rs` (the commit `--version` names),
 //! `output.rs` (progress bar or plain lines, tables), `error.rs` (exit codes from
 //! `ErrorClass`; the soft open-file limit raised to the hard one at start), and the hidden `orch agent` subcommand that is the agent library. It
 //! does not: hold logic another crate could own.

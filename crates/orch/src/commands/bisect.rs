@@ -9,8 +9,9 @@
 //! store's folder (written atomically after every change), from which the
 //! same command (or `--resume ID`) continues after a kill.
 
-use super::run::{check, files_of, prepare_files, stage_files, watch_signals};
-use crate::cli::{BisectArgs, RunArgs};
+use super::run::exec::{self, Exec, Ready};
+use super::run::{check, files_of, prepare_files, share_installs, stage_files, watch_signals};
+use crate::cli::BisectArgs;
 use crate::error::user;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -20,13 +21,11 @@ use orch_manifest::{CellPlan, ExpandOptions, Plan};
 use orch_protocol::{Variant, Workload};
 use orch_record::compare::{CompareInfo, VariantEntry};
 use orch_record::FailureKind;
-use orch_runner::{execute, RunnerOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// The names of the two variants of every step.
 const GOOD: &str = "good";
@@ -393,22 +392,13 @@ fn step_line(n: usize, s: &Step) -> String {
     )
 }
 
-/// The backend of the steps, its images, the suite's secrets and the
-/// weights folder (resolved once, by `run::check`).
-type Ready = (
-    Arc<dyn orch_backend::Backend>,
-    orch_backend::host::Images,
-    Vec<(String, String)>,
-    Option<std::path::PathBuf>,
-);
-
 /// What runs the steps: the host, its backend (made for the first step
-/// that runs) and what every run needs.
+/// that runs, `run::check` once) and what every run needs.
 struct Runner<'a> {
     store: &'a orch_store::Store,
     host: Box<dyn Host>,
     prices: orch_cost::Prices,
-    run_args: RunArgs,
+    no_preflight: bool,
     backend: Option<Ready>,
     cancel: watch::Receiver<bool>,
     text: String,
@@ -561,23 +551,7 @@ pub async fn bisect(
             },
         ),
         prices: orch_cost::Prices::load(prices_file)?,
-        run_args: RunArgs {
-            file: Some(state.manifest.clone()),
-            gpu: None,
-            backend: args.backend,
-            jobs: None,
-            json: false,
-            resume: None,
-            reuse: None,
-            weights_dir: args.weights_dir.clone(),
-            no_preflight: args.no_preflight,
-            keep: false,
-            strict_hardware: false,
-            max_cost: None,
-            context: None,
-            namespace: None,
-            dry_run: false,
-        },
+        no_preflight: args.no_preflight,
         backend: None,
         cancel: cancel_rx,
         text,
@@ -634,16 +608,9 @@ pub async fn bisect(
             &commit,
             state.metric.as_deref(),
         );
-        // On this machine, each commit's checkout is installed once and
-        // reused by later steps (the good commit runs in every step).
-        if args.backend == orch_backend::host::Kind::Local {
-            let checkouts = orch_files::default_cache_dir().join("checkouts");
-            for c in &mut step_plan.cells {
-                if let Workload::Compare(w) = &mut c.task.workload {
-                    w.install_cache = Some(checkouts.to_string_lossy().into_owned());
-                }
-            }
-        }
+        // Where the host keeps installs, each commit's checkout is installed
+        // once and reused by later steps (the good commit runs in every step).
+        share_installs(runner.host.as_ref(), &mut step_plan.cells);
         // Budget: what the steps spent plus this one's estimate.
         let spent: f64 = state.bisection.steps.iter().map(|s| s.cost_usd).sum();
         let estimates =
@@ -764,47 +731,32 @@ impl Runner<'_> {
         created: impl FnOnce(&str) -> anyhow::Result<()>,
     ) -> anyhow::Result<(orch_store::Run, orch_runner::Outcome)> {
         let host = self.host.as_ref();
-        if self.backend.is_none() {
-            let checked = check(host, &plan, &self.run_args).await?;
-            let (backend, images) = host.backend(&plan).await?;
-            self.backend = Some((backend, images, checked.secrets, checked.weights_dir));
-        }
-        let Some((backend, images, secrets, weights_dir)) = self.backend.clone() else {
-            unreachable!("set above")
+        let ready = match &self.backend {
+            Some(ready) => ready.clone(),
+            None => {
+                let ready = check(host, &plan, self.no_preflight)
+                    .await?
+                    .ready(host, &plan)
+                    .await?;
+                self.backend.insert(ready).clone()
+            }
         };
-        stage_files(&files, &plan, backend.as_ref())?;
-        let argv: Vec<String> = std::env::args().collect();
-        let env = orch_store::host_environment(&self.manifest, argv);
-        let mut run = self
-            .store
-            .create_run(&plan, &self.text, self.run_args.backend.as_str(), env)?;
-        let _lock = run.lock_writer()?;
+        stage_files(&files, &plan, ready.backend.as_ref())?;
+        let (mut run, _lock) = exec::create(self.store, &plan, &self.text, host, &self.manifest)?;
         created(run.id())?;
-        let gpu_devices = super::run::host_gpus(host, &plan)?;
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        let outcome = execute(
-            &mut run,
-            backend.clone(),
-            RunnerOptions {
-                concurrency: 1,
-                secrets,
-                weights_dir,
-                images,
-                gpu_devices,
-                diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
-                cost,
-                files: Some(Arc::new(files)),
-            },
-            tx,
-            self.cancel.clone(),
-        )
-        .await;
-        let _ = drain.await;
-        if let Err(e) = backend.cleanup(run.id()).await {
-            eprintln!("warning: cleanup of run {} failed: {e}", run.id());
-        }
-        let outcome = outcome.with_context(|| format!("step run {} stopped", run.id()))?;
+        let exec = Exec {
+            store: self.store,
+            host,
+            ready,
+            files,
+            jobs: Some(1),
+            cost,
+            cancel: self.cancel.clone(),
+            show: None,
+        };
+        let outcome = exec::execute(&mut run, exec)
+            .await?
+            .with_context(|| format!("step run {} stopped", run.id()))?;
         Ok((run, outcome))
     }
 }

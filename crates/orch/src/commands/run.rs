@@ -1,12 +1,14 @@
+pub(super) mod exec;
+
 use crate::cli::RunArgs;
 use crate::error::user;
-use crate::output::{self, Reporter};
+use crate::output;
 use anyhow::Context;
+use exec::{Exec, Ready};
 use orch_backend::host::{Flags, Host, Weights};
 use orch_manifest::{ExpandOptions, GpuSpec};
 use orch_record::{CellStatus, FailureKind};
-use orch_runner::{execute, RunnerOptions};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// The files that travel with the plan's cells, per its `sync:` section.
 pub(super) fn files_of(plan: &orch_manifest::Plan) -> orch_files::Files {
@@ -39,6 +41,23 @@ pub(super) fn prepare_files(files: &orch_files::Files, plan: &mut orch_manifest:
     Ok(())
 }
 
+/// The comparisons of `cells` share the host's install cache where it has
+/// one (`Host::install_cache`): a commit whose patches and install command
+/// are the same is installed once, and reused by later cells and runs.
+pub(super) fn share_installs<'c>(
+    host: &dyn Host,
+    cells: impl IntoIterator<Item = &'c mut orch_manifest::CellPlan>,
+) {
+    let Some(checkouts) = host.install_cache() else {
+        return;
+    };
+    for cell in cells {
+        if let orch_protocol::Workload::Compare(w) = &mut cell.task.workload {
+            w.install_cache = Some(checkouts.to_string_lossy().into_owned());
+        }
+    }
+}
+
 /// Everything that travels staged before any cell starts, so that a missing
 /// file or a set over `sync.max_size` stops the run at once (exit 2).
 pub(super) fn stage_files(
@@ -65,9 +84,9 @@ async fn preflight(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
     weights: &Weights,
-    args: &RunArgs,
+    no_preflight: bool,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    if args.no_preflight {
+    if no_preflight {
         return Ok(Vec::new());
     }
     let missing: Vec<(String, String)> = host
@@ -278,19 +297,34 @@ pub(super) struct Checked {
     pub weights_dir: Option<std::path::PathBuf>,
 }
 
+impl Checked {
+    /// The backend for `plan` made (`Host::backend`: its preflight, each
+    /// cell's image), with what was checked.
+    pub async fn ready(self, host: &dyn Host, plan: &orch_manifest::Plan) -> anyhow::Result<Ready> {
+        let (backend, images) = host.backend(plan).await?;
+        Ok(Ready {
+            backend,
+            images,
+            secrets: self.secrets,
+            weights_dir: self.weights_dir,
+        })
+    }
+}
+
 /// Everything a run needs of the suite and the backend, checked before the
 /// run's folder exists: secrets, node counts, GPU counts, weights (resolved
-/// once here, and handed to the runner from here).
+/// once here, and handed to the runner from here); `no_preflight`: the
+/// models are not checked.
 pub(super) async fn check(
     host: &dyn Host,
     plan: &orch_manifest::Plan,
-    args: &RunArgs,
+    no_preflight: bool,
 ) -> anyhow::Result<Checked> {
     let secrets = collect_secrets(&plan.secrets)?;
     check_nodes(host, plan)?;
     host_gpus(host, plan)?;
     let weights = host.weights(Some(plan), false).await?;
-    let sunk = preflight(host, plan, &weights, args).await?;
+    let sunk = preflight(host, plan, &weights, no_preflight).await?;
     Ok(Checked {
         secrets,
         sunk,
@@ -320,10 +354,7 @@ pub async fn run(
         ));
     }
     // `_lock`: this process is the run's one writer until it returns.
-    let (mut run, secrets, weights_dir, backend, images, cost_opts, files, _lock) = match (
-        &args.resume,
-        &args.file,
-    ) {
+    let (mut run, ready, cost_opts, files, _lock) = match (&args.resume, &args.file) {
         (Some(id), _) => {
             if args.gpu.is_some() {
                 return Err(user(
@@ -351,15 +382,11 @@ pub async fn run(
             }
             // Re-read under the lock: the run may have moved on meanwhile.
             let mut run = store.open_exact(run.id())?;
-            let Checked {
-                secrets,
-                sunk,
-                weights_dir,
-            } = check(host, &run.plan, &args).await?;
-            record_sunk(&run, &sunk, &run.plan.manifest)?;
-            let (backend, images) = host.backend(&run.plan).await?;
+            let checked = check(host, &run.plan, args.no_preflight).await?;
+            record_sunk(&run, &checked.sunk, &run.plan.manifest)?;
+            let ready = checked.ready(host, &run.plan).await?;
             let files = files_of(&run.plan);
-            stage_files(&files, &run.plan, backend.as_ref())?;
+            stage_files(&files, &run.plan, ready.backend.as_ref())?;
             // The cap counts what the run already spent.
             let todo = run.unfinished_cells()?;
             for w in store.take_warnings() {
@@ -370,9 +397,9 @@ pub async fn run(
             let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, prior)?;
             // What an earlier, killed invocation of this run left running
             // (containers, Jobs, sandboxes, queued jobs) goes first.
-            backend.cleanup(run.id()).await?;
+            ready.backend.cleanup(run.id()).await?;
             run.note_resume()?;
-            (run, secrets, weights_dir, backend, images, cost_opts, files, lock)
+            (run, ready, cost_opts, files, lock)
         }
         (None, Some(file)) => {
             let gpus = match &args.gpu {
@@ -401,23 +428,13 @@ pub async fn run(
             for cell in &mut plan.cells {
                 cell.task.strict_hardware = args.strict_hardware;
             }
-            // A campaign on this machine: tasks whose variants share a commit,
-            // patches and install command install it once (as `orch bisect`).
-            if args.backend == orch_backend::host::Kind::Local {
-                let checkouts = orch_files::default_cache_dir().join("checkouts");
-                for cell in plan.cells.iter_mut().filter(|c| c.campaign.is_some()) {
-                    if let orch_protocol::Workload::Compare(w) = &mut cell.task.workload {
-                        w.install_cache = Some(checkouts.to_string_lossy().into_owned());
-                    }
-                }
-            }
-            let Checked {
-                secrets,
-                sunk,
-                weights_dir,
-            } = check(host, &plan, &args).await?;
-            let (backend, images) = host.backend(&plan).await?;
-            stage_files(&files, &plan, backend.as_ref())?;
+            // A campaign: tasks whose variants share a commit, patches and
+            // install command install it once (as `orch bisect`).
+            share_installs(host, plan.cells.iter_mut().filter(|c| c.campaign.is_some()));
+            let mut checked = check(host, &plan, args.no_preflight).await?;
+            let sunk = std::mem::take(&mut checked.sunk);
+            let ready = checked.ready(host, &plan).await?;
+            stage_files(&files, &plan, ready.backend.as_ref())?;
             let cells = crate::commands::cost::estimate_cells(store, &plan, host, &prices)?;
             // Cells recorded `weights_missing` rent nothing.
             let todo: Vec<String> = plan
@@ -429,19 +446,16 @@ pub async fn run(
             let cost_opts = crate::commands::cost::cost_options(&cells, &todo, args.max_cost, 0.0)?;
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
-            let argv: Vec<String> = std::env::args().collect();
-            let env = orch_store::host_environment(file, argv);
             // The earlier run's finished cells that have not changed, read
             // before the new run exists (a wrong id costs nothing).
             let reused = match &args.reuse {
                 Some(old) => reusable(store, old, &plan)?,
                 None => Vec::new(),
             };
-            let run = store.create_run(&plan, &text, args.backend.as_str(), env)?;
-            let lock = run.lock_writer()?;
+            let (run, lock) = exec::create(store, &plan, &text, host, file)?;
             record_sunk(&run, &sunk, &run.plan.manifest)?;
             reuse_cells(store, &run, &reused)?;
-            (run, secrets, weights_dir, backend, images, cost_opts, files, lock)
+            (run, ready, cost_opts, files, lock)
         }
         (None, None) => {
             return Err(user(
@@ -449,49 +463,19 @@ pub async fn run(
             ))
         }
     };
-    let gpu_devices = host_gpus(host, &run.plan)?;
-    let concurrency = crate::commands::plan::jobs(host, &run.plan, args.jobs, &gpu_devices)
-        .await
-        .jobs;
     let (cancel_tx, cancel_rx) = watch::channel(false);
     tokio::spawn(watch_signals(cancel_tx));
-
-    let reporter = Reporter::new(
-        run.id(),
-        std::path::Path::new(&store.location()),
-        run.plan.cells.len(),
-        args.resume.is_some(),
-    );
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let report_task = tokio::spawn(async move {
-        let mut reporter = reporter;
-        while let Some(p) = rx.recv().await {
-            reporter.handle(p);
-        }
-        reporter.finish();
-    });
-    let outcome = execute(
-        &mut run,
-        backend.clone(),
-        RunnerOptions {
-            concurrency,
-            secrets,
-            weights_dir,
-            images,
-            gpu_devices,
-            diagnose_rules: Some(orch_diagnose::Rules::load_with_user(None)?),
-            cost: cost_opts,
-            files: Some(std::sync::Arc::new(files)),
-        },
-        tx,
-        cancel_rx,
-    )
-    .await;
-    let _ = report_task.await;
-    // Whatever happened, leave nothing running or lying around.
-    if let Err(e) = backend.cleanup(run.id()).await {
-        eprintln!("warning: cleanup of run {} failed: {e}", run.id());
-    }
+    let exec = Exec {
+        store,
+        host,
+        ready,
+        files,
+        jobs: args.jobs,
+        cost: cost_opts,
+        cancel: cancel_rx,
+        show: Some(args.resume.is_some()),
+    };
+    let outcome = exec::execute(&mut run, exec).await?;
     let run_id = run.id().to_string();
     let outcome = outcome.map_err(|e| {
         let why = match e.to_string() {
