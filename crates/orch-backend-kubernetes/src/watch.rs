@@ -258,6 +258,8 @@ pub fn container_started(pod: &Pod) -> Option<std::time::SystemTime> {
                 .and_then(|r| r.started_at.as_ref())
                 .or_else(|| st.terminated.as_ref().and_then(|t| t.started_at.as_ref()))
         })
+        // The zero time is a container that never started (`StartError`).
+        .filter(|t| t.0.as_second() > 0)
         .map(|t| std::time::SystemTime::from(t.0))
         .min()
 }
@@ -391,6 +393,12 @@ mod tests {
                 "state": {"running": {"startedAt": "2026-01-01T00:09:52Z"}}}]
         }}));
         assert_eq!(container_started(&p), Some(at("2026-01-01T00:09:50Z")));
+        // A container that failed to start carries the zero time: not a start.
+        let p = pod(serde_json::json!({"status": {
+            "containerStatuses": [{"name": "cell", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:09:51Z"}}}]
+        }}));
+        assert_eq!(container_started(&p), None);
     }
 
     #[test]

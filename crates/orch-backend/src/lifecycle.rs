@@ -751,6 +751,8 @@ mod tests {
         stops: Vec<(Stop, bool)>,
         finished: bool,
         outside: Option<(Status, Failure)>,
+        /// The container's start the platform says (in `started`).
+        container_at: Option<std::time::SystemTime>,
     }
 
     #[async_trait]
@@ -758,9 +760,12 @@ mod tests {
         fn what(&self) -> &'static str {
             "the script"
         }
-        async fn started(&mut self, _cell: &mut Cell) -> Result<(), Early> {
+        async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
             if self.never_starts {
                 std::future::pending::<()>().await;
+            }
+            if let Some(at) = self.container_at {
+                cell.container_started(at);
             }
             Ok(())
         }
@@ -829,7 +834,38 @@ mod tests {
             stops: vec![],
             finished: false,
             outside: None,
+            container_at: None,
         }
+    }
+
+    #[tokio::test]
+    async fn billing_starts_with_the_container_the_platform_said_and_none_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = Event::Result {
+            result: CellResult::new("c", Status::Succeeded),
+        };
+        // Said started: the time, to the millisecond.
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[done.to_line()], PlatformEnd::default());
+        p.container_at = Some(std::time::UNIX_EPOCH + Duration::from_millis(1_767_225_600_123));
+        let (_tx, cancel) = watch::channel(false);
+        let r = drive(&mut p, c, cancel).await;
+        assert_eq!(r.info[CONTAINER_STARTED_AT], "2026-01-01T00:00:00.123Z");
+        // The agent ran but nothing was said: no key (billed from orch's launch).
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[done.to_line()], PlatformEnd::default());
+        let (_tx, cancel) = watch::channel(false);
+        let r = drive(&mut p, c, cancel).await;
+        assert!(!r.info.contains_key(CONTAINER_STARTED_AT));
+        // Cancelled while the platform was still starting it, nothing said: `null`.
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[], PlatformEnd::default());
+        p.never_starts = true;
+        let (tx, cancel) = watch::channel(false);
+        let _ = tx.send(true);
+        let r = drive(&mut p, c, cancel).await;
+        assert_eq!(r.status, Status::Cancelled);
+        assert_eq!(r.info[CONTAINER_STARTED_AT], serde_json::Value::Null);
     }
 
     #[tokio::test]

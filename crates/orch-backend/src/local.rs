@@ -162,8 +162,6 @@ impl LocalBackend {
                 source,
             )
         })?;
-        // No container here: the agent's process is what is billed, from its start.
-        cell.container_started(std::time::SystemTime::now());
         // What the agent writes on stderr is masked on its way to agent.log.
         let log_copy = child
             .stderr

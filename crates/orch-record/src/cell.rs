@@ -44,8 +44,8 @@ pub struct CellRecord {
 
 /// `info` key: when the platform started the cell's container (RFC 3339, by the
 /// platform's own clock where it says one: Docker's `State.StartedAt`, the pod's
-/// container `startedAt`, Slurm's `StartTime`, Modal's sandbox getting its task, the
-/// local child's spawn); `null`: the cell ended before any container was started.
+/// container `startedAt`, Slurm's `StartTime`, Modal's sandbox getting its task; the local
+/// backend says none: this host is billed for the cell's whole time); `null`: the cell ended before any container was started.
 /// Billing starts there ([`CellRecord::billed_s`]).
 pub const CONTAINER_STARTED_AT: &str = "container_started_at";
 
