@@ -558,6 +558,10 @@ impl Platform for Container<'_> {
                 {
                     Ok(info) => {
                         let s = info.state.unwrap_or_default();
+                        // Billing starts when the engine started the container.
+                        if let Some(at) = s.started_at.as_deref() {
+                            cell.container_started_rfc3339(at);
+                        }
                         if s.running != Some(true) {
                             state = Some(s);
                             break;

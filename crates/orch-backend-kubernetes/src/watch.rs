@@ -242,6 +242,28 @@ pub fn termination_message(pod: &Pod) -> Option<String> {
     PodFacts::of(pod).termination_message().map(str::to_string)
 }
 
+/// When the kubelet started the pod's first container (its init container's or the
+/// cell's `startedAt`, running or terminated): where billing starts.
+pub fn container_started(pod: &Pod) -> Option<std::time::SystemTime> {
+    let status = pod.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| {
+            let st = c.state.as_ref()?;
+            st.running
+                .as_ref()
+                .and_then(|r| r.started_at.as_ref())
+                .or_else(|| st.terminated.as_ref().and_then(|t| t.started_at.as_ref()))
+        })
+        // The zero time is a container that never started (`StartError`).
+        .filter(|t| t.0.as_second() > 0)
+        .map(|t| std::time::SystemTime::from(t.0))
+        .min()
+}
+
 /// Is the cell's container done?
 pub fn cell_terminated(pod: &Pod) -> bool {
     PodFacts::of(pod).ended()
@@ -354,6 +376,29 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn billing_starts_at_the_first_container_the_kubelet_started() {
+        let at = |s: &str| std::time::SystemTime::from(chrono::DateTime::parse_from_rfc3339(s).unwrap());
+        // Pending: never started.
+        assert_eq!(
+            container_started(&pod(serde_json::json!({"status": {"phase": "Pending"}}))),
+            None
+        );
+        let p = pod(serde_json::json!({"status": {
+            "initContainerStatuses": [{"name": "orch-agent", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "startedAt": "2026-01-01T00:09:50Z", "finishedAt": "2026-01-01T00:09:51Z"}}}],
+            "containerStatuses": [{"name": "cell", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-01-01T00:09:52Z"}}}]
+        }}));
+        assert_eq!(container_started(&p), Some(at("2026-01-01T00:09:50Z")));
+        // A container that failed to start carries the zero time: not a start.
+        let p = pod(serde_json::json!({"status": {
+            "containerStatuses": [{"name": "cell", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:09:51Z"}}}]
+        }}));
+        assert_eq!(container_started(&p), None);
     }
 
     #[test]

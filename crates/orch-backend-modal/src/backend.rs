@@ -584,6 +584,9 @@ impl Sandbox<'_> {
                 .map_err(backend_err)?
             {
                 Scheduled::Running | Scheduled::Ended(_) => {
+                    // The sandbox has its task: Modal started its container (billing
+                    // starts here; a sandbox never created or scheduled costs nothing).
+                    cell.container_started(std::time::SystemTime::now());
                     self.info.push(("modal_sandbox_id", id.into()));
                     self.info.push(("modal_gpu", gpu.to_string().into()));
                     self.info

@@ -17,7 +17,22 @@
 //!   [`Retry::throttle_wait`] (`MODAL_MAX_THROTTLE_WAIT` seconds, the
 //!   official client's setting; `0` turns throttle retries off). Then the
 //!   throttled status is the call's answer: [`retry_after`] tells it from a
-//!   plain `RESOURCE_EXHAUSTED` (a GPU refusal).
+//!   plain `RESOURCE_EXHAUSTED` (a GPU refusal);
+//! - pacing ([`Pacer`]): calls of a paced method (`SandboxCreate`, whose rate
+//!   Modal throttles) leave through one limiter shared by every clone of the
+//!   client, at most [`Pacing::per_s`] a second after a burst of
+//!   [`Pacing::burst`] (`ORCH_MODAL_CREATE_RATE=PER_S[:BURST]`, default 5:10;
+//!   `0` turns it off), and a throttled answer to one holds them all until its
+//!   retry-after, so a run of hundreds of cells does not meet the throttle
+//!   once per cell.
+//!
+//! The official Python client (`modal/_utils/grpc_utils.py`,
+//! `_retry_transient_errors`, modal 1.6.4) does the same per call: it retries
+//! `DEADLINE_EXCEEDED`, `UNAVAILABLE`, `CANCELLED`, `INTERNAL` and `UNKNOWN`
+//! 3 times after 0.1 s doubling to at most 1 s; any error whose details carry
+//! an `RPCRetryPolicy` is sent again after `max(retry_after_secs, 0.1)` with
+//! no cap on the count, while the time since the first attempt stays under
+//! `MODAL_MAX_THROTTLE_WAIT` (no limit by default; orch's is 600 s).
 
 use crate::config::Credentials;
 use crate::proto::modal_client_client::ModalClientClient;
@@ -45,6 +60,88 @@ const MAX_MESSAGE: usize = 100 * 1024 * 1024;
 /// The least wait before a throttled call goes again (the official client's).
 pub const MIN_THROTTLE_WAIT: Duration = Duration::from_millis(100);
 
+/// A method's rate through the client ([`Pacer`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    /// Calls a second once the burst is spent.
+    pub per_s: f64,
+    /// Calls that may leave at once.
+    pub burst: u32,
+}
+
+impl Pacing {
+    /// `SandboxCreate`'s default: 5 a second after 10 at once. Modal publishes no
+    /// number for its sandbox-creation throttle; this keeps a 1,000-cell run's
+    /// creations to a steady trickle while a few cells still start at once.
+    pub const CREATE: Pacing = Pacing {
+        per_s: 5.0,
+        burst: 10,
+    };
+
+    /// `PER_S[:BURST]`; `0`: no pacing (`None`).
+    pub fn parse(text: &str) -> Result<Option<Pacing>, String> {
+        let bad =
+            || format!("`{text}` is not a rate: write `PER_S` or `PER_S:BURST` (`5:10`), or `0` for none");
+        let (rate, burst) = text.trim().split_once(':').unwrap_or((text.trim(), ""));
+        let per_s: f64 = rate.trim().parse().map_err(|_| bad())?;
+        if !per_s.is_finite() || per_s < 0.0 {
+            return Err(bad());
+        }
+        if per_s == 0.0 {
+            return Ok(None);
+        }
+        let burst = if burst.trim().is_empty() {
+            1
+        } else {
+            burst.trim().parse::<u32>().map_err(|_| bad())?.max(1)
+        };
+        Ok(Some(Pacing { per_s, burst }))
+    }
+}
+
+/// One method's calls, paced: a slot each (a token bucket of [`Pacing::burst`]
+/// refilled at [`Pacing::per_s`], kept as the next call's theoretical time),
+/// and none before a throttled answer's retry-after ([`Pacer::hold`]).
+#[derive(Debug)]
+pub struct Pacer {
+    interval: Duration,
+    tolerance: Duration,
+    next: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Pacer {
+    pub fn new(p: Pacing) -> Pacer {
+        let interval = Duration::from_secs_f64(1.0 / p.per_s.max(1e-3));
+        Pacer {
+            interval,
+            tolerance: interval * p.burst.saturating_sub(1),
+            next: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Take a slot and wait for it.
+    pub async fn wait(&self) {
+        let slot = self.take(tokio::time::Instant::now());
+        tokio::time::sleep_until(slot).await;
+    }
+
+    /// The slot of a call asked for at `now` (taken).
+    fn take(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        // A poisoned lock only means another caller panicked while holding a plain
+        // `Instant`; its value is still whole.
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let tat = (*next).max(now);
+        *next = tat + self.interval;
+        tat.checked_sub(self.tolerance).unwrap_or(now).max(now)
+    }
+
+    /// No slot before `until` (a throttled answer's retry-after).
+    pub fn hold(&self, until: tokio::time::Instant) {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        *next = (*next).max(until + self.tolerance);
+    }
+}
+
 /// Retry policy of unary calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
@@ -61,10 +158,12 @@ pub struct Retry {
 impl Default for Retry {
     fn default() -> Self {
         Retry {
+            // The official client's `Retry()`: 3 retries, 0.1 s doubling to 1 s.
             attempts: 4,
             base: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-            throttle_attempts: 100,
+            max: Duration::from_secs(1),
+            // No cap on the count (as the official client), only on the time.
+            throttle_attempts: u32::MAX,
             throttle_wait: Duration::from_secs(600),
         }
     }
@@ -84,6 +183,8 @@ pub struct Modal {
     creds: Arc<Credentials>,
     auth: Arc<Mutex<Option<(String, Instant)>>>,
     pub retry: Retry,
+    /// Paced methods, shared by every clone ([`Pacer`]).
+    pacers: Arc<std::collections::HashMap<&'static str, Pacer>>,
 }
 
 impl std::fmt::Debug for Modal {
@@ -125,12 +226,30 @@ impl Modal {
         {
             retry.throttle_wait = Duration::from_secs(s);
         }
+        let create = match std::env::var("ORCH_MODAL_CREATE_RATE") {
+            Ok(v) => Pacing::parse(&v).map_err(|why| ModalError::Unavailable {
+                message: format!("`ORCH_MODAL_CREATE_RATE`: {why}"),
+                hint: "set `ORCH_MODAL_CREATE_RATE=5:10` (sandboxes a second, at once), or unset it".into(),
+            })?,
+            Err(_) => Some(Pacing::CREATE),
+        };
         Ok(Modal {
             stub,
             creds: Arc::new(creds),
             auth: Arc::new(Mutex::new(None)),
             retry,
+            pacers: Arc::new(
+                create
+                    .map(|p| ("SandboxCreate", Pacer::new(p)))
+                    .into_iter()
+                    .collect(),
+            ),
         })
+    }
+
+    /// The pacing of `method`'s calls, if any.
+    pub fn pacer(&self, method: &str) -> Option<&Pacer> {
+        self.pacers.get(method)
     }
 
     pub fn credentials(&self) -> &Credentials {
@@ -224,8 +343,14 @@ impl Modal {
         let mut delay = self.retry.base;
         let mut attempt = 0u32;
         let mut throttled = 0u32;
-        let mut throttle_waited = Duration::ZERO;
+        let pacer = self.pacers.get(what);
+        // A call sent again after its retry-after goes at once: it was told its time.
+        let mut told = false;
         loop {
+            if let Some(p) = pacer.filter(|_| !told) {
+                p.wait().await;
+            }
+            told = false;
             let token = self.auth_token().await;
             let mut req = self.request(msg.clone(), token.as_deref());
             let md = req.metadata_mut();
@@ -237,7 +362,9 @@ impl Modal {
             }
             let elapsed = format!("{:.3}", started.elapsed().as_secs_f64());
             if let Ok(v) = MetadataValue::try_from(elapsed.as_str()) {
-                md.insert("x-retry-delay", v.clone());
+                if attempt > 0 {
+                    md.insert("x-retry-delay", v.clone());
+                }
                 if throttled > 0 {
                     md.insert("x-throttle-retry-delay", v);
                 }
@@ -249,17 +376,23 @@ impl Modal {
                 Ok(resp) => return Ok(resp.into_inner()),
                 Err(status) if retry_after(&status).is_some() => {
                     let wait = retry_after(&status).unwrap_or_default().max(MIN_THROTTLE_WAIT);
+                    // As the official client: given up when the time since the first
+                    // attempt would pass the limit after this wait.
                     if throttled >= self.retry.throttle_attempts
-                        || throttle_waited + wait > self.retry.throttle_wait
+                        || started.elapsed() + wait >= self.retry.throttle_wait
                     {
                         return Err(status);
                     }
-                    tokio::time::sleep(wait).await;
-                    throttle_waited += wait;
+                    // Told to wait: so is every other call of a paced method.
+                    let until = tokio::time::Instant::now() + wait;
+                    if let Some(p) = pacer {
+                        p.hold(until);
+                    }
+                    tokio::time::sleep_until(until).await;
                     throttled += 1;
+                    told = true;
                 }
                 Err(status) if is_transient(status.code()) && attempt + 1 < self.retry.attempts => {
-                    let _ = what;
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.retry.max);
                     attempt += 1;
@@ -310,6 +443,38 @@ mod tests {
             super::retry_after(&tonic::Status::resource_exhausted("no GPU")),
             None
         );
+    }
+
+    #[test]
+    fn pacing_is_read_and_paces_after_its_burst_and_holds_when_told() {
+        use super::{Pacer, Pacing};
+        assert_eq!(
+            Pacing::parse("5:10"),
+            Ok(Some(Pacing {
+                per_s: 5.0,
+                burst: 10
+            }))
+        );
+        assert_eq!(Pacing::parse(" 2 "), Ok(Some(Pacing { per_s: 2.0, burst: 1 })));
+        assert_eq!(Pacing::parse("0"), Ok(None));
+        assert!(Pacing::parse("fast").unwrap_err().contains("`fast`"));
+        assert!(Pacing::parse("-1").is_err());
+        let p = Pacer::new(Pacing {
+            per_s: 10.0,
+            burst: 3,
+        });
+        let t0 = tokio::time::Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // The burst at once, then one per 100 ms.
+        assert_eq!([p.take(t0), p.take(t0), p.take(t0)], [t0, t0, t0]);
+        assert_eq!(p.take(t0), ms(100));
+        assert_eq!(p.take(t0), ms(200));
+        // Room again after a quiet second: a burst again.
+        assert_eq!(p.take(ms(1500)), ms(1500));
+        // Told to wait until 3 s: nothing leaves before then, and no burst after.
+        p.hold(ms(3000));
+        assert_eq!(p.take(ms(1600)), ms(3000));
+        assert_eq!(p.take(ms(1600)), ms(3100));
     }
 
     #[test]

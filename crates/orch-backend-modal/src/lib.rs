@@ -11,7 +11,9 @@
 //!   the auth token, retries with idempotency keys: transient codes with
 //!   backoff, throttling (an error carrying an `RPCRetryPolicy`, typically
 //!   `RESOURCE_EXHAUSTED`) waited out for its retry-after and sent again under
-//!   the same key, bounded (`MODAL_MAX_THROTTLE_WAIT`);
+//!   the same key, bounded (`MODAL_MAX_THROTTLE_WAIT`); `SandboxCreate` paced
+//!   through one limiter for the run (`ORCH_MODAL_CREATE_RATE`), held by a
+//!   throttled answer;
 //! - [`blob`]: the blob store as the official client writes to it: files of
 //!   4 MiB or more (`LARGE_FILE_LIMIT`) by `BlobCreate`, then one `PUT` or a
 //!   multipart upload (a `PUT` per part, each retried, then the completion),
@@ -42,7 +44,9 @@
 //! a mount, content-addressed mounts with blob upload and the wait for ingestion, secrets,
 //! volumes, sandbox
 //! create (`network_access: OPEN`)/schedule/logs from the last
-//! entry id/wait/terminate/list); `backend.rs` (a sandbox per cell, the cell's files as a
+//! entry id/wait/terminate/list; the task and the end are long polls, one call a
+//! cell at a time); `backend.rs` (a sandbox per cell, billed from its task's start
+//! (`info.container_started_at`), the cell's files as a
 //! mount of their blobs at `/orch/blobs` with the task rewritten to `/orch/files`, GPU
 //! fallback on a refusal (a throttled create is no refusal), ends
 //! mapped to `oom`/`sandbox_terminated`/`timeout`, `cleanup` by tag); `setup.rs` (setup

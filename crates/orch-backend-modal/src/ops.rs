@@ -239,6 +239,10 @@ pub async fn image(
         let req = modal.stream_request(req).await;
         let mut stream = match modal.stub().image_join_streaming(req).await {
             Ok(s) => s.into_inner(),
+            Err(s) if crate::client::retry_after(&s).is_some() => {
+                tokio::time::sleep(throttle_wait(&s)).await;
+                continue;
+            }
             Err(s) if crate::client::is_transient(s.code()) && failures < 10 => {
                 failures += 1;
                 tokio::time::sleep(Duration::from_millis(200 * failures)).await;
@@ -588,14 +592,19 @@ pub enum Scheduled {
     NotScheduled,
 }
 
-/// Wait until the sandbox has a task (`SandboxGetTaskId`), at most `wait`.
+/// Wait until the sandbox has a task (`SandboxGetTaskId`), at most `wait`: long
+/// polls (the server answers when the task is there or the request's `timeout`,
+/// at most 55 s, as the official client's `wait_until_ready` asks), one call a
+/// cell at a time; after an empty answer the next goes after the official
+/// client's 0.5 s poll interval (`_TASK_ID_POLL_INTERVAL`), so a server that
+/// does not hold the call is not asked more often than the official client asks.
 pub async fn sandbox_scheduled(modal: &Modal, id: &str, wait: Duration) -> Result<Scheduled, ModalError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let req = proto::SandboxGetTaskIdRequest {
             sandbox_id: id.into(),
-            timeout: left.as_secs_f32().clamp(0.0, 10.0),
+            timeout: left.as_secs_f32().clamp(0.0, 55.0),
             wait_until_ready: false,
         };
         let r = modal
@@ -616,11 +625,12 @@ pub async fn sandbox_scheduled(modal: &Modal, id: &str, wait: Duration) -> Resul
         if left.is_zero() {
             return Ok(Scheduled::NotScheduled);
         }
-        tokio::time::sleep(Duration::from_millis(100).min(left)).await;
+        tokio::time::sleep(Duration::from_millis(500).min(left)).await;
     }
 }
 
-/// `SandboxWait` until the sandbox has a result.
+/// `SandboxWait` until the sandbox has a result: long polls of 50 s (the official
+/// client's are 10 s), one call a cell at a time.
 pub async fn sandbox_wait(modal: &Modal, id: &str) -> Result<GenericResult, ModalError> {
     loop {
         let req = proto::SandboxWaitRequest {
@@ -725,6 +735,11 @@ pub async fn sandbox_logs(
         let req = modal.stream_request(req).await;
         let mut stream = match modal.stub().sandbox_get_logs(req).await {
             Ok(s) => s.into_inner(),
+            // Throttled: asked again after its retry-after (no count: the server said when).
+            Err(s) if crate::client::retry_after(&s).is_some() => {
+                tokio::time::sleep(throttle_wait(&s)).await;
+                continue;
+            }
             Err(s) if crate::client::is_transient(s.code()) && failures < 20 => {
                 failures += 1;
                 tokio::time::sleep(Duration::from_millis(100 * u64::from(failures.min(10)))).await;
@@ -757,6 +772,14 @@ pub async fn sandbox_logs(
             }
         }
     }
+}
+
+/// How long a stream's throttled opening waits before it is asked again: the
+/// answer's retry-after, at least the official client's 0.1 s.
+fn throttle_wait(s: &tonic::Status) -> Duration {
+    crate::client::retry_after(s)
+        .unwrap_or_default()
+        .max(crate::client::MIN_THROTTLE_WAIT)
 }
 
 /// `H100:8` → (`H100`, 8); `H100!` (pinned) stays as written; `none` → `None`.

@@ -841,6 +841,10 @@ impl Platform for SlurmJob<'_> {
 
     async fn end(&mut self, cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {
         let end = self.job_end().await;
+        // Billing starts when the job started on its nodes.
+        if let Some(at) = end.started {
+            cell.container_started(at);
+        }
         let log = tokio::fs::read_to_string(self.job_dir.join("slurm.log"))
             .await
             .unwrap_or_default();

@@ -81,6 +81,9 @@ pub struct JobEnd {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub nodes: String,
+    /// `StartTime` (`Start` of `sacct`): when the job started on its nodes, where
+    /// billing starts; `None` for a job that never started.
+    pub started: Option<std::time::SystemTime>,
 }
 
 /// Words of `sbatch` refusing a job for a submission limit of the moment
@@ -394,7 +397,7 @@ impl Scheduler {
                 "-j".into(),
                 id.into(),
                 "-o".into(),
-                "State,ExitCode,Reason,NodeList".into(),
+                "State,ExitCode,Reason,NodeList,Start".into(),
             ],
             &[],
             None,
@@ -633,6 +636,7 @@ fn parse_scontrol(text: &str) -> Option<JobEnd> {
             "Reason" => end.reason = v.to_string(),
             "NodeList" => end.nodes = v.to_string(),
             "ExitCode" => (end.exit_code, end.signal) = exit_pair(v),
+            "StartTime" => end.started = slurm_time(v),
             _ => {}
         }
     }
@@ -650,7 +654,17 @@ fn parse_sacct(text: &str) -> Option<JobEnd> {
         exit_code,
         signal,
         nodes: f.get(3).copied().unwrap_or_default().to_string(),
+        started: f.get(4).and_then(|t| slurm_time(t)),
     })
+}
+
+/// A time as Slurm prints it (`2026-11-28T19:20:01`, the controller's local time,
+/// taken as this host's); `Unknown`, `None` or nothing: none.
+fn slurm_time(v: &str) -> Option<std::time::SystemTime> {
+    use chrono::TimeZone as _;
+    let t = chrono::NaiveDateTime::parse_from_str(v.trim(), "%Y-%m-%dT%H:%M:%S").ok()?;
+    let t = chrono::Local.from_local_datetime(&t).earliest()?;
+    Some(t.with_timezone(&chrono::Utc).into())
 }
 
 fn parse_run_jobs(text: &str, run_id: &str) -> Vec<String> {
@@ -696,6 +710,23 @@ mod tests {
         );
         let e = parse_sacct("CANCELLED by 1000|0:15|None|gpu01\n").unwrap();
         assert_eq!((e.state.as_str(), e.signal), ("CANCELLED", Some(15)));
+        // Billing starts at the job's start; a job cancelled while pending has none.
+        let e = parse_scontrol("JobId=6 JobState=COMPLETED StartTime=2026-11-28T19:20:01 EndTime=2026-11-28T19:21:00 ExitCode=0:0").unwrap();
+        let local = chrono::DateTime::<chrono::Local>::from(e.started.unwrap());
+        assert_eq!(
+            local.format("%Y-%m-%dT%H:%M:%S").to_string(),
+            "2026-11-28T19:20:01"
+        );
+        let e = parse_scontrol("JobId=7 JobState=CANCELLED StartTime=Unknown ExitCode=0:0").unwrap();
+        assert_eq!(e.started, None);
+        let e = parse_sacct("COMPLETED|0:0|None|gpu01|2026-11-28T19:20:01\n").unwrap();
+        assert!(e.started.is_some());
+        assert_eq!(
+            parse_sacct("CANCELLED|0:0|None|None assigned|Unknown\n")
+                .unwrap()
+                .started,
+            None
+        );
         assert!(parse_sacct("").is_none());
     }
 

@@ -25,7 +25,12 @@
 //!    says what it did or saw ([`PlatformEnd`]); how that ranks against the
 //!    agent's own result is decided here only;
 //! 5. everything the cell left in its folder is masked on the host
-//!    ([`crate::secrets::mask_dir`]), whatever the agent masked itself.
+//!    ([`crate::secrets::mask_dir`]), whatever the agent masked itself;
+//! 6. billing starts when the platform started the cell's container, as the
+//!    platform says it ([`Cell::container_started`], in `started` or `end`):
+//!    `info.container_started_at` ([`CONTAINER_STARTED_AT`]); `null` for a cell
+//!    that ended before its agent ran with no container said started (a sandbox
+//!    never created or scheduled, an image never pulled), which costs nothing.
 //!
 //! A cancel is the `cancel` receiver turning `true`; its sender going away
 //! is no cancel (the runner holds it for the run's life).
@@ -44,6 +49,11 @@ use tokio::sync::{mpsc, watch};
 /// cell itself, and, once stopped, how long past the grace period it waits
 /// for the end.
 pub const HOST_SLACK: Duration = Duration::from_secs(30);
+
+/// `info` key of where billing starts (`orch_record::CONTAINER_STARTED_AT`): the
+/// platform's start of the cell's container (RFC 3339), `null` when the cell ended
+/// before its agent ran and the platform said of no container started.
+pub const CONTAINER_STARTED_AT: &str = "container_started_at";
 
 /// After a kill, how long the host waits for the stream to end.
 const AFTER_KILL: Duration = Duration::from_secs(10);
@@ -208,6 +218,7 @@ pub struct Cell {
     pub stream: Stream,
     events: mpsc::UnboundedSender<CellEvent>,
     launched: Instant,
+    container_started: Option<std::time::SystemTime>,
 }
 
 impl Cell {
@@ -274,7 +285,31 @@ impl Cell {
             stream,
             events,
             launched: Instant::now(),
+            container_started: None,
         }
+    }
+
+    /// The platform started the cell's container at `at` (by its own clock where it
+    /// says one); billing starts there (`info.container_started_at`). The first
+    /// report holds.
+    pub fn container_started(&mut self, at: std::time::SystemTime) {
+        self.container_started.get_or_insert(at);
+    }
+
+    /// [`Cell::container_started`] from an RFC 3339 time (Docker's `StartedAt`); a
+    /// time that does not parse, or the zero time of a container never started
+    /// (`0001-01-01T00:00:00Z`), says nothing.
+    pub fn container_started_rfc3339(&mut self, at: &str) {
+        if let Ok(t) = chrono::DateTime::parse_from_rfc3339(at) {
+            if t.timestamp() > 0 {
+                self.container_started(t.with_timezone(&chrono::Utc).into());
+            }
+        }
+    }
+
+    /// When the platform started the cell's container, if it said.
+    pub fn container_started_at(&self) -> Option<std::time::SystemTime> {
+        self.container_started
     }
 
     /// A message of the host's about this cell, shown like the agent's.
@@ -427,6 +462,8 @@ pub async fn drive<P: Platform + ?Sized>(
         // (it may have started meanwhile) judged like any other.
         why = stopper.next() => Ok(Some(why)),
     };
+    // The agent never ran: an early end, or a stop while the platform was starting it.
+    let never_ran = !matches!(started, Ok(None));
     let mut result = match started {
         Ok(Some(why)) => {
             platform.stop(&mut cell, why, true).await;
@@ -497,6 +534,18 @@ pub async fn drive<P: Platform + ?Sized>(
         .entry(Phase::Provision)
         .or_insert(cell.since_launch().as_secs_f64());
     platform.finish(&mut cell, &mut result).await;
+    // Where billing starts: the container's start as the platform said it; a cell
+    // that ended before its agent ran, with no start said, had no container.
+    let container = match cell.container_started {
+        Some(at) => Some(serde_json::Value::String(
+            chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )),
+        None if never_ran => Some(serde_json::Value::Null),
+        None => None,
+    };
+    if let Some(v) = container {
+        result.info.insert(CONTAINER_STARTED_AT.into(), v);
+    }
     // Everything written is masked on the host too (an older agent, a
     // platform's own log, a file the agent did not sweep).
     let (dir, masker) = (cell.dir.clone(), cell.masker.clone());
@@ -708,6 +757,8 @@ mod tests {
         stops: Vec<(Stop, bool)>,
         finished: bool,
         outside: Option<(Status, Failure)>,
+        /// The container's start the platform says (in `started`).
+        container_at: Option<std::time::SystemTime>,
     }
 
     #[async_trait]
@@ -715,9 +766,12 @@ mod tests {
         fn what(&self) -> &'static str {
             "the script"
         }
-        async fn started(&mut self, _cell: &mut Cell) -> Result<(), Early> {
+        async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
             if self.never_starts {
                 std::future::pending::<()>().await;
+            }
+            if let Some(at) = self.container_at {
+                cell.container_started(at);
             }
             Ok(())
         }
@@ -786,7 +840,38 @@ mod tests {
             stops: vec![],
             finished: false,
             outside: None,
+            container_at: None,
         }
+    }
+
+    #[tokio::test]
+    async fn billing_starts_with_the_container_the_platform_said_and_none_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = Event::Result {
+            result: CellResult::new("c", Status::Succeeded),
+        };
+        // Said started: the time, to the millisecond.
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[done.to_line()], PlatformEnd::default());
+        p.container_at = Some(std::time::UNIX_EPOCH + Duration::from_millis(1_767_225_600_123));
+        let (_tx, cancel) = watch::channel(false);
+        let r = drive(&mut p, c, cancel).await;
+        assert_eq!(r.info[CONTAINER_STARTED_AT], "2026-01-01T00:00:00.123Z");
+        // The agent ran but nothing was said: no key (billed from orch's launch).
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[done.to_line()], PlatformEnd::default());
+        let (_tx, cancel) = watch::channel(false);
+        let r = drive(&mut p, c, cancel).await;
+        assert!(!r.info.contains_key(CONTAINER_STARTED_AT));
+        // Cancelled while the platform was still starting it, nothing said: `null`.
+        let (c, _rx) = cell(dir.path(), "hunter2-secret");
+        let mut p = script(&[], PlatformEnd::default());
+        p.never_starts = true;
+        let (tx, cancel) = watch::channel(false);
+        let _ = tx.send(true);
+        let r = drive(&mut p, c, cancel).await;
+        assert_eq!(r.status, Status::Cancelled);
+        assert_eq!(r.info[CONTAINER_STARTED_AT], serde_json::Value::Null);
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 //! - [`catalog`]: the price catalog built in (`prices/catalog.yaml`), the
 //!   user's prices file over it, and the price per second of a cell;
 //! - [`cell_cost`]: a cell's cost from its billed seconds, by phase;
+//!   [`record_cost`]: a recorded cell's, billed from its container's start;
 //! - [`estimate`]: a cell's expected duration and cost before it runs;
 //! - [`ledger`]: one line per recorded cell (`costs.jsonl`), and spend
 //!   grouped by GPU, backend, suite, status or model;
@@ -18,6 +19,7 @@
 //! `prices/catalog.yaml` (embedded; Modal's prices, 2025-08),
 //! `catalog.rs`: the user's prices file over it (strict, `file:line:column`),
 //! `Prices::rate` per backend/GPU/CPU/memory; `lib.rs`: `cell_cost` by phase + `other`,
+//! `record_cost` (billed from the container's start),
 //! `RunCost`; `estimate.rs`: history → similar cells → timeout upper bound; `ledger.rs`:
 //! `LedgerLine`, spend by gpu/backend/suite/status/model/run; `budget.rs`:
 //! `BudgetTracker` (accrued, committed, look-ahead), `BudgetRecord`. It does not: IO
@@ -83,6 +85,22 @@ pub fn cell_cost(rate: &Rate, status: Status, billed_s: f64, timings: &BTreeMap<
     }
 }
 
+/// The cost of a recorded cell: [`cell_cost`] over the seconds its platform bills
+/// ([`orch_record::CellRecord::billed_s`]: from the start of its container, none when
+/// no container was started). The time before the container started, which the
+/// provision phase covers, is taken off that phase.
+pub fn record_cost(rate: &Rate, record: &orch_record::CellRecord) -> CellCost {
+    let billed_s = record.billed_s();
+    let unbilled = (record.duration_s - billed_s).max(0.0);
+    let mut timings = record.timings.clone();
+    if unbilled > 0.0 {
+        if let Some(p) = timings.get_mut(&Phase::Provision) {
+            *p = (*p - unbilled).max(0.0);
+        }
+    }
+    cell_cost(rate, record.status, billed_s, &timings)
+}
+
 /// Dollars for people: more digits for small amounts.
 pub fn fmt_usd(usd: f64) -> String {
     let a = usd.abs();
@@ -130,6 +148,53 @@ mod tests {
         let cpu_mem = 100.0 * (0.125 * 0.0000131 + 0.125 * 0.00000222);
         assert!((c.usd - (0.8776 + cpu_mem)).abs() < 1e-9, "{}", c.usd);
         assert!(c.price_source.contains("2025-08"), "{}", c.price_source);
+    }
+
+    #[test]
+    fn a_record_is_billed_from_its_containers_start_and_never_without_one() {
+        use chrono::{DateTime, Utc};
+        let t0: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+        let mut r = orch_record::CellRecord {
+            id: "c".into(),
+            benchmark: "b".into(),
+            status: Status::Failed,
+            gpu: "H100".into(),
+            params: BTreeMap::new(),
+            metrics: BTreeMap::new(),
+            timings: BTreeMap::from([(Phase::Provision, 600.0)]),
+            failure: None,
+            started_at: t0,
+            finished_at: t0 + chrono::Duration::seconds(600),
+            duration_s: 600.0,
+            stdout: Default::default(),
+            stderr: Default::default(),
+            info: BTreeMap::new(),
+            attempt: 1,
+            diagnosis: None,
+            hardware: None,
+            flags: vec![],
+            cost: None,
+        };
+        let h100 = Rate::flat("modal", 0.001097);
+        // 600 s of waiting for a sandbox that was never created: $0 (was $0.66).
+        r.info
+            .insert(orch_record::CONTAINER_STARTED_AT.into(), serde_json::Value::Null);
+        let c = record_cost(&h100, &r);
+        assert_eq!((c.usd, c.billed_s), (0.0, 0.0));
+        // Started 590 s in: 10 s, none of the 590 in `provision`.
+        r.info.insert(
+            orch_record::CONTAINER_STARTED_AT.into(),
+            "2026-01-01T00:09:50Z".into(),
+        );
+        r.timings.insert(Phase::Provision, 592.0);
+        r.timings.insert(Phase::Measure, 8.0);
+        let c = record_cost(&h100, &r);
+        assert_eq!(c.billed_s, 10.0);
+        assert!((c.usd - 10.0 * 0.001097).abs() < 1e-12);
+        assert!((c.by_phase["provision"] - 2.0 * 0.001097).abs() < 1e-12, "{c:?}");
+        // A backend that does not say: the whole wall time, as before.
+        r.info.remove(orch_record::CONTAINER_STARTED_AT);
+        assert_eq!(record_cost(&h100, &r).billed_s, 600.0);
     }
 
     #[test]

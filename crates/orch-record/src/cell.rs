@@ -42,6 +42,38 @@ pub struct CellRecord {
     pub cost: Option<CellCost>,
 }
 
+/// `info` key: when the platform started the cell's container (RFC 3339, by the
+/// platform's own clock where it says one: Docker's `State.StartedAt`, the pod's
+/// container `startedAt`, Slurm's `StartTime`, Modal's sandbox getting its task; the local
+/// backend says none: this host is billed for the cell's whole time); `null`: the cell ended before any container was started.
+/// Billing starts there ([`CellRecord::billed_s`]).
+pub const CONTAINER_STARTED_AT: &str = "container_started_at";
+
+impl CellRecord {
+    /// The seconds a platform bills for this cell: from the start of its container
+    /// ([`CONTAINER_STARTED_AT`], never before orch launched the cell) to the record,
+    /// none when no container was ever started, and the whole `duration_s` when the
+    /// backend did not say (records of an older orch).
+    pub fn billed_s(&self) -> f64 {
+        let whole = if self.duration_s.is_finite() {
+            self.duration_s.max(0.0)
+        } else {
+            0.0
+        };
+        match self.info.get(CONTAINER_STARTED_AT) {
+            Some(serde_json::Value::Null) => 0.0,
+            Some(serde_json::Value::String(at)) => match DateTime::parse_from_rfc3339(at) {
+                Ok(at) => {
+                    let from = at.with_timezone(&Utc).max(self.started_at);
+                    ((self.finished_at - from).num_milliseconds() as f64 / 1000.0).clamp(0.0, whole)
+                }
+                Err(_) => whole,
+            },
+            _ => whole,
+        }
+    }
+}
+
 #[cfg(feature = "plan")]
 impl CellRecord {
     /// The record of an attempt at a planned cell from the agent's result;
@@ -223,5 +255,49 @@ mod tests {
         assert!("running".parse::<CellStatus>().is_err());
         assert!(CellStatus::Succeeded.is_finished() && CellStatus::Oom.is_finished());
         assert!(!CellStatus::Cancelled.is_finished() && !CellStatus::Pending.is_finished());
+    }
+
+    #[test]
+    fn billing_starts_with_the_container() {
+        let t0: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+        let mut r = CellRecord {
+            id: "c".into(),
+            benchmark: "b".into(),
+            status: Status::Succeeded,
+            gpu: "H100".into(),
+            params: BTreeMap::new(),
+            metrics: BTreeMap::new(),
+            timings: BTreeMap::new(),
+            failure: None,
+            started_at: t0,
+            finished_at: t0 + chrono::Duration::seconds(600),
+            duration_s: 600.0,
+            stdout: StreamInfo::default(),
+            stderr: StreamInfo::default(),
+            info: BTreeMap::new(),
+            attempt: 1,
+            diagnosis: None,
+            hardware: None,
+            flags: vec![],
+            cost: None,
+        };
+        // A backend that does not say: the whole of it (as before).
+        assert_eq!(r.billed_s(), 600.0);
+        // Started by the platform 590 s after orch asked: 10 s.
+        r.info
+            .insert(CONTAINER_STARTED_AT.into(), "2026-01-01T00:09:50Z".into());
+        assert_eq!(r.billed_s(), 10.0);
+        // Never started: nothing.
+        r.info
+            .insert(CONTAINER_STARTED_AT.into(), serde_json::Value::Null);
+        assert_eq!(r.billed_s(), 0.0);
+        // A platform clock behind orch's: never more than the cell's own time.
+        r.info
+            .insert(CONTAINER_STARTED_AT.into(), "2025-12-31T23:00:00Z".into());
+        assert_eq!(r.billed_s(), 600.0);
+        // Or past its end: nothing.
+        r.info
+            .insert(CONTAINER_STARTED_AT.into(), "2026-01-01T01:00:00+00:00".into());
+        assert_eq!(r.billed_s(), 0.0);
     }
 }

@@ -5,8 +5,10 @@
 //!   [`Environment`]), the whole run as printed and reported ([`RunRecord`])
 //!   and its line in `orch ls` ([`RunSummary`]);
 //! - [`cell`]: one finished cell's record ([`CellRecord`], the cell's
-//!   `result.json`) and a cell as a run record shows it ([`CellView`]:
-//!   its record, or `pending`);
+//!   `result.json`), the seconds a platform bills for it
+//!   ([`CellRecord::billed_s`]: from its container's start,
+//!   [`CONTAINER_STARTED_AT`]) and a cell as a run record shows it
+//!   ([`CellView`]: its record, or `pending`);
 //! - [`diagnosis`]: the named cause of a failure ([`Diagnosis`]), as
 //!   `orch-diagnose` finds it in a cell's logs; its kind is a [`FailureKind`]
 //!   (defined in `orch-protocol`, where a cell's `Failure` names one too,
@@ -33,7 +35,7 @@ pub mod cost;
 pub mod diagnosis;
 pub mod run;
 
-pub use cell::{CellRecord, CellStatus, CellView};
+pub use cell::{CellRecord, CellStatus, CellView, CONTAINER_STARTED_AT};
 pub use compare::CompareInfo;
 pub use cost::{BudgetRecord, CellCost, RunCost, OTHER_PHASE};
 pub use diagnosis::Diagnosis;

@@ -215,5 +215,6 @@ fn complete_record(
     record.diagnosis = diagnose_cell(record, dir, rules);
     diagnose_variants(record, dir, rules);
     oom_from_diagnosis(record);
-    record.cost = rate.map(|r| orch_cost::cell_cost(r, record.status, record.duration_s, &record.timings));
+    // Billed from the platform's start of the container (none without one).
+    record.cost = rate.map(|r| orch_cost::record_cost(r, record));
 }

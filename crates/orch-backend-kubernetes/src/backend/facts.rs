@@ -76,6 +76,10 @@ impl JobCell<'_> {
             None => None,
         };
         let pod = pod.or_else(|| last_seen.filter(|p| watch::disruption(p).is_some()));
+        // Billing starts when the kubelet started the pod's containers.
+        if let Some(at) = pod.as_ref().and_then(watch::container_started) {
+            cell.container_started(at);
+        }
         let message = pod.as_ref().and_then(watch::termination_message);
         if let Some(home) = cell.stream.home() {
             // The termination message may hold the log's last lines (frames,

@@ -6,7 +6,7 @@
 //!            [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
 //!            [--kill-after SECS] [--transient N] [--drop-log-streams]
 //!            [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
-//!            [--fail-blob-puts N] [--max-request-bytes N]
+//!            [--fail-blob-puts N] [--max-request-bytes N] [--rate-limit PER_S[:BURST[:METHOD,...]]]
 //! ```
 //!
 //! Prints `url http://127.0.0.1:PORT` as the first stdout line (for
@@ -23,7 +23,7 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
                   [--fail-build TEXT] [--unavailable-gpu TYPE]... [--oom CELL]... [--terminate CELL]...
                   [--kill-after SECS] [--transient N] [--drop-log-streams]
                   [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
-                  [--fail-blob-puts N] [--max-request-bytes N]
+                  [--fail-blob-puts N] [--max-request-bytes N] [--rate-limit PER_S[:BURST[:METHOD,...]]]
 
   --root DIR            volumes, blobs and sandbox folders (default: a temporary folder)
   --port N              port on 127.0.0.1 (default: a free port)
@@ -45,6 +45,10 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
   --multipart BYTES     BlobCreate asks for multipart uploads in parts of BYTES
   --fail-blob-puts N    the first N blob PUTs answer 503 Slow Down
   --max-request-bytes N requests over N bytes are refused RESOURCE_EXHAUSTED
+  --rate-limit PER_S[:BURST[:METHOD,...]]
+                        unary calls (of each METHOD, default every one) over PER_S a second
+                        (bursts of BURST, default 1) answer RESOURCE_EXHAUSTED with a
+                        retry-after, as Modal throttles
 
 The first stdout line is `url http://127.0.0.1:PORT`.";
 
@@ -128,6 +132,21 @@ fn run() -> Result<(), String> {
             "--multipart" => sc.multipart_part_bytes = Some(number(&a, &val()?)?),
             "--fail-blob-puts" => sc.fail_blob_puts = number(&a, &val()?)?,
             "--max-request-bytes" => sc.max_request_bytes = Some(number(&a, &val()?)?),
+            "--rate-limit" => {
+                let v = val()?;
+                let mut parts = v.splitn(3, ':');
+                let per_s = number(&a, parts.next().unwrap_or_default())?;
+                let burst = parts.next().map(|b| number(&a, b)).transpose()?.unwrap_or(1);
+                let methods = parts
+                    .next()
+                    .map(|m| m.split(',').map(String::from).collect())
+                    .unwrap_or_default();
+                sc.rate_limit = Some(orch_testkit::modal::RateLimit {
+                    per_s,
+                    burst,
+                    methods,
+                });
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());

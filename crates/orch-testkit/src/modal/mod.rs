@@ -44,23 +44,29 @@
 //!   with a retry-after), slow ingestion of uploaded files (`exists: false`
 //!   for a few asks after the upload), multipart blob uploads, blob `PUT`s
 //!   answered `503 Slow Down`, requests over a size limit refused
-//!   `RESOURCE_EXHAUSTED` (each also a flag of the `fake-modal` binary);
-//! - every call is recorded ([`FakeModal::calls`]) with its idempotency key,
+//!   `RESOURCE_EXHAUSTED` (each also a flag of the `fake-modal` binary), a
+//!   rate limit on unary calls answered as Modal throttles (`limit.rs`: a slot per
+//!   refused call, [`FakeModal::throttling`] says whether clients waited as told);
+//! - every call is recorded ([`FakeModal::calls`], counted by method in
+//!   [`FakeModal::counts`]) with its idempotency key,
 //!   retry and throttle-retry attempts, client type and encoded size
 //!   ([`FakeModal::largest_request`]); every sandbox with its `network_access`.
 //!
 //! The files: `grpc.rs` (the service: every RPC, after the auth check), `images.rs` (image
-//! RPCs and builds), `sandboxes.rs` (sandbox RPCs and runs), `volumes.rs` (volumes, mounts,
+//! RPCs and builds), `sandboxes.rs` (sandbox RPCs and runs), `limit.rs` (the rate limit),
+//! `volumes.rs` (volumes, mounts,
 //! blobs and the upload server), `state.rs` (what the server knows), this file (the server,
 //! its builder and the public types).
 
 mod grpc;
 mod images;
+mod limit;
 mod sandboxes;
 mod state;
 mod volumes;
 
 use grpc::Svc;
+pub use limit::{RateLimit, Throttling};
 use orch_modal_proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
 pub use state::sha256_hex;
 use state::{now_s, Inner, Sandbox, State};
@@ -118,6 +124,10 @@ pub struct Scenario {
     /// Requests larger than this (encoded) are refused `RESOURCE_EXHAUSTED`, as a
     /// gRPC server refuses a message over its limit; `None`: no limit.
     pub max_request_bytes: Option<usize>,
+    /// Unary calls over this rate are throttled as Modal throttles them
+    /// (`RESOURCE_EXHAUSTED` with an `RPCRetryPolicy`), each told when its slot
+    /// comes ([`RateLimit`], [`FakeModal::throttling`]); `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// A blob `BlobCreate` made, and how its upload went.
@@ -306,6 +316,7 @@ impl FakeModalBuilder {
             scenario: Mutex::new(self.scenario),
             blob_url,
             ids: AtomicU64::new(0),
+            limiter: Mutex::new(limit::Limiter::default()),
         });
         {
             let inner = inner.clone();
@@ -399,6 +410,21 @@ impl FakeModal {
 
     pub fn count(&self, method: &str) -> usize {
         self.calls().iter().filter(|c| c.method == method).count()
+    }
+
+    /// Calls answered (refused ones included), by method.
+    pub fn counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut by = BTreeMap::new();
+        for c in self.inner.state.lock().unwrap().calls.iter() {
+            *by.entry(c.method).or_default() += 1;
+        }
+        by
+    }
+
+    /// What [`Scenario::rate_limit`] did: calls told to wait, sent again too early, or
+    /// after waiting as told.
+    pub fn throttling(&self) -> Throttling {
+        self.inner.limiter.lock().unwrap().stats.clone()
     }
 
     /// The largest request answered: (method, encoded bytes).

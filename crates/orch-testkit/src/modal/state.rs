@@ -145,6 +145,8 @@ pub(super) struct Inner {
     pub(super) scenario: Mutex<Scenario>,
     pub(super) blob_url: String,
     pub(super) ids: AtomicU64,
+    /// The rate limit's buckets and what it did ([`super::limit`]).
+    pub(super) limiter: Mutex<super::limit::Limiter>,
 }
 
 impl Inner {
@@ -183,6 +185,16 @@ impl Inner {
             _ => {}
         }
         let mut sc = self.scenario.lock().unwrap();
+        if let Some(limit) = &sc.rate_limit {
+            let key = get("x-idempotency-key");
+            if let Some(wait) = self.limiter.lock().unwrap().check(limit, method, key.as_deref()) {
+                return Err(orch_modal_proto::status::throttled(
+                    tonic::Code::ResourceExhausted,
+                    &format!("fake: `{method}` is rate limited, slow down"),
+                    wait,
+                ));
+            }
+        }
         if let Some(max) = sc.max_request_bytes.filter(|m| request_bytes > *m) {
             // What a gRPC server answers a message over its limit.
             return Err(Status::resource_exhausted(format!(

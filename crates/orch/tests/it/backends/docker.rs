@@ -93,6 +93,11 @@ fn build_twice_then_quickstart_on_docker_leaves_nothing() {
     for c in rec["cells"].as_array().unwrap() {
         assert_eq!(c["status"], "succeeded", "{c}");
         assert!(!c["metrics"].as_object().unwrap().is_empty());
+        // Billing starts at the engine's `State.StartedAt` (a time it said).
+        let at = c["info"]["container_started_at"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{c}"));
+        assert!(chrono::DateTime::parse_from_rfc3339(at).is_ok(), "{c}");
     }
     assert!(
         containers_of(rec["id"].as_str().unwrap()).is_empty(),

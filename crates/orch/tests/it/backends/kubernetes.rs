@@ -617,6 +617,12 @@ fn kubernetes_cells_are_costed_at_the_users_price() {
     // at 2 x 0.001 USD per GPU-second for its whole time.
     let usd = cell["cost"]["usd"].as_f64().unwrap_or_else(|| panic!("{cell:#}"));
     assert!(usd >= 0.002, "{cell:#}");
+    // Billed from the kubelet's start of the pod's containers, not from the Job's creation.
+    assert!(cell["info"]["container_started_at"].is_string(), "{cell:#}");
+    assert!(
+        cell["cost"]["billed_s"].as_f64().unwrap() <= cell["duration_s"].as_f64().unwrap(),
+        "{cell:#}"
+    );
     c.assert_nothing_left();
 }
 

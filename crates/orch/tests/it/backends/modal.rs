@@ -265,6 +265,9 @@ benchmarks:
         "{x}"
     );
     assert_eq!(x["diagnosis"]["kind"], "image_build_failed", "{x}");
+    // No sandbox was created: nothing billed.
+    assert!(x["info"]["container_started_at"].is_null(), "{x}");
+    assert_eq!(x["cost"]["usd"].as_f64(), Some(0.0), "{x}");
     assert!(cell_dir(tmp.path(), &rec, "x.cpu")
         .join("image-build.log")
         .is_file());
@@ -295,6 +298,13 @@ benchmarks:
     let g = cell(&rec, "g.h100x2");
     assert_eq!(g["status"], "succeeded", "{g}");
     assert_eq!(g["info"]["modal_gpu"], "A100-80GB:2", "{g}");
+    // Billed from the A100 sandbox's start, not from the H100 wait before it.
+    let billed = g["cost"]["billed_s"].as_f64().unwrap();
+    assert!(g["info"]["container_started_at"].is_string(), "{g}");
+    assert!(
+        billed < g["duration_s"].as_f64().unwrap() - 1.5,
+        "the 2 s spent waiting for an H100 is not billed: {g}"
+    );
     let asked: Vec<_> = fake.sandboxes().iter().filter_map(|s| s.gpu.clone()).collect();
     assert!(
         asked.contains(&("H100".into(), 2)) && asked.contains(&("A100-80GB".into(), 2)),
@@ -307,6 +317,11 @@ benchmarks:
     let g = cell(&rec, "g.h100x2");
     assert_eq!(g["failure"]["kind"], "gpu_unavailable", "{g}");
     assert_eq!(g["diagnosis"]["kind"], "gpu_unavailable", "{g}");
+    // No sandbox was ever scheduled: it cost nothing, however long it waited (billing
+    // starts when Modal starts the container).
+    assert!(g["info"]["container_started_at"].is_null(), "{g}");
+    assert_eq!(g["cost"]["usd"].as_f64(), Some(0.0), "{g}");
+    assert_eq!(g["cost"]["billed_s"].as_f64(), Some(0.0), "{g}");
     assert!(
         fake.running().is_empty(),
         "sandboxes waiting for a GPU are terminated"
@@ -960,4 +975,82 @@ fn a_large_dockerfile_context_travels_as_a_mount_and_a_multipart_blob() {
     assert!(fake.uploads().iter().any(|u| u.via_blob && u.sha256 == sha));
     let (method, largest) = fake.largest_request().unwrap();
     assert!(largest < 1024 * 1024, "{method} carried {largest} bytes");
+}
+
+/// 300 cells at once under Modal's throttling (every unary call of each method over
+/// 20 a second refused `RESOURCE_EXHAUSTED` with a retry-after): every cell succeeds
+/// and is recorded once, one sandbox each, and no call is refused again after it was
+/// told to wait (orch waits as told, and sends it again under the same key). The RPCs
+/// per cell are printed (`--nocapture`).
+#[test]
+fn three_hundred_cells_under_throttling_each_recorded_once_orch_waiting_as_told() {
+    if !ready() {
+        return;
+    }
+    const CELLS: usize = 300;
+    let fake = fake_modal();
+    fake.scenario(|s| {
+        s.rate_limit = Some(orch_testkit::modal::RateLimit {
+            per_s: 20.0,
+            burst: 5,
+            methods: vec![],
+        })
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let values: Vec<String> = (0..CELLS).map(|i| i.to_string()).collect();
+    let m = write_suite(
+        tmp.path(),
+        &format!(
+            "name: many\nimage: debian:bookworm-slim\nbenchmarks:\n  - name: c\n    workload: {{shell: 'echo ran'}}\n    matrix:\n      i: [{}]\n",
+            values.join(", ")
+        ),
+    );
+    // orch's own pacing above the server's limit, so the server's throttle is met.
+    let out = orch(&fake, tmp.path())
+        .env("ORCH_MODAL_CREATE_RATE", "100:50")
+        .args(["run", "-f"])
+        .arg(&m)
+        .args(["--backend", "modal", "--jobs", "60", "--json", "--store"])
+        .arg(tmp.path().join("store"))
+        .output()
+        .unwrap();
+    let rec = json(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells = rec["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), CELLS);
+    let ids: std::collections::BTreeSet<&str> = cells.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), CELLS, "each cell once");
+    for c in cells {
+        assert_eq!(c["status"], "succeeded", "{c}");
+        assert!(c["info"]["container_started_at"].is_string(), "{c}");
+    }
+    let stored = std::fs::read_dir(
+        tmp.path()
+            .join("store")
+            .join(rec["id"].as_str().unwrap())
+            .join("cells"),
+    )
+    .unwrap()
+    .filter(|e| e.as_ref().unwrap().path().join("result.json").is_file())
+    .count();
+    assert_eq!(stored, CELLS, "one record each");
+    assert_eq!(fake.sandboxes().len(), CELLS, "one sandbox each");
+    let t = fake.throttling();
+    assert!(t.told.values().sum::<usize>() > 0, "the limit was met: {t:?}");
+    assert_eq!(t.early, 0, "a call sent again before its retry-after: {t:?}");
+    let counts = fake.counts();
+    let total: usize = counts.values().sum();
+    eprintln!(
+        "{CELLS} cells: {total} RPCs ({:.2} a cell), told to wait {:?}, waited {}; by method: {counts:?}",
+        total as f64 / CELLS as f64,
+        t.told,
+        t.waited
+    );
+    // Long polls, not polling: a handful of calls a cell, throttled ones included.
+    assert!(total < 12 * CELLS, "{counts:?}");
 }
