@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kubernetes backend against the local fake API server (`fake-kube`,
-# orch-testkit: Kubernetes REST on loopback, a Job controller and a "kubelet"
+# orch-fake-kube: Kubernetes REST on loopback, a Job controller and a "kubelet"
 # running each container chrooted in its image's root folder, in a mount
 # namespace of its own: run as root), beside the local backend, in one run:
 #  - per-cell overhead: median cell record duration_s of CELLS noop cells
@@ -21,7 +21,7 @@ CELLS=${CELLS:-16}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -p orch -p orch-testkit --bin orch --bin fake-kube >&2
+cargo build $flag --locked -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
 ORCH=$PWD/target/$PROFILE/orch
 FAKE=$PWD/target/$PROFILE/fake-kube
 
@@ -62,7 +62,7 @@ python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" <<'PY'
 import json, os, statistics, sys
 work, cells, mib, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 out = {"cells": cells, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
-       "server": "fake-kube (orch-testkit) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay",
+       "server": "fake-kube (orch-fake-kube) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay",
        "measure": "cell record duration_s (launch to result stored); log MiB/s = bytes of stdout.log / duration"}
 for b in ("local", "kubernetes"):
     rec = json.load(open(f"{work}/noop-{b}.json"))

@@ -17,7 +17,7 @@ CELLS=${CELLS:-16}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -p orch -p orch-testkit --bin orch --bin fake-modal >&2
+cargo build $flag --locked -p orch -p orch-fake-modal --bin orch --bin fake-modal >&2
 ORCH=$PWD/target/$PROFILE/orch
 FAKE=$PWD/target/$PROFILE/fake-modal
 
@@ -56,7 +56,7 @@ python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" <<'PY'
 import json, os, statistics, sys
 work, cells, mib, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 out = {"cells": cells, "log_mib": mib, "build": profile,
-       "server": "fake-modal (orch-testkit) on this host: gRPC on loopback, each sandbox chrooted in its image root (mount namespace)",
+       "server": "fake-modal (orch-fake-modal) on this host: gRPC on loopback, each sandbox chrooted in its image root (mount namespace)",
        "measure": "cell record duration_s (launch to result stored); log MiB/s = bytes of stdout.log / duration"}
 for b in ("local", "modal"):
     rec = json.load(open(f"{work}/noop-{b}.json"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `orch setup` against huggingface_hub's `hf download`, side by side, on the
-# same local Hub-compatible server (fake-hub from crates/orch-testkit),
+# same local Hub-compatible server (fake-hub from crates/orch-fake-hub),
 # fresh caches each time, alternating which goes first, ROUNDS rounds.
 # Writes results/bench-setup.json: both medians and ratio = hf / orch.
 #   bash scripts/bench-setup.sh            # 2 GiB model in 12 files, 3 rounds
@@ -13,7 +13,7 @@ ROUNDS=${ROUNDS:-3}
 REPO=bench/model
 
 command -v hf >/dev/null || python3 -m pip install -q huggingface_hub >&2
-cargo build --release --locked -p orch -p orch-testkit >&2
+cargo build --release --locked -p orch -p orch-fake-hub >&2
 ORCH=$PWD/target/release/orch
 HUB=$PWD/target/release/fake-hub
 

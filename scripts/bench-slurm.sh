@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CELLS=${CELLS:-20}
 PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" --locked -p orch -p orch-testkit --bin orch --bin slurm-cluster >&2
+cargo build --profile "$PROFILE" --locked -p orch -p orch-fake-slurm --bin orch --bin slurm-cluster >&2
 dir=$PROFILE; [ "$PROFILE" = dev ] && dir=debug
 ORCH=$PWD/target/$dir/orch
 CLUSTER=$PWD/target/$dir/slurm-cluster
@@ -48,7 +48,7 @@ def stats(ds):
     return round(statistics.median(ds), 1), round(ds[int(0.9 * (len(ds) - 1))], 1)
 out = {"cells_per_backend": cells, "workload": "builtin noop",
        "measure": "cell record duration_s (launch to result stored); sbatch: wall time of `sbatch --wait --wrap 'srun true'`",
-       "cluster": "one node on this machine (orch_testkit::slurm), SchedulerType=sched/backfill, slurm poll 0.5s"}
+       "cluster": "one node on this machine (orch_fake_slurm), SchedulerType=sched/backfill, slurm poll 0.5s"}
 for b in ("local", "slurm"):
     rec = json.load(open(f"{work}/{b}.json"))
     assert all(c["status"] == "succeeded" for c in rec["cells"]), b

@@ -4,8 +4,8 @@
 use orch_backend_modal::ops::{self, ImageSpec, MountSource};
 use orch_backend_modal::proto::{self, generic_result::GenericStatus};
 use orch_backend_modal::{Credentials, Modal, ModalError};
-use orch_testkit::container;
-use orch_testkit::modal::*;
+use orch_fake_containers::container;
+use orch_fake_modal::*;
 
 fn client(fake: &FakeModal) -> Modal {
     Modal::connect(Credentials {

@@ -1,6 +1,6 @@
 //! `orch-modal-proto`: Modal's gRPC protocol as orch speaks it, in one place
 //! that both the `modal` backend (`orch-backend-modal`) and its fake
-//! (`orch-testkit`'s `modal`) use, so neither depends on the other.
+//! (`orch-fake-modal`) use, so neither depends on the other.
 //!
 //! - the generated types and stubs of `proto/modal_api.proto` (our subset of
 //!   `modal.client.ModalClient`, compiled by protox in `build.rs`: no system

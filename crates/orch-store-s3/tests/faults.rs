@@ -1,17 +1,17 @@
-//! The S3 store through the fault proxy (`orch_testkit::faultproxy`) in
+//! The S3 store through the fault proxy (`orch_fake_s3::faultproxy`) in
 //! front of `moto_server`: outages of every kind ridden out by the SDK's
 //! retries, a silent endpoint given up within the budget, records kept on
 //! local disk through a long outage and uploaded once afterwards, refused
 //! credentials told as the user's to fix. No timing is asserted beyond a
 //! generous bound that proves nothing hangs.
 
+use orch_fake_s3::faultproxy::{FaultProxy, Mode};
+use orch_fake_s3::{require, S3Server};
 use orch_manifest::{load_str, ExpandOptions};
 use orch_protocol::{CellResult, Status};
 use orch_store::{host_environment, CellRecord, Run, Store};
 use orch_store_s3::objects::Settings;
 use orch_store_s3::S3Store;
-use orch_testkit::faultproxy::{FaultProxy, Mode};
-use orch_testkit::s3::{require, S3Server};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

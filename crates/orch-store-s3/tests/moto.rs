@@ -2,12 +2,12 @@
 //! racing writers, lost replies, hostile keys. One server for the whole
 //! binary (the AWS chain reads the process environment, set once here).
 
+use orch_fake_s3::{require, S3Server};
 use orch_manifest::{load_str, ExpandOptions};
 use orch_protocol::{CellResult, Status};
 use orch_store::{host_environment, CellRecord, Run, Store, StoreError};
 use orch_store_s3::objects::Created;
 use orch_store_s3::S3Store;
-use orch_testkit::s3::{require, S3Server};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 

@@ -2,11 +2,11 @@
 //! `moto_server`: finished runs from their caches without a listing each,
 //! a run being written and a resumed one as `orch show` opens them.
 
+use orch_fake_s3::{require, S3Server};
 use orch_manifest::{load_str, ExpandOptions};
 use orch_protocol::{CellResult, Status};
 use orch_store::{host_environment, CellRecord, Run, RunState, Store};
 use orch_store_s3::S3Store;
-use orch_testkit::s3::{require, S3Server};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 

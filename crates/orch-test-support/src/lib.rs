@@ -2,6 +2,6 @@
 //! a server: [`skip`], the one rule for tests that need an outside tool
 //! (skipped with a note outside CI, failed under CI). No dependency at all,
 //! so `cargo test -p orch-report` (or any small crate) builds nothing of
-//! the fakes; `orch-testkit` re-exports it as `orch_testkit::skip`.
+//! the fakes (`orch-fake-*`); `orch-testkit` re-exports it as `orch_testkit::skip`.
 
 pub mod skip;

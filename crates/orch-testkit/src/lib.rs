@@ -1,34 +1,30 @@
-//! Test support for `orch`: generated, realistic model repositories ([`fixtures`]) and a real local
-//! Hugging Face Hub-compatible HTTP server that serves them ([`hub`]).
+//! Test support for `orch`'s own tests, under one roof: every fake re-exported under the module
+//! path it had when this crate held them all, so tests keep writing `orch_testkit::kube::FakeKube`
+//! or `orch_testkit::skip::skip_or_fail`; [`suites`] (suites whose files must travel with their
+//! cells); and the `fast-openai` binary (an OpenAI-compatible server that is never the
+//! bottleneck, for `scripts/bench-loadgen.sh`).
 //!
-//! ```no_run
-//! use orch_testkit::{fixtures, hub::HubServer};
-//! let root = tempfile_like_dir();
-//! # fn tempfile_like_dir() -> std::path::PathBuf { std::env::temp_dir().join("hub-root") }
-//! let model = fixtures::write_test_model(&root, "acme/tiny-llama", &fixtures::ModelOptions::tiny()).unwrap();
-//! let server = HubServer::builder(&root).gated("acme/tiny-llama", "hf_valid").start().unwrap();
-//! std::env::set_var("HF_ENDPOINT", server.endpoint());
-//! # let _ = model;
-//! ```
+//! A crate that needs one fake depends on that fake's crate alone (`orch-backend-modal` on
+//! `orch-fake-modal`, `orch-store-s3` on `orch-fake-s3`) and builds none of the others:
+//!
+//! | module | crate |
+//! |---|---|
+//! | [`container`], [`gpu`], [`rootfs`] | `orch-fake-containers` |
+//! | [`kube`] | `orch-fake-kube` |
+//! | [`modal`] | `orch-fake-modal` |
+//! | [`hub`], [`fixtures`], [`hashing`], [`MARKER_FILE`] | `orch-fake-hub` |
+//! | [`s3`], [`faultproxy`] | `orch-fake-s3` |
+//! | [`slurm`] | `orch-fake-slurm` |
+//! | [`skip`] | `orch-test-support` |
 
-pub mod container;
-pub mod faultproxy;
-pub mod fixtures;
-pub mod gpu;
-pub mod hashing;
-pub mod hub;
-pub mod kube;
-pub mod modal;
-pub mod rootfs;
-pub mod s3;
+pub use orch_fake_containers::{container, gpu, rootfs};
+pub use orch_fake_hub as hub;
+pub use orch_fake_hub::{fixtures, hashing, MARKER_FILE};
+pub use orch_fake_kube as kube;
+pub use orch_fake_modal as modal;
+pub use orch_fake_s3 as s3;
+pub use orch_fake_s3::faultproxy;
+pub use orch_fake_slurm as slurm;
 /// The skip-or-fail rule (`orch-test-support`), under its old path.
 pub use orch_test_support::skip;
-pub mod slurm;
 pub mod suites;
-
-/// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.
-///
-/// JSON object; recognised keys: `"gated_token"` (string: the repo is gated and only this bearer
-/// token may read it) and `"generator"` (free-form, written by [`fixtures`] to describe how the
-/// repo was generated).
-pub const MARKER_FILE: &str = ".fakehub.json";

@@ -1,4 +1,4 @@
-//! `fake-kube`: a local fake Kubernetes API server (see `orch_testkit::kube`) with one
+//! `fake-kube`: a local fake Kubernetes API server (see `orch_fake_kube`) with one
 //! 8×H100 node (`gpu-0`) and one CPU node (`cpu-0`).
 //!
 //! ```text
@@ -11,7 +11,7 @@
 //! Writes a kubeconfig to KUBECONFIG, prints `url http://127.0.0.1:PORT` as the first stdout
 //! line, then serves until killed (SIGTERM/SIGINT/SIGHUP: its containers are killed too).
 
-use orch_testkit::kube::{FakeKube, FakeNode};
+use orch_fake_kube::{FakeKube, FakeNode};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,7 +68,7 @@ fn run() -> Result<(), String> {
                 b = b.image(&r, d);
             }
             "--busybox-image" => {
-                let root = orch_testkit::container::busybox_root()
+                let root = orch_fake_containers::container::busybox_root()
                     .map_err(|e| format!("cannot make a busybox root: {e}"))?;
                 b = b.image(&val()?, root);
             }

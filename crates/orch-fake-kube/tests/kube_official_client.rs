@@ -3,9 +3,9 @@
 //! watches its pod until the container terminates, reads the log, the Job's status and the
 //! pod's events, and deletes the Job with `propagation_policy='Background'`. Under CI a
 //! missing `kubernetes` package fails; elsewhere the test is skipped with the reason printed
-//! (`orch_testkit::skip`).
+//! (`orch_test_support::skip`).
 
-use orch_testkit::kube::{FakeKube, FakeNode};
+use orch_fake_kube::{FakeKube, FakeNode};
 
 const SCRIPT: &str = r#"
 import json, sys, time
@@ -97,18 +97,20 @@ fn have_kubernetes() -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    ok || orch_testkit::skip::skip_or_fail(
-        &orch_testkit::skip::current_test(),
+    ok || orch_test_support::skip::skip_or_fail(
+        &orch_test_support::skip::current_test(),
         "python3 with the `kubernetes` package is not installed here (pip install kubernetes)",
     )
 }
 
 #[test]
 fn the_official_python_client_runs_a_job_on_the_fake() {
-    if !have_kubernetes() || !orch_testkit::container::available_or_skip("the fake kubelet's containers") {
+    if !have_kubernetes()
+        || !orch_fake_containers::container::available_or_skip("the fake kubelet's containers")
+    {
         return;
     }
-    let image = orch_testkit::container::busybox_root().unwrap();
+    let image = orch_fake_containers::container::busybox_root().unwrap();
     let fake = FakeKube::builder()
         .node(FakeNode::h100("gpu-0", 8))
         .node(FakeNode::cpu("cpu-0"))

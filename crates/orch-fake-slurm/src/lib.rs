@@ -22,8 +22,13 @@
 //! their users); accounting also `slurmdbd` and `mariadb-server`. [`SlurmCluster::start`] says why when it cannot start; the
 //! cluster stops, every job cancelled, when the value is dropped.
 //!
+//! Not shared: the crate has no dependency (no async runtime, no other fake); it fakes nothing
+//! of Slurm but the hardware (placeholder GPU device files), and shares the machine it runs on:
+//! every node is this host. The `slurm-cluster` binary runs a command against it for scripts
+//! (`scripts/bench-slurm.sh`).
+//!
 //! ```no_run
-//! let cluster = orch_testkit::slurm::SlurmCluster::start().unwrap();
+//! let cluster = orch_fake_slurm::SlurmCluster::start().unwrap();
 //! let status = std::process::Command::new("sinfo").envs(cluster.env()).status().unwrap();
 //! ```
 

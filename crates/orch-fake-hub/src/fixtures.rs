@@ -1,4 +1,4 @@
-//! Generated model repositories, written to disk in the layout the [`crate::hub`] server serves:
+//! Generated model repositories, written to disk in the layout the [`crate::HubServer`] serves:
 //! `root/{org}/{name}/...`.
 //!
 //! Content is streamed to disk while it is generated, so multi-gigabyte models are never held in

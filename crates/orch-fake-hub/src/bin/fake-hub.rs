@@ -11,9 +11,9 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use orch_testkit::fixtures::{self, ModelOptions};
-use orch_testkit::hub::HubServer;
-use orch_testkit::MARKER_FILE;
+use orch_fake_hub::fixtures::{self, ModelOptions};
+use orch_fake_hub::HubServer;
+use orch_fake_hub::MARKER_FILE;
 
 const USAGE: &str = "usage: fake-hub --root DIR [--port N] [--gated org/name=TOKEN]... [--verbose]
                 [--generate org/name [--size-mb N] [--files N] [--seed N]]...

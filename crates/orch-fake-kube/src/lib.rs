@@ -57,12 +57,17 @@
 //!   reason and message, then the pod deleted gracefully, as the Eviction API, the
 //!   scheduler's preemption or the taint manager do ("Pod disruption conditions").
 //!
+//! Not shared: the fake depends on no `orch` crate and on no other fake but
+//! `orch-fake-containers` (how a container runs); its objects, watches and kubelet are its own,
+//! reached only over HTTP as a cluster's are. The `fake-kube` binary serves it for scripts
+//! (`scripts/bench-kubernetes.sh`).
+//!
 //! ```no_run
-//! use orch_testkit::kube::{FakeKube, FakeNode};
+//! use orch_fake_kube::{FakeKube, FakeNode};
 //! let kube = FakeKube::builder()
 //!     .node(FakeNode::h100("gpu-0", 8))
 //!     .node(FakeNode::cpu("cpu-0"))
-//!     .image("busybox:1.36", orch_testkit::container::busybox_root().unwrap())
+//!     .image("busybox:1.36", orch_fake_containers::container::busybox_root().unwrap())
 //!     .start()
 //!     .unwrap();
 //! kube.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"), "default").unwrap();
@@ -88,6 +93,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 
 use kubelet::StopReq;
+use orch_fake_containers::container;
 use store::{lock, Inner, State};
 
 /// A node of the fake cluster.
@@ -241,7 +247,7 @@ impl FakeKubeBuilder {
         self
     }
 
-    /// The NVML library (`orch_testkit::gpu::nvml_stub()`, or any file) that containers given
+    /// The NVML library (`orch_fake_containers::gpu::nvml_stub()`, or any file) that containers given
     /// GPUs get at `libnvidia-ml.so.1`, as the NVIDIA container toolkit injects the driver's.
     /// Without it, GPU pods are scheduled on GPU nodes but see no GPU library.
     pub fn nvml_stub(mut self, lib: impl Into<PathBuf>) -> Self {

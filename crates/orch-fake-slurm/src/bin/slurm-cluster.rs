@@ -1,5 +1,5 @@
 //! `slurm-cluster [--nodes N] -- COMMAND...`: start a test Slurm cluster
-//! (`orch_testkit::slurm`), run COMMAND with `SLURM_CONF` pointing at it,
+//! (`orch_fake_slurm`), run COMMAND with `SLURM_CONF` pointing at it,
 //! stop the cluster, and exit with COMMAND's status. For scripts
 //! (`scripts/bench-slurm.sh`).
 
@@ -19,7 +19,7 @@ fn main() {
     if cmd.is_empty() {
         usage();
     }
-    let cluster = match orch_testkit::slurm::SlurmCluster::start_nodes(nodes) {
+    let cluster = match orch_fake_slurm::SlurmCluster::start_nodes(nodes) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("slurm-cluster: cannot start the cluster: {e}");

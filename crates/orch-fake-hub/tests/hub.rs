@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use futures::StreamExt as _;
-use orch_testkit::fixtures::{self, GeneratedModel, ModelOptions};
-use orch_testkit::hashing::{git_blob_oid, sha256_hex};
-use orch_testkit::hub::{HubServer, RequestKind};
+use orch_fake_hub::fixtures::{self, GeneratedModel, ModelOptions};
+use orch_fake_hub::hashing::{git_blob_oid, sha256_hex};
+use orch_fake_hub::{HubServer, RequestKind};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -142,7 +142,7 @@ async fn info_tree_resolve_and_errors() {
         .collect();
     let files: Vec<&str> = open.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(siblings, files);
-    assert!(!siblings.contains(&orch_testkit::MARKER_FILE));
+    assert!(!siblings.contains(&orch_fake_hub::MARKER_FILE));
     let r = get(&format!(
         "{ep}/api/models/acme/tiny-llama/revision/{commit}?blobs=true"
     ))
@@ -399,7 +399,7 @@ async fn large_file_streams_from_disk() {
     let big = m.largest_file().expect("files").clone();
     assert!(big.size > 100_000_000, "{big:?}");
     let server = HubServer::start(dir.path());
-    let (want, _) = orch_testkit::hashing::sha256_file(&m.path_of(&big.path)).expect("hash");
+    let (want, _) = orch_fake_hub::hashing::sha256_file(&m.path_of(&big.path)).expect("hash");
     assert_eq!(server.etag("acme/big", &big.path), Some(want.clone()));
 
     let r = get(&format!(
@@ -420,7 +420,7 @@ async fn large_file_streams_from_disk() {
     }
     assert_eq!(n, big.size);
     assert_eq!(
-        orch_testkit::hashing::to_hex(&sha2::Digest::finalize(hasher)),
+        orch_fake_hub::hashing::to_hex(&sha2::Digest::finalize(hasher)),
         want
     );
 }

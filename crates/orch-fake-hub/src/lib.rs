@@ -10,8 +10,25 @@
 //! - `HEAD|GET /[{datasets|spaces}/]{org}/{name}/resolve/{rev}/{path}` — file, with `Range` support
 //!
 //! The server runs on its own thread and tokio runtime, so synchronous tests can use it; it stops
-//! when the [`HubServer`] is dropped.
+//! when the [`HubServer`] is dropped. [`fixtures`] writes the repos it serves: generated,
+//! realistic model repositories; [`hashing`] the oids the Hub reports.
+//!
+//! ```no_run
+//! use orch_fake_hub::{fixtures, HubServer};
+//! let root = tempfile_like_dir();
+//! # fn tempfile_like_dir() -> std::path::PathBuf { std::env::temp_dir().join("hub-root") }
+//! let model = fixtures::write_test_model(&root, "acme/tiny-llama", &fixtures::ModelOptions::tiny()).unwrap();
+//! let server = HubServer::builder(&root).gated("acme/tiny-llama", "hf_valid").start().unwrap();
+//! std::env::set_var("HF_ENDPOINT", server.endpoint());
+//! # let _ = model;
+//! ```
+//!
+//! Not shared: the fake depends on no `orch` crate and on no other fake; it serves files from a
+//! folder over HTTP and nothing else (no uploads, no auth beyond a gated repo's one token). The
+//! `fake-hub` binary serves it for scripts (`scripts/bench-setup.sh`).
 
+pub mod fixtures;
+pub mod hashing;
 mod index;
 
 use std::collections::HashMap;
@@ -40,6 +57,13 @@ use tokio_util::io::ReaderStream;
 
 use index::{Repo, RepoFile};
 pub use index::{RepoType, LFS_THRESHOLD};
+
+/// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.
+///
+/// JSON object; recognised keys: `"gated_token"` (string: the repo is gated and only this bearer
+/// token may read it) and `"generator"` (free-form, written by [`fixtures`] to describe how the
+/// repo was generated).
+pub const MARKER_FILE: &str = ".fakehub.json";
 
 type Body = UnsyncBoxBody<Bytes, io::Error>;
 

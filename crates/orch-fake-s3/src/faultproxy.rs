@@ -1,5 +1,5 @@
 //! An S3 fault proxy: a TCP proxy in front of a test S3 server (`s3s-fs`,
-//! `moto_server`, see [`crate::s3`]) whose [`Mode`] a test switches while
+//! `moto_server`, see [`crate`]) whose [`Mode`] a test switches while
 //! the client runs, to play an outage of the object store:
 //!
 //! - [`Mode::Pass`]: every request goes to the server and back.

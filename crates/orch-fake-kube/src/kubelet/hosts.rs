@@ -51,8 +51,8 @@ pub(crate) fn hosts_file(inner: &Inner, pod: &Value) -> String {
         _ => {}
     }
     let st = inner.lock();
-    let services = crate::kube::store::list_locked(&st, "services", Some(ns));
-    let pods = crate::kube::store::list_locked(&st, "pods", Some(ns));
+    let services = crate::store::list_locked(&st, "services", Some(ns));
+    let pods = crate::store::list_locked(&st, "pods", Some(ns));
     drop(st);
     let mut lines = Vec::new();
     for svc in services

@@ -1,4 +1,4 @@
-//! `fake-modal`: a local server speaking Modal's gRPC protocol (see `orch_testkit::modal`).
+//! `fake-modal`: a local server speaking Modal's gRPC protocol (see `orch_fake_modal`).
 //!
 //! ```text
 //! fake-modal [--root DIR] [--port N] [--token ID:SECRET]
@@ -13,7 +13,7 @@
 //! `MODAL_SERVER_URL`), then serves until killed. Sandboxes run in their
 //! image's root folder (a mount namespace and `chroot`): run it as root.
 
-use orch_testkit::modal::{FakeModal, Scenario};
+use orch_fake_modal::{FakeModal, Scenario};
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -95,7 +95,7 @@ fn run() -> Result<(), String> {
                 b = b.image(r, d);
             }
             "--busybox-image" => {
-                let root = orch_testkit::container::busybox_root()
+                let root = orch_fake_containers::container::busybox_root()
                     .map_err(|e| format!("cannot make a busybox root: {e}"))?;
                 b = b.image(&val()?, root);
             }
@@ -141,7 +141,7 @@ fn run() -> Result<(), String> {
                     .next()
                     .map(|m| m.split(',').map(String::from).collect())
                     .unwrap_or_default();
-                sc.rate_limit = Some(orch_testkit::modal::RateLimit {
+                sc.rate_limit = Some(orch_fake_modal::RateLimit {
                     per_s,
                     burst,
                     methods,

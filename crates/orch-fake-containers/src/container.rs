@@ -1,5 +1,5 @@
 //! A process inside an image's root folder, started the way a container runtime starts one, for
-//! the fakes' "kubelet" ([`crate::kube`]) and sandboxes ([`crate::modal`]).
+//! the fakes' "kubelet" (`orch-fake-kube`) and sandboxes (`orch-fake-modal`).
 //!
 //! [`command`] returns a [`tokio::process::Command`] whose child, before it runs anything,
 //! enters a mount namespace of its own (`unshare(CLONE_NEWNS)`, `/` made private recursively so

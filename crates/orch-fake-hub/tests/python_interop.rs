@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use orch_testkit::fixtures::{self, GeneratedModel, ModelOptions};
-use orch_testkit::hub::{HubServer, RequestKind};
+use orch_fake_hub::fixtures::{self, GeneratedModel, ModelOptions};
+use orch_fake_hub::{HubServer, RequestKind};
 use serde_json::Value;
 
 const TOKEN: &str = "hf_valid_token";
@@ -78,7 +78,7 @@ fn assert_same(model: &GeneratedModel, dir: &Path) {
         let want = std::fs::read(model.path_of(&f.path)).expect("read source");
         assert!(got == want, "{} differs", f.path);
     }
-    assert!(!dir.join(orch_testkit::MARKER_FILE).exists());
+    assert!(!dir.join(orch_fake_hub::MARKER_FILE).exists());
 }
 
 #[test]

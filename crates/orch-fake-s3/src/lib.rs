@@ -6,7 +6,16 @@
 //!
 //! A missing server is `Err(reason)`: tests skip with the reason, except
 //! under CI where they must fail ([`require`], [`crate::skip`]).
+//!
+//! [`faultproxy`] stands between a client and such a server to play an outage (refused, `503`,
+//! dropped, silent, denied).
+//!
+//! Not shared: the crate has no dependency but the skip rule (no async runtime, no S3 client);
+//! it does not fake S3 itself, it starts real servers, and knows nothing of `orch`'s store.
 
+pub mod faultproxy;
+
+use orch_test_support::skip;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -57,6 +57,12 @@
 //! `volumes.rs` (volumes, mounts,
 //! blobs and the upload server), `state.rs` (what the server knows), this file (the server,
 //! its builder and the public types).
+//!
+//! Not shared: the fake depends on no `orch` crate (so `orch-backend-modal` tests against it
+//! without a cycle) and on no other fake but `orch-fake-containers` (how a sandbox runs); the
+//! protocol is `orch-modal-proto`'s, the one the backend speaks. Its state is reached only over
+//! gRPC and the blob store's HTTP, as Modal's is. The `fake-modal` binary serves it for scripts
+//! (`scripts/bench-modal.sh`).
 
 mod grpc;
 mod images;
@@ -67,6 +73,7 @@ mod volumes;
 
 use grpc::Svc;
 pub use limit::{RateLimit, Throttling};
+use orch_fake_containers::container;
 use orch_modal_proto::{generic_result::GenericStatus, modal_client_server::ModalClientServer};
 pub use state::sha256_hex;
 use state::{now_s, Inner, Sandbox, State};
@@ -275,7 +282,7 @@ impl FakeModalBuilder {
         self
     }
 
-    /// The NVML library (`orch_testkit::gpu::nvml_stub()`, or any file) that GPU sandboxes
+    /// The NVML library (`orch_fake_containers::gpu::nvml_stub()`, or any file) that GPU sandboxes
     /// get at `libnvidia-ml.so.1`, with `NVIDIA_VISIBLE_DEVICES` naming their GPUs (`0..N-1`).
     pub fn nvml_stub(mut self, lib: impl Into<PathBuf>) -> Self {
         self.nvml = Some(lib.into());

@@ -2,9 +2,9 @@
 //! (`pip install modal`), pointed at it with `MODAL_SERVER_URL`, creates a
 //! sandbox with `gpu="H100:2"`, a volume and a secret, and reads its stdout
 //! and exit code. Under CI a missing `modal` fails; elsewhere the test is
-//! skipped with the reason printed (`orch_testkit::skip`).
+//! skipped with the reason printed (`orch_test_support::skip`).
 
-use orch_testkit::modal::FakeModal;
+use orch_fake_modal::FakeModal;
 
 const SCRIPT: &str = r#"
 import json, modal
@@ -28,22 +28,22 @@ fn have_modal() -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    ok || orch_testkit::skip::skip_or_fail(
-        &orch_testkit::skip::current_test(),
+    ok || orch_test_support::skip::skip_or_fail(
+        &orch_test_support::skip::current_test(),
         "python3 with the `modal` package is not installed here (pip install modal)",
     )
 }
 
 #[test]
 fn the_official_python_client_runs_a_sandbox_on_the_fake() {
-    if !have_modal() || !orch_testkit::container::available_or_skip("the fake Modal's sandboxes") {
+    if !have_modal() || !orch_fake_containers::container::available_or_skip("the fake Modal's sandboxes") {
         return;
     }
     let fake = FakeModal::builder()
         .token("ak-proof", "as-proof")
         .image(
             "debian:bookworm-slim",
-            orch_testkit::container::busybox_root().unwrap(),
+            orch_fake_containers::container::busybox_root().unwrap(),
         )
         .start()
         .unwrap();
