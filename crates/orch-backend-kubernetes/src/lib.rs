@@ -47,8 +47,8 @@
 //! unschedulable, stuck on an image or a Secret, started); `end.rs` (a cell's end without
 //! IO: the pod's end read from its status, the gathered facts → a verdict or words and
 //! the result that came home, the termination message as the fallback result);
-//! `backend/` (Secret, ConfigMaps, Job, the pod watched every 0.5 s, its log followed into
-//! `Home` with reconnects, the end's facts gathered, Job deleted on end/cancel/timeout,
+//! `backend/` (Secret, ConfigMaps, Job, the run's one watch of its pods, Jobs and events, its
+//! log followed into `Home` with reconnects, the end's facts gathered, Job deleted on end/cancel/timeout,
 //! `cleanup` by the run's labels; a multi-node cell's ranks followed into `nodes/<k>/`;
 //! one file per concern, listed in its `mod.rs`); `nodes.rs` (a multi-node cell's `info.nodes` and
 //! which rank's end is the cell's, without IO); `weights.rs`

@@ -8,7 +8,10 @@
 //!   a ConfigMap is validated as the API server does (config keys, `binaryData` base64, at most
 //!   1 MiB of data: `[]: Too long: must have at most 1048576 bytes`, 422), `immutable` honoured;
 //! - watches replay changes after a given resourceVersion (or list the current objects as
-//!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`;
+//!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`, send
+//!   `BOOKMARK`s when asked (`allowWatchBookmarks`: after 5 s without a change and as the
+//!   watch ends), and answer a version older than the last [`FakeKube::compact`] with
+//!   `410 Gone`;
 //! - a Job gets one pod, an Indexed Job one per completion index (`<job>-<index>-<suffix>`,
 //!   hostname `<job>-<index>`, `JOB_COMPLETION_INDEX` and the completion-index annotation and
 //!   label, `completedIndexes`); `backoffLimit` is treated as 0: the first failed pod fails the
@@ -530,6 +533,13 @@ impl FakeKube {
                 kubelet::killpg(*pgid, libc::SIGKILL);
             }
         }
+    }
+
+    /// Forget the history before now, as etcd's compaction does: a watch from an older
+    /// resourceVersion is answered `410 Gone` (an `ERROR` event, reason `Expired`).
+    pub fn compact(&self) {
+        let mut st = self.inner.lock();
+        st.compacted = st.rv;
     }
 
     /// `"METHOD /path?query"` of every request, in order.

@@ -112,6 +112,8 @@ pub(crate) type Key = (String, String);
 #[derive(Default)]
 pub(crate) struct State {
     pub rv: u64,
+    /// Watches from a resourceVersion below this are `410 Gone` (`FakeKube::compact`).
+    pub compacted: u64,
     pub objs: BTreeMap<&'static str, BTreeMap<Key, Value>>,
     pub history: Vec<Change>,
     pub pods: HashMap<Key, Arc<PodRt>>,
