@@ -75,6 +75,35 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
         format!("{} {path}?{query}", req.method())
     };
     lock(&inner.requests).push(line.clone());
+    {
+        let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(decode).collect();
+        let q: BTreeMap<String, String> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (decode(k), decode(v))
+            })
+            .collect();
+        match attributes(req.method(), &segs, &q) {
+            Some(a) => inner.limits.count(a.verb, &a.resource),
+            None => inner.limits.count("get", "discovery"),
+        }
+    }
+    if let Err(secs) = inner.limits.admit(&line) {
+        let mut r = json_resp(429, &super::limits::too_many(secs));
+        let h = r.headers_mut();
+        h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        h.insert(
+            "X-Kubernetes-PF-FlowSchema-UID",
+            header::HeaderValue::from_static("fake-flowschema-service-accounts"),
+        );
+        h.insert(
+            "X-Kubernetes-PF-PriorityLevel-UID",
+            header::HeaderValue::from_static("fake-prioritylevel-workload-low"),
+        );
+        return Ok(r);
+    }
     // A scripted drop: this request is never answered, its connection goes with the rest.
     let trigger = {
         let mut d = lock(&inner.drop_on);

@@ -138,6 +138,8 @@ pub(crate) struct Inner {
     pub root: PathBuf,
     pub port: u16,
     pub requests: Mutex<Vec<String>>,
+    /// Requests by verb and resource, and the rate limit (`FakeKubeBuilder::rate_limit`).
+    pub limits: super::limits::Limits,
     /// Process groups started and not yet reaped.
     pub pgids: Mutex<BTreeSet<i32>>,
     pub stopping: AtomicBool,

@@ -1654,6 +1654,40 @@ async fn the_shipped_role_grants_the_headless_services_of_multi_node_cells() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_by_verb_and_refused_past_the_rate_with_retry_after() {
+    let k = FakeKube::builder().rate_limit(1.0, 3.0).start().unwrap();
+    let c = C::new(&k);
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(c.req("GET", "/api/v1/namespaces/ns/pods", None).await.0);
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    let resp = c
+        .http
+        .get(format!("{}/api/v1/namespaces/ns/pods/p", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert!(resp.headers().contains_key("x-kubernetes-pf-prioritylevel-uid"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["reason"], "TooManyRequests");
+    assert_eq!(v["details"]["retryAfterSeconds"], 1);
+    let t = k.throttled();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[0].retry_after, Duration::from_secs(1));
+    assert!(t[0].request.starts_with("GET /api/v1/namespaces/ns/pods"));
+    // Told to wait, a client that waits is served.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(c.req("GET", "/api/v1/namespaces/ns/pods/p", None).await.0, 404);
+    let counts = k.request_counts();
+    assert_eq!(counts[&("list".to_string(), "pods".to_string())], 5);
+    assert_eq!(counts[&("get".to_string(), "pods".to_string())], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumes_from_its_version_sends_bookmarks_when_asked_and_a_compacted_one_is_gone() {
     let k = FakeKube::builder().start().unwrap();
     let c = C::new(&k);
