@@ -73,8 +73,7 @@ async fn follow_rank(
     budget: Duration,
     rank: u32,
     ended: mpsc::UnboundedSender<u32>,
-    w: Option<Arc<RunWatch>>,
-    slots: LogSlots,
+    (w, slots): (Option<Arc<RunWatch>>, LogSlots),
 ) -> Followed {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let follower = tokio::spawn(follow_log(pods, pod, tx, budget, w, slots));
@@ -137,8 +136,7 @@ impl JobCell<'_> {
             backend.api_budget,
             rank as u32,
             self.rank_tx.clone(),
-            self.watch.clone(),
-            backend.log_slots.clone(),
+            (self.watch.clone(), backend.log_slots.clone()),
         )));
     }
 
