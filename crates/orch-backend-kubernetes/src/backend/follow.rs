@@ -172,7 +172,12 @@ pub(super) async fn follow_log(
         // Has the container ended (or the pod gone)? Only a stream that
         // was read ends the follow: else the log is read again (whole).
         let seen = match &w {
-            Some(w) => match w.wait_pod(&pod, ENDED_WAIT, ended).await {
+            // A stream read to its end: the watch may lag it a moment; one
+            // that did not open: the store as it is (the backoff is below).
+            Some(w) => match w
+                .wait_pod(&pod, if streamed { ENDED_WAIT } else { Duration::ZERO }, ended)
+                .await
+            {
                 Some(Some(p)) => {
                     let done = watch::cell_terminated(&p);
                     out.last = Some(p);
