@@ -47,8 +47,8 @@
 //! unschedulable, stuck on an image or a Secret, started); `end.rs` (a cell's end without
 //! IO: the pod's end read from its status, the gathered facts → a verdict or words and
 //! the result that came home, the termination message as the fallback result);
-//! `backend/` (Secret, ConfigMaps, Job, the pod watched every 0.5 s, its log followed into
-//! `Home` with reconnects, the end's facts gathered, Job deleted on end/cancel/timeout,
+//! `backend/` (Secret, ConfigMaps, Job, the run's one watch of its pods, Jobs and events, its
+//! log followed into `Home` with reconnects (at most 64 streams at once), the end's facts gathered, Job deleted on end/cancel/timeout,
 //! `cleanup` by the run's labels; a multi-node cell's ranks followed into `nodes/<k>/`;
 //! one file per concern, listed in its `mod.rs`); `nodes.rs` (a multi-node cell's `info.nodes` and
 //! which rank's end is the cell's, without IO); `weights.rs`
@@ -58,12 +58,14 @@
 //! `files.rs` (the cell's files packed into ConfigMaps by digest, their projected volume, the
 //! 64 MiB cap); `lib.rs` (`connect` like `kubectl`: `KUBECONFIG`, context, in-cluster). Its host side
 //! (`host.rs`): settings from the suite and the flags, each cell's image, the weights
-//! check, `orch setup` run remotely, `orch down`.
+//! check, `orch setup` run remotely, `orch down`. `limiter.rs`: the client-side rate limit of
+//! every request and the server's `429`s obeyed.
 
 pub mod backend;
 pub mod end;
 pub mod files;
 pub mod host;
+pub mod limiter;
 pub mod nodes;
 pub mod spec;
 pub mod watch;
@@ -159,7 +161,8 @@ impl From<KubeError> for orch_backend::BackendError {
 
 /// A client for the cluster, like `kubectl` finds it: `KUBECONFIG` (or
 /// `~/.kube/config`) with its current context or `context`, else the
-/// in-cluster service account. Returns the client and the namespace:
+/// in-cluster service account; its requests paced by the process's one
+/// rate limit ([`limiter`]). Returns the client and the namespace:
 /// `namespace` if given, else the context's, else `default`.
 pub async fn connect(
     context: Option<&str>,
@@ -187,10 +190,13 @@ pub async fn connect(
     let ns = namespace
         .map(str::to_string)
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config).map_err(|e| KubeError::Unavailable {
-        message: format!("cannot make a client for the cluster: {e}"),
-        hint: "check the kubeconfig's cluster entry (server URL, certificate)".into(),
-    })?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| KubeError::Unavailable {
+            message: format!("cannot make a client for the cluster: {e}"),
+            hint: "check the kubeconfig's cluster entry (server URL, certificate)".into(),
+        })?
+        .with_layer(&limiter::RateLimitLayer(limiter::shared()))
+        .build();
     Ok((client, ns))
 }
 

@@ -75,6 +75,35 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
         format!("{} {path}?{query}", req.method())
     };
     lock(&inner.requests).push(line.clone());
+    {
+        let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(decode).collect();
+        let q: BTreeMap<String, String> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (decode(k), decode(v))
+            })
+            .collect();
+        match attributes(req.method(), &segs, &q) {
+            Some(a) => inner.limits.count(a.verb, &a.resource),
+            None => inner.limits.count("get", "discovery"),
+        }
+    }
+    if let Err(secs) = inner.limits.admit(&line) {
+        let mut r = json_resp(429, &super::limits::too_many(secs));
+        let h = r.headers_mut();
+        h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        h.insert(
+            "X-Kubernetes-PF-FlowSchema-UID",
+            header::HeaderValue::from_static("fake-flowschema-service-accounts"),
+        );
+        h.insert(
+            "X-Kubernetes-PF-PriorityLevel-UID",
+            header::HeaderValue::from_static("fake-prioritylevel-workload-low"),
+        );
+        return Ok(r);
+    }
     // A scripted drop: this request is never answered, its connection goes with the rest.
     let trigger = {
         let mut d = lock(&inner.drop_on);
@@ -1015,6 +1044,9 @@ fn delete_one(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: &str, name: &str) -> 
     }
 }
 
+/// A watch that asked for bookmarks gets one after this long without a change.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(5);
+
 fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selector) -> Response<Body> {
     let inner = cx.inner.clone();
     let ns = ns.map(str::to_string);
@@ -1023,6 +1055,7 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
             .and_then(|r| r.parse().ok())
             .filter(|r| *r > 0);
     let initial_events = query_bool(&cx.q, "sendInitialEvents");
+    let bookmarks = query_bool(&cx.q, "allowWatchBookmarks");
     let timeout =
         cx.q.get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
@@ -1040,9 +1073,22 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
         let matches = |obj: &Value| {
             (ns.is_none() || obj["metadata"]["namespace"].as_str() == ns.as_deref()) && sel.matches(obj)
         };
+        let bookmark = |rv: u64| {
+            line(
+                "BOOKMARK",
+                &json!({"kind": ri.kind, "apiVersion": ri.api_version(), "metadata": {"resourceVersion": rv.to_string()}}),
+            )
+        };
         let (mut pos, first) = {
             let st = inner.lock();
             match rv {
+                // Older than the history kept (`FakeKube::compact`): `410 Gone`, as an ERROR event.
+                Some(rv) if !initial_events && rv < st.compacted => {
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("too old resource version: {rv} ({})", st.compacted),
+                        "reason": "Expired", "code": 410});
+                    (usize::MAX, vec![line("ERROR", &status)])
+                }
                 Some(rv) if !initial_events => (st.history.partition_point(|c| c.rv <= rv), Vec::new()),
                 _ => {
                     let mut out: Vec<Bytes> = list_locked(&st, ri.resource, ns.as_deref())
@@ -1064,6 +1110,9 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
             if tx.send(Ok(Frame::data(b))).await.is_err() {
                 return;
             }
+        }
+        if pos == usize::MAX {
+            return;
         }
         loop {
             let batch: Vec<Bytes> = {
@@ -1088,9 +1137,29 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
                     None => std::future::pending().await,
                 }
             };
+            // Asked for bookmarks: one after a quiet while, and one as the watch ends.
+            let quiet = async {
+                if bookmarks {
+                    tokio::time::sleep(BOOKMARK_EVERY).await
+                } else {
+                    std::future::pending().await
+                }
+            };
             tokio::select! {
                 r = changed.changed() => if r.is_err() { return },
-                _ = until => return,
+                _ = until => {
+                    if bookmarks {
+                        let rv = inner.lock().rv;
+                        let _ = tx.send(Ok(Frame::data(bookmark(rv)))).await;
+                    }
+                    return
+                }
+                _ = quiet => {
+                    let rv = inner.lock().rv;
+                    if tx.send(Ok(Frame::data(bookmark(rv)))).await.is_err() {
+                        return;
+                    }
+                }
                 _ = tx.closed() => return,
             }
         }

@@ -8,7 +8,13 @@
 //!   a ConfigMap is validated as the API server does (config keys, `binaryData` base64, at most
 //!   1 MiB of data: `[]: Too long: must have at most 1048576 bytes`, 422), `immutable` honoured;
 //! - watches replay changes after a given resourceVersion (or list the current objects as
-//!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`;
+//!   synthetic ADDED events first), honour `timeoutSeconds` and `sendInitialEvents`, send
+//!   `BOOKMARK`s when asked (`allowWatchBookmarks`: after 5 s without a change and as the
+//!   watch ends), and answer a version older than the last [`FakeKube::compact`] with
+//!   `410 Gone`;
+//! - requests are counted by verb and resource ([`FakeKube::request_counts`]) and, with
+//!   [`FakeKubeBuilder::rate_limit`], refused past a rate with `429` and `Retry-After`
+//!   (`limits.rs`);
 //! - a Job gets one pod, an Indexed Job one per completion index (`<job>-<index>-<suffix>`,
 //!   hostname `<job>-<index>`, `JOB_COMPLETION_INDEX` and the completion-index annotation and
 //!   label, `completedIndexes`); `backoffLimit` is treated as 0: the first failed pod fails the
@@ -76,6 +82,7 @@
 mod api;
 mod jobs;
 mod kubelet;
+mod limits;
 mod rbac;
 mod sched;
 mod store;
@@ -93,6 +100,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 
 use kubelet::StopReq;
+pub use limits::{RateLimit, Throttled};
 use orch_fake_containers::container;
 use store::{lock, Inner, State};
 
@@ -224,6 +232,7 @@ pub struct FakeKubeBuilder {
     cut_logs: Option<usize>,
     token: String,
     role: Option<PathBuf>,
+    rate_limit: Option<RateLimit>,
 }
 
 impl FakeKubeBuilder {
@@ -275,6 +284,15 @@ impl FakeKubeBuilder {
         self
     }
 
+    /// Refuse requests past `qps` a second (a token bucket of `burst`) with `429 Too Many
+    /// Requests`, `Retry-After: SECONDS` (until the bucket holds a token again, at least 1)
+    /// and the `X-Kubernetes-PF-*` headers, as Priority and Fairness does; each refusal is
+    /// kept ([`FakeKube::throttled`]).
+    pub fn rate_limit(mut self, qps: f64, burst: f64) -> Self {
+        self.rate_limit = Some(RateLimit { qps, burst });
+        self
+    }
+
     /// Require `Authorization: Bearer TOKEN` (default `fake-token`; a 401 `Status` otherwise).
     pub fn token(mut self, t: &str) -> Self {
         self.token = t.to_string();
@@ -313,6 +331,7 @@ impl FakeKubeBuilder {
             root: root.clone(),
             port: addr.port(),
             requests: Mutex::new(Vec::new()),
+            limits: limits::Limits::new(self.rate_limit),
             pgids: Mutex::new(BTreeSet::new()),
             stopping: AtomicBool::new(false),
             rbac,
@@ -424,6 +443,7 @@ impl FakeKube {
             cut_logs: None,
             token: "fake-token".to_string(),
             role: None,
+            rate_limit: None,
         }
     }
 
@@ -536,6 +556,25 @@ impl FakeKube {
                 kubelet::killpg(*pgid, libc::SIGKILL);
             }
         }
+    }
+
+    /// Requests by (verb, resource), as RBAC names them: `get`, `list`, `watch`, `create`,
+    /// `update`, `patch`, `delete`, `deletecollection`; `pods`, `pods/log`, `jobs`, ...
+    /// (`("get", "discovery")` for the rest). Refused ones included.
+    pub fn request_counts(&self) -> BTreeMap<(String, String), u64> {
+        self.inner.limits.counts()
+    }
+
+    /// Every request refused by the rate limit ([`FakeKubeBuilder::rate_limit`]), in order.
+    pub fn throttled(&self) -> Vec<Throttled> {
+        self.inner.limits.throttled()
+    }
+
+    /// Forget the history before now, as etcd's compaction does: a watch from an older
+    /// resourceVersion is answered `410 Gone` (an `ERROR` event, reason `Expired`).
+    pub fn compact(&self) {
+        let mut st = self.inner.lock();
+        st.compacted = st.rv;
     }
 
     /// `"METHOD /path?query"` of every request, in order.

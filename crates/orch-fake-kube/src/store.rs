@@ -112,6 +112,8 @@ pub(crate) type Key = (String, String);
 #[derive(Default)]
 pub(crate) struct State {
     pub rv: u64,
+    /// Watches from a resourceVersion below this are `410 Gone` (`FakeKube::compact`).
+    pub compacted: u64,
     pub objs: BTreeMap<&'static str, BTreeMap<Key, Value>>,
     pub history: Vec<Change>,
     pub pods: HashMap<Key, Arc<PodRt>>,
@@ -136,6 +138,8 @@ pub(crate) struct Inner {
     pub root: PathBuf,
     pub port: u16,
     pub requests: Mutex<Vec<String>>,
+    /// Requests by verb and resource, and the rate limit (`FakeKubeBuilder::rate_limit`).
+    pub limits: super::limits::Limits,
     /// Process groups started and not yet reaped.
     pub pgids: Mutex<BTreeSet<i32>>,
     pub stopping: AtomicBool,

@@ -1178,21 +1178,28 @@ async fn the_shipped_role_is_enforced_with_the_api_servers_forbidden() {
             .0,
         404
     );
-    // No watch of Jobs (pods are watched: a running cell's pod), and
-    // nothing in another namespace.
+    // No watch of ConfigMaps (the run's pods, Jobs and events are watched),
+    // and nothing in another namespace.
     let (code, v) = c
-        .req("GET", "/apis/batch/v1/namespaces/bench/jobs?watch=true", None)
+        .req("GET", "/api/v1/namespaces/bench/configmaps?watch=true", None)
         .await;
     assert_eq!(code, 403, "{v}");
     assert!(v["message"]
         .as_str()
         .unwrap()
-        .contains("cannot watch resource \"jobs\""));
+        .contains("cannot watch resource \"configmaps\""));
     assert_eq!(c.req("GET", "/api/v1/namespaces/other/pods", None).await.0, 403);
     assert_eq!(
-        c.req("GET", "/apis/batch/v1/namespaces/bench/jobs", None).await.0,
+        c.req("GET", "/api/v1/namespaces/bench/configmaps", None).await.0,
         403,
-        "no list jobs"
+        "no list configmaps"
+    );
+    assert_eq!(
+        c.req("GET", "/apis/batch/v1/namespaces/bench/jobs?watch=true", None)
+            .await
+            .0,
+        200,
+        "the run's watch of its Jobs"
     );
     // Discovery is for everyone.
     assert_eq!(c.req("GET", "/api/v1", None).await.0, 200);
@@ -1644,4 +1651,90 @@ async fn the_shipped_role_grants_the_headless_services_of_multi_node_cells() {
         200,
         "deletecollection"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_by_verb_and_refused_past_the_rate_with_retry_after() {
+    let k = FakeKube::builder().rate_limit(1.0, 3.0).start().unwrap();
+    let c = C::new(&k);
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(c.req("GET", "/api/v1/namespaces/ns/pods", None).await.0);
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    let resp = c
+        .http
+        .get(format!("{}/api/v1/namespaces/ns/pods/p", c.base))
+        .header("Authorization", "Bearer fake-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert!(resp.headers().contains_key("x-kubernetes-pf-prioritylevel-uid"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["reason"], "TooManyRequests");
+    assert_eq!(v["details"]["retryAfterSeconds"], 1);
+    let t = k.throttled();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[0].retry_after, Duration::from_secs(1));
+    assert!(t[0].request.starts_with("GET /api/v1/namespaces/ns/pods"));
+    // Told to wait, a client that waits is served.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(c.req("GET", "/api/v1/namespaces/ns/pods/p", None).await.0, 404);
+    let counts = k.request_counts();
+    assert_eq!(counts[&("list".to_string(), "pods".to_string())], 5);
+    assert_eq!(counts[&("get".to_string(), "pods".to_string())], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumes_from_its_version_sends_bookmarks_when_asked_and_a_compacted_one_is_gone() {
+    let k = FakeKube::builder().start().unwrap();
+    let c = C::new(&k);
+    let cm = |n: &str| json!({"metadata": {"name": n}, "data": {"k": "v"}});
+    let cms = "/api/v1/namespaces/ns/configmaps";
+    let (code, a) = c.req("POST", cms, Some(cm("a"))).await;
+    assert_eq!(code, 201, "{a}");
+    let rv_a = a["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    c.req("POST", cms, Some(cm("b"))).await;
+    let watch = |q: String| {
+        let c = &c;
+        async move {
+            let resp = c
+                .http
+                .get(format!("{}{cms}?watch=true&{q}", c.base))
+                .header("Authorization", "Bearer fake-token")
+                .send()
+                .await
+                .unwrap();
+            let text = resp.text().await.unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    // From a's version: only b, then (asked) a bookmark as it ends.
+    let evs = watch(format!(
+        "resourceVersion={rv_a}&timeoutSeconds=1&allowWatchBookmarks=true"
+    ))
+    .await;
+    let kinds: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["ADDED", "BOOKMARK"], "{evs:#?}");
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "b");
+    let bookmark_rv: u64 = evs[1]["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(bookmark_rv > rv_a.parse().unwrap());
+    // Not asked: no bookmark.
+    let evs = watch(format!("resourceVersion={rv_a}&timeoutSeconds=1")).await;
+    assert_eq!(evs.len(), 1, "{evs:#?}");
+    // Compacted past a's version: 410 Gone, as an ERROR event.
+    k.compact();
+    let evs = watch(format!("resourceVersion={rv_a}&timeoutSeconds=1")).await;
+    assert_eq!(evs.len(), 1, "{evs:#?}");
+    assert_eq!(evs[0]["type"], "ERROR");
+    assert_eq!(evs[0]["object"]["code"], 410);
+    assert_eq!(evs[0]["object"]["reason"], "Expired");
 }

@@ -50,6 +50,8 @@ pub(super) struct JobCell<'a> {
     pub(super) rank_rx: mpsc::UnboundedReceiver<u32>,
     /// The first such rank (the Job was deleted for it).
     pub(super) failed_rank: Option<u32>,
+    /// The run's watch (`None`: the pod is polled).
+    pub(super) watch: Option<std::sync::Arc<super::RunWatch>>,
 }
 
 impl JobCell<'_> {
@@ -77,6 +79,15 @@ impl Platform for JobCell<'_> {
 
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
         let backend = self.backend;
+        self.watch = backend.run_watch(&cell.task.run_id).await;
+        if self.watch.is_none() {
+            let why = backend
+                .watch_refused(&cell.task.run_id)
+                .unwrap_or_else(|| "its first lists did not come in time".into());
+            self.log(&format!(
+                "orch: the run's watch is not available ({why}); the pod is polled"
+            ));
+        }
         backend
             .ensure_secret(&cell.task.run_id, &cell.launch.secrets)
             .await
@@ -237,6 +248,9 @@ impl Platform for JobCell<'_> {
         }
         if self.job_uid.is_some() {
             self.delete().await;
+        }
+        if let Some(w) = &self.watch {
+            w.forget(&self.job_name);
         }
         if self.service_made {
             result.info.insert(

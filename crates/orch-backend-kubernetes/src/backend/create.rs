@@ -103,7 +103,8 @@ impl KubernetesBackend {
     }
 
     /// Create `obj`, again and again while the API server is away (for the
-    /// API budget). A create whose answer was lost, or an object of the same
+    /// API budget), in the rate limit's creators' turn
+    /// ([`crate::limiter::Limiter::turn`]). A create whose answer was lost, or an object of the same
     /// name left by an earlier invocation, is found as a 409: that one is
     /// deleted (`dp`), its going waited for (at most 120 s), and the create
     /// made again.
@@ -120,8 +121,13 @@ impl KubernetesBackend {
         let name = obj.meta().name.clone().unwrap_or_default();
         let started = Instant::now();
         let budget = self.api_budget;
+        let limiter = crate::limiter::shared();
         loop {
-            match call(budget, || async { api.create(&PostParams::default(), obj).await }).await {
+            let made = {
+                let _turn = limiter.turn().await;
+                call(budget, || async { api.create(&PostParams::default(), obj).await }).await
+            };
+            match made {
                 Ok(made) => return Ok(made),
                 Err(CallError::Api(kube::Error::Api(s)))
                     if s.code == 409 && started.elapsed() < Duration::from_secs(120) =>

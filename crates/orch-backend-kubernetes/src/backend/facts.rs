@@ -4,7 +4,8 @@
 //! disruption was on it), its termination message and, where frames are
 //! missing, its whole log fed home; a second look at a container killed
 //! (137) with no reason yet; the Job's condition where it could name the
-//! end. All IO; what it means is [`crate::end::decide`]'s.
+//! end. The pod and the Job come from the run's watch where there is one.
+//! All IO; what it means is [`crate::end::decide`]'s.
 
 use super::api::{call, unreachable_message, CallError};
 use super::follow::read_log;
@@ -59,7 +60,13 @@ impl JobCell<'_> {
         // The pod now (the API server's absence is waited out for the
         // budget: a pod not seen is not a pod lost); one gone since keeps
         // the disruption it was last seen with.
+        let w = self.watch.clone();
+        let from_watch = match (&self.pod_name, &w) {
+            (Some(p), Some(w)) => w.pod(p),
+            _ => None,
+        };
         let pod = match &self.pod_name {
+            Some(_) if from_watch.is_some() => from_watch.flatten(),
             Some(p) => match call(backend.api_budget, || pods.get_opt(p)).await {
                 Ok(pod) => pod,
                 Err(CallError::Unreachable(last)) => {
@@ -113,7 +120,17 @@ impl JobCell<'_> {
         // why (an eviction sets the pod's `Evicted` after its containers are
         // killed). A short look again before calling it the agent's death.
         if matches!(PodEnd::of(pod.as_ref()), PodEnd::Exited { exit_code: 137, .. }) {
-            if let Some(p) = &self.pod_name {
+            if let (Some(p), Some(w)) = (&self.pod_name, &w) {
+                let exited = |p: Option<&Pod>| {
+                    let f = p.map(PodFacts::of);
+                    matches!(PodEnd::of(f.as_ref()), PodEnd::Exited { .. })
+                };
+                if let Some(Some(again)) = w.wait_pod(p, Duration::from_secs(2), |p| !exited(p)).await {
+                    if !exited(Some(&again)) {
+                        pod = Some(PodFacts::of(&again));
+                    }
+                }
+            } else if let Some(p) = &self.pod_name {
                 for _ in 0..10 {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     let Ok(Some(again)) = pods.get_opt(p).await else {
@@ -138,7 +155,7 @@ impl JobCell<'_> {
             job_failed: None,
         };
         if stopped.is_none() && facts.asks_job() {
-            facts.job_failed = backend.job_failed_reason(&self.job_name).await;
+            facts.job_failed = backend.job_failed_reason(w.as_deref(), &self.job_name).await;
         }
         facts
     }

@@ -1,14 +1,18 @@
 //! The cell container's log, followed line by line until the container
-//! ended, reconnecting after a dropped stream; the pod looked at (watched,
-//! and every [`POD_POLL`]) meanwhile, so a disruption is seen before the pod
-//! is gone.
+//! ended, reconnecting after a dropped stream, in one of the backend's
+//! log slots ([`LogSlots`]: a container that ends before a slot is free
+//! has its log read once, whole); the pod seen meanwhile in the run's
+//! watch ([`RunWatch`]), or without one watched and looked at every
+//! [`POD_POLL`], so a disruption is seen before the pod is gone.
 
 use super::api::{transient, unreachable_message, Down};
+use super::informer::{LogSlots, RunWatch};
 use super::{API_TIMEOUT, POD_POLL};
 use crate::{watch, KubeError, CELL_CONTAINER};
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -41,8 +45,32 @@ pub(super) async fn follow_log(
     pod: String,
     tx: mpsc::UnboundedSender<String>,
     budget: Duration,
+    w: Option<Arc<RunWatch>>,
+    slots: LogSlots,
 ) -> Followed {
     let mut out = Followed::default();
+    // A slot for the stream; a container that ends while the cell waits for
+    // one (other cells hold them all) has its log read once, whole.
+    let ended = |p: Option<&Pod>| p.is_none_or(watch::cell_terminated);
+    let _slot = match &w {
+        Some(w) => tokio::select! {
+            // A free slot first: the log is followed.
+            biased;
+            s = slots.clone().acquire_owned() => s.ok(),
+            _ = w.wait_pod(&pod, FOREVER, ended) => {
+                if let Some(text) = read_log(&pods, &pod).await {
+                    for line in text.lines() {
+                        if tx.send(line.to_string()).is_err() {
+                            break;
+                        }
+                    }
+                }
+                out.last = w.last_seen(&pod);
+                return out;
+            }
+        },
+        None => slots.clone().acquire_owned().await.ok(),
+    };
     let mut down = Down::default();
     let mut n = 0u32;
     let refused = |e: kube::Error, call: &str| FollowError {
@@ -70,9 +98,13 @@ pub(super) async fn follow_log(
                 let wp = kube::api::WatchParams::default()
                     .fields(&format!("metadata.name={pod}"))
                     .timeout(290);
-                let mut watch = match tokio::time::timeout(API_TIMEOUT, pods.watch(&wp, "0")).await {
-                    Ok(Ok(w)) => Some(w.boxed()),
-                    _ => None,
+                let mut watch = match &w {
+                    // The run's watch sees the pod.
+                    Some(_) => None,
+                    None => match tokio::time::timeout(API_TIMEOUT, pods.watch(&wp, "0")).await {
+                        Ok(Ok(w)) => Some(w.boxed()),
+                        _ => None,
+                    },
                 };
                 let mut reopen = false;
                 loop {
@@ -109,7 +141,7 @@ pub(super) async fn follow_log(
                             }
                             Some(Err(_)) => watch = None,
                         },
-                        _ = look.tick() => {
+                        _ = look.tick(), if w.is_none() => {
                             if let Ok(Ok(Some(p))) = tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
                                 out.last = Some(p);
                             }
@@ -139,24 +171,54 @@ pub(super) async fn follow_log(
         };
         // Has the container ended (or the pod gone)? Only a stream that
         // was read ends the follow: else the log is read again (whole).
-        match tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
-            Ok(Ok(Some(p))) => {
-                let done = watch::cell_terminated(&p);
-                out.last = Some(p);
-                if done && streamed {
+        let seen = match &w {
+            // A stream read to its end: the watch may lag it a moment; one
+            // that did not open: the store as it is (the backoff is below).
+            Some(w) => match w
+                .wait_pod(&pod, if streamed { ENDED_WAIT } else { Duration::ZERO }, ended)
+                .await
+            {
+                Some(Some(p)) => {
+                    let done = watch::cell_terminated(&p);
+                    out.last = Some(p);
+                    if done && streamed {
+                        return out;
+                    }
+                    // Waited already: opened again at once.
+                    if down.0.is_none() {
+                        continue;
+                    }
+                    true
+                }
+                Some(None) => {
+                    out.last = w.last_seen(&pod);
                     return out;
                 }
-            }
-            Ok(Ok(None)) => return out,
-            Ok(Err(e)) if !transient(&e) => {
-                out.error = Some(refused(e, &format!("get pod {pod}")));
-                return out;
-            }
-            Ok(Err(e)) => {
-                down.failed(e.to_string(), budget);
-            }
-            Err(_) => {
-                down.failed(format!("no answer within {}s", API_TIMEOUT.as_secs()), budget);
+                // Never seen by the watch: asked.
+                None => false,
+            },
+            None => false,
+        };
+        if !seen {
+            match tokio::time::timeout(API_TIMEOUT, pods.get_opt(&pod)).await {
+                Ok(Ok(Some(p))) => {
+                    let done = watch::cell_terminated(&p);
+                    out.last = Some(p);
+                    if done && streamed {
+                        return out;
+                    }
+                }
+                Ok(Ok(None)) => return out,
+                Ok(Err(e)) if !transient(&e) => {
+                    out.error = Some(refused(e, &format!("get pod {pod}")));
+                    return out;
+                }
+                Ok(Err(e)) => {
+                    down.failed(e.to_string(), budget);
+                }
+                Err(_) => {
+                    down.failed(format!("no answer within {}s", API_TIMEOUT.as_secs()), budget);
+                }
             }
         }
         if let Some((since, last)) = &down.0 {
@@ -174,6 +236,14 @@ pub(super) async fn follow_log(
         }
     }
 }
+
+/// No end to a wait but its cause.
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// After a log stream ended, how long the run's watch may take to show the
+/// container ended (else the stream is opened again: the wait is also the
+/// pause before it, as `Down::attempts_wait` is while the server answers).
+const ENDED_WAIT: Duration = Duration::from_millis(300);
 
 /// The whole log of the cell's container, once (no follow).
 pub(super) async fn read_log(pods: &Api<Pod>, pod: &str) -> Option<String> {

@@ -1,8 +1,9 @@
 //! `--backend kubernetes`: a Job per cell.
 //!
 //! For each cell: the run's Secret (once, from the suite's `secrets:`), the
-//! cell's Job ([`crate::spec::cell_job`]), then its pod watched every half
-//! second until the cell's container starts. A pod that cannot start is a
+//! cell's Job ([`crate::spec::cell_job`]), then its pod looked at in the
+//! run's one watch ([`informer`]: the run's pods, Jobs and events, listed
+//! once and watched) on every change, until the cell's container starts. A pod that cannot start is a
 //! failed cell within seconds, with the cluster's own words: unschedulable
 //! (no autoscaler adds a node: its `NotTriggerScaleUp`, or no word within
 //! `unschedulable_grace`; one that does, `TriggeredScaleUp` or Karpenter's
@@ -27,6 +28,8 @@
 //!   API budget;
 //! - `create.rs`: the run's Secret and ConfigMaps, the cell's Job and Service;
 //! - `cell.rs`: one cell's Job as the lifecycle's [`lifecycle::Platform`];
+//! - `informer.rs`: the run's one watch of its pods, Jobs and events, and
+//!   the cap on open log streams;
 //! - `pending.rs`: looks at the Job and its pod until the container runs;
 //! - `follow.rs`: the cell container's log, followed through reconnects;
 //! - `ranks.rs`: a multi-node cell's other ranks: waited for, followed into
@@ -42,6 +45,7 @@ mod create;
 mod down;
 mod facts;
 mod follow;
+mod informer;
 mod pending;
 mod ranks;
 mod short_job;
@@ -49,6 +53,8 @@ mod short_job;
 use api::api_budget_from_env;
 pub use api::transient;
 use cell::JobCell;
+use informer::{LogSlots, RunWatch};
+pub use informer::{DEFAULT_LOG_STREAMS, LOG_STREAMS_ENV};
 use ranks::Rank;
 
 use crate::files;
@@ -83,6 +89,10 @@ pub const API_BUDGET_ENV: &str = "ORCH_KUBERNETES_API_BUDGET";
 /// `DisruptionTarget` condition is seen before the pod is gone).
 const POD_POLL: Duration = Duration::from_secs(2);
 
+/// How often a cell waiting on the run's watch looks again without a
+/// change (its timed waits: `max_pending`, the unschedulable grace).
+const WATCH_TICK: Duration = Duration::from_secs(1);
+
 /// After rank 0 of a multi-node cell ended, how long the other ranks' logs
 /// may take to come home (their pods end with the Job).
 const RANKS_WAIT: Duration = Duration::from_secs(60);
@@ -99,6 +109,10 @@ pub struct KubernetesBackend {
     api_budget: Duration,
     /// Nodes per cell id (1 when absent): an Indexed Job of that many pods.
     nodes: BTreeMap<String, u32>,
+    /// One watch per run ([`informer`]), by run id.
+    watches: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<RunWatch>>>,
+    /// The log streams open at once ([`DEFAULT_LOG_STREAMS`]).
+    log_slots: LogSlots,
 }
 
 impl KubernetesBackend {
@@ -111,6 +125,8 @@ impl KubernetesBackend {
             poll: Duration::from_millis(500),
             api_budget: api_budget_from_env(),
             nodes: BTreeMap::new(),
+            watches: Default::default(),
+            log_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(informer::log_streams_from_env())),
         }
     }
 
@@ -128,6 +144,31 @@ impl KubernetesBackend {
 
     pub fn settings(&self) -> &KubeSettings {
         &self.settings
+    }
+
+    /// The run's watch, started by its first cell; `None` while its first
+    /// lists have not come within [`API_TIMEOUT`] or when the Role refuses a
+    /// watch: the cell then polls its pod.
+    async fn run_watch(&self, run_id: &str) -> Option<std::sync::Arc<RunWatch>> {
+        let w = {
+            let mut map = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(run_id.to_string())
+                .or_insert_with(|| {
+                    RunWatch::start(
+                        self.client.clone(),
+                        &self.settings.namespace,
+                        crate::spec::run_selector(run_id),
+                    )
+                })
+                .clone()
+        };
+        w.ready(API_TIMEOUT).await.then_some(w)
+    }
+
+    /// Why the run's watch is not used (its refusal's words, if any).
+    fn watch_refused(&self, run_id: &str) -> Option<String> {
+        let map = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(run_id).and_then(|w| w.refused())
     }
 
     fn limits(&self) -> PendingLimits {
@@ -235,11 +276,18 @@ impl Backend for KubernetesBackend {
             rank_tx,
             rank_rx,
             failed_rank: None,
+            watch: None,
         };
         Ok(lifecycle::drive(&mut platform, cell, cancel).await)
     }
 
     async fn cleanup(&self, run_id: &str) -> Result<(), BackendError> {
+        let w = self
+            .watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(run_id);
+        drop(w);
         self.delete_run(run_id).await
     }
 }

@@ -1,13 +1,15 @@
 //! Until the cell's container runs: looks at the Job and its pod (its
 //! state, and while it is stuck or unschedulable its events, the
-//! autoscaler's word, whether any node could ever run it), each judged by
+//! autoscaler's word, whether any node could ever run it) in the run's
+//! watch on each of its changes (or, without one, every half second), each judged by
 //! [`Pending::decide`] into waiting, following the log, or a failed cell in
 //! the cluster's words.
 
 use super::api::{backoff, transient, unreachable_message, CallError, Down};
 use super::cell::early;
 use super::follow::follow_log;
-use super::{note_line, JobCell, KubernetesBackend, API_TIMEOUT};
+use super::informer::{event_lines, event_time, RunWatch};
+use super::{note_line, JobCell, KubernetesBackend, API_TIMEOUT, WATCH_TICK};
 use crate::watch::{self, Action, Autoscaler, Pending, PodState, Seen};
 use crate::{KubeError, JOB_LABEL};
 use k8s_openapi::api::batch::v1::Job;
@@ -66,27 +68,41 @@ impl KubernetesBackend {
         Some(watch::fits_all(pod, &list.items, count))
     }
 
-    /// `FailedCreate` events of a Job (quota, Pod Security, a webhook).
-    pub(super) async fn job_refusals(&self, job: &str) -> Vec<String> {
-        let events: Api<K8sEvent> = self.api();
-        let lp = ListParams::default().fields(&format!("involvedObject.kind=Job,involvedObject.name={job}"));
-        let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
-            return vec![];
+    /// `FailedCreate` events of a Job (quota, Pod Security, a webhook):
+    /// from the run's watch, else listed.
+    pub(super) async fn job_refusals(&self, w: Option<&RunWatch>, job: &str) -> Vec<String> {
+        let items = match w {
+            Some(w) => w.events_of(job, "Job"),
+            None => {
+                let events: Api<K8sEvent> = self.api();
+                let lp = ListParams::default()
+                    .fields(&format!("involvedObject.kind=Job,involvedObject.name={job}"));
+                let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
+                    return vec![];
+                };
+                list.items
+            }
         };
-        list.items
+        items
             .into_iter()
             .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
             .filter_map(|e| e.message)
             .collect()
     }
 
-    /// The Job's `Failed` condition reason (`DeadlineExceeded`, ...).
-    pub(super) async fn job_failed_reason(&self, job: &str) -> Option<String> {
-        let jobs: Api<Job> = self.api();
-        let j = tokio::time::timeout(API_TIMEOUT, jobs.get_opt(job))
-            .await
-            .ok()?
-            .ok()??;
+    /// The Job's `Failed` condition reason (`DeadlineExceeded`, ...): from
+    /// the run's watch, else asked.
+    pub(super) async fn job_failed_reason(&self, w: Option<&RunWatch>, job: &str) -> Option<String> {
+        let j = match w {
+            Some(w) => w.job(job)?,
+            None => {
+                let jobs: Api<Job> = self.api();
+                tokio::time::timeout(API_TIMEOUT, jobs.get_opt(job))
+                    .await
+                    .ok()?
+                    .ok()??
+            }
+        };
         j.status?
             .conditions?
             .into_iter()
@@ -95,8 +111,12 @@ impl KubernetesBackend {
     }
 
     /// The events of a pod (`TYPE REASON: MESSAGE`, oldest first), and what
-    /// an autoscaler said about it ([`Autoscaler`]).
-    async fn pod_events(&self, pod: &str) -> (Vec<String>, Autoscaler) {
+    /// an autoscaler said about it ([`Autoscaler`]): from the run's watch,
+    /// else listed.
+    async fn pod_events(&self, w: Option<&RunWatch>, pod: &str) -> (Vec<String>, Autoscaler) {
+        if let Some(w) = w {
+            return event_lines(w.events_of(pod, ""));
+        }
         let events: Api<K8sEvent> = self.api();
         let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
         let Ok(Ok(list)) = tokio::time::timeout(API_TIMEOUT, events.list(&lp)).await else {
@@ -104,36 +124,8 @@ impl KubernetesBackend {
         };
         let mut items = list.items;
         // Oldest first: the autoscaler's latest word is its verdict.
-        items.sort_by_key(|e| {
-            e.last_timestamp
-                .as_ref()
-                .map(|t| t.0)
-                .or_else(|| e.event_time.as_ref().map(|t| t.0))
-                .or_else(|| e.first_timestamp.as_ref().map(|t| t.0))
-        });
-        let autoscaler = Autoscaler::from_events(items.iter().map(|e| {
-            (
-                e.reason.as_deref().unwrap_or_default(),
-                e.source
-                    .as_ref()
-                    .and_then(|s| s.component.as_deref())
-                    .or(e.reporting_component.as_deref())
-                    .unwrap_or_default(),
-                e.message.as_deref().unwrap_or_default(),
-            )
-        }));
-        let lines = items
-            .into_iter()
-            .map(|e| {
-                format!(
-                    "{} {}: {}",
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.message.unwrap_or_default()
-                )
-            })
-            .collect();
-        (lines, autoscaler)
+        items.sort_by_key(event_time);
+        event_lines(items)
     }
 
     /// One look at a Job's pod for [`Pending::decide`]: its state, and
@@ -141,11 +133,12 @@ impl KubernetesBackend {
     /// whether any node could ever run it (asked once, `fits_cache`).
     pub(super) async fn look_pod(
         &self,
+        w: Option<&RunWatch>,
         pod: &Pod,
         stalled: bool,
         fits_cache: &mut Option<Option<bool>>,
     ) -> Seen {
-        self.look_pods(pod, 1, stalled, fits_cache).await
+        self.look_pods(w, pod, 1, stalled, fits_cache).await
     }
 
     /// [`Self::look_pod`] for one of `count` pods that must all run at once
@@ -153,6 +146,7 @@ impl KubernetesBackend {
     /// hold all `count`.
     pub(super) async fn look_pods(
         &self,
+        w: Option<&RunWatch>,
         pod: &Pod,
         count: u32,
         stalled: bool,
@@ -164,7 +158,7 @@ impl KubernetesBackend {
         let wants_events =
             matches!(state, PodState::Unschedulable { .. } | PodState::Stuck { .. }) || stalled;
         let (events, autoscaler) = if wants_events {
-            self.pod_events(&pname).await
+            self.pod_events(w, &pname).await
         } else {
             (vec![], Autoscaler::Silent)
         };
@@ -197,9 +191,14 @@ impl JobCell<'_> {
     ) -> Result<(Seen, Option<Pod>), CallError> {
         let backend = self.backend;
         let uid = self.job_uid.clone().unwrap_or_default();
-        let Some(pod) = backend.find_pod(&self.job_name, &uid).await? else {
+        let w = self.watch.clone();
+        let found = match &w {
+            Some(w) => w.pods_of(&self.job_name, &uid).into_iter().next(),
+            None => backend.find_pod(&self.job_name, &uid).await?,
+        };
+        let Some(pod) = found else {
             let refusals = if pending.stalled(Instant::now(), &backend.limits()) || self.pod_name.is_none() {
-                backend.job_refusals(&self.job_name).await
+                backend.job_refusals(w.as_deref(), &self.job_name).await
             } else {
                 vec![]
             };
@@ -216,7 +215,10 @@ impl JobCell<'_> {
             .and_then(|s| s.node_name.clone())
             .or(self.node.take());
         let stalled = pending.stalled(Instant::now(), &backend.limits());
-        Ok((backend.look_pod(&pod, stalled, fits_cache).await, Some(pod)))
+        Ok((
+            backend.look_pod(w.as_deref(), &pod, stalled, fits_cache).await,
+            Some(pod),
+        ))
     }
 
     /// Until the pod of a one-node cell runs (its log then followed), or
@@ -229,14 +231,24 @@ impl JobCell<'_> {
         let mut ticker = tokio::time::interval(backend.poll);
         let mut down = Down::default();
         let mut n = 0;
+        let mut changed = self.watch.as_ref().map(|w| w.changed());
+        let mut first = true;
         loop {
             if down.0.is_some() {
                 tokio::time::sleep(backoff(n)).await;
                 n += 1;
+            } else if let Some(rx) = changed.as_mut() {
+                // The run's watch: looked at on every change (and every
+                // WATCH_TICK, for the waits that are timed).
+                if !first {
+                    let _ = tokio::time::timeout(WATCH_TICK, rx.changed()).await;
+                }
+                rx.borrow_and_update();
             } else {
                 ticker.tick().await;
                 n = 0;
             }
+            first = false;
             let (seen, pod) = match self.look(&pending, &mut fits_cache).await {
                 Ok(look) => {
                     if down.0.is_some() {
@@ -282,6 +294,8 @@ impl JobCell<'_> {
                         pname,
                         tx,
                         backend.api_budget,
+                        self.watch.clone(),
+                        backend.log_slots.clone(),
                     )));
                     return Ok(());
                 }

@@ -7,7 +7,8 @@
 
 use super::api::{backoff, unreachable_message, CallError, Down};
 use super::follow::{follow_log, read_log, Followed};
-use super::{note_line, JobCell, API_TIMEOUT};
+use super::informer::{LogSlots, RunWatch};
+use super::{note_line, JobCell, API_TIMEOUT, WATCH_TICK};
 use crate::end::summary_result;
 use crate::nodes::RankEnd;
 use crate::watch::{self, Action, Pending, Seen};
@@ -72,9 +73,10 @@ async fn follow_rank(
     budget: Duration,
     rank: u32,
     ended: mpsc::UnboundedSender<u32>,
+    (w, slots): (Option<Arc<RunWatch>>, LogSlots),
 ) -> Followed {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let follower = tokio::spawn(follow_log(pods, pod, tx, budget));
+    let follower = tokio::spawn(follow_log(pods, pod, tx, budget, w, slots));
     while let Some(line) = rx.recv().await {
         let result = lock_home(&home).line(&line);
         if let Ok(Some(r)) = result {
@@ -103,6 +105,8 @@ impl JobCell<'_> {
                 pname,
                 tx,
                 backend.api_budget,
+                self.watch.clone(),
+                backend.log_slots.clone(),
             )));
             return;
         }
@@ -132,6 +136,7 @@ impl JobCell<'_> {
             backend.api_budget,
             rank as u32,
             self.rank_tx.clone(),
+            (self.watch.clone(), backend.log_slots.clone()),
         )));
     }
 
@@ -176,15 +181,28 @@ impl JobCell<'_> {
         let uid = self.job_uid.clone().unwrap_or_default();
         let gpu = cell.task.gpu.to_string();
         let mut k = 0;
+        let w = self.watch.clone();
+        let mut changed = w.as_ref().map(|w| w.changed());
+        let mut first = true;
         loop {
             if down.0.is_some() {
                 tokio::time::sleep(backoff(k)).await;
                 k += 1;
+            } else if let Some(rx) = changed.as_mut() {
+                if !first {
+                    let _ = tokio::time::timeout(WATCH_TICK, rx.changed()).await;
+                }
+                rx.borrow_and_update();
             } else {
                 ticker.tick().await;
                 k = 0;
             }
-            let pods = match backend.find_pods(&self.job_name, &uid).await {
+            first = false;
+            let found = match &w {
+                Some(w) => Ok(w.pods_of(&self.job_name, &uid)),
+                None => backend.find_pods(&self.job_name, &uid).await,
+            };
+            let pods = match found {
                 Ok(p) => {
                     if down.0.is_some() {
                         self.log("orch: the API server answers again");
@@ -229,10 +247,14 @@ impl JobCell<'_> {
                 }
                 let stalled = pending[r].stalled(Instant::now(), &limits);
                 let seen = match &by_rank[r] {
-                    Some(p) => backend.look_pods(p, n as u32, stalled, &mut fits_cache).await,
+                    Some(p) => {
+                        backend
+                            .look_pods(w.as_deref(), p, n as u32, stalled, &mut fits_cache)
+                            .await
+                    }
                     None => {
                         if refusals.is_none() {
-                            refusals = Some(backend.job_refusals(&self.job_name).await);
+                            refusals = Some(backend.job_refusals(w.as_deref(), &self.job_name).await);
                         }
                         Seen::NoPod {
                             refusals: refusals.clone().unwrap_or_default(),
@@ -293,7 +315,7 @@ impl JobCell<'_> {
             // A rank that ended before the others started failed the Job
             // (`backoffLimit: 0`), whose controller stops the rest: no more wait.
             if followed.iter().any(|f| *f) {
-                if let Some(reason) = backend.job_failed_reason(&self.job_name).await {
+                if let Some(reason) = backend.job_failed_reason(w.as_deref(), &self.job_name).await {
                     let line = format!(
                         "orch: the Job failed ({reason}) before every rank ran; ranks seen running: {:?}",
                         (0..n).filter(|r| followed[*r]).collect::<Vec<_>>()
@@ -339,7 +361,12 @@ impl JobCell<'_> {
                 }
             }
             let rank = self.ranks[i].rank;
+            let seen = match (&self.ranks[i].pod, &self.watch) {
+                (Some(p), Some(w)) => w.pod(p),
+                _ => None,
+            };
             let pod = match self.ranks[i].pod.clone() {
+                Some(_) if seen.is_some() => seen.flatten().or(last),
                 Some(p) => tokio::time::timeout(API_TIMEOUT, pods.get_opt(&p))
                     .await
                     .ok()

@@ -100,7 +100,14 @@ impl KubernetesBackend {
             let pod = self.wait_started(&name, &uid, limit).await?;
             let pods: Api<Pod> = self.api();
             let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-            let follower = tokio::spawn(follow_log(pods.clone(), pod.clone(), tx, self.api_budget));
+            let follower = tokio::spawn(follow_log(
+                pods.clone(),
+                pod.clone(),
+                tx,
+                self.api_budget,
+                None,
+                self.log_slots.clone(),
+            ));
             let mut log = String::new();
             while let Some(line) = rx.recv().await {
                 on_line(&line);
@@ -176,13 +183,13 @@ impl KubernetesBackend {
             };
             let (seen, pod_name) = match found {
                 Some(pod) => (
-                    self.look_pod(&pod, pending.stalled(now, &limits), &mut fits_cache)
+                    self.look_pod(None, &pod, pending.stalled(now, &limits), &mut fits_cache)
                         .await,
                     pod.metadata.name.clone().unwrap_or_default(),
                 ),
                 None => {
                     let refusals = if now.duration_since(started) > Duration::from_secs(5) {
-                        self.job_refusals(name).await
+                        self.job_refusals(None, name).await
                     } else {
                         vec![]
                     };

@@ -1701,3 +1701,135 @@ fn dry_run_prints_a_two_node_cells_indexed_job_and_service_and_plan_accepts_it()
         .unwrap();
     assert!(plan.status.success(), "{}", String::from_utf8_lossy(&plan.stderr));
 }
+
+/// 300 cells against an API server that refuses more than 20 requests a
+/// second (a bucket of 20, as Priority and Fairness answers a client past its
+/// share: 429 with `Retry-After`), orch's own limit set under it (10 a second)
+/// but with a burst of 100: the burst at the start is refused, orch obeys the
+/// `Retry-After`, no longer bursts, and is never refused after it; every cell
+/// runs once and is recorded once, with a handful of requests a cell (one
+/// watch per run, not per cell).
+#[test]
+fn three_hundred_cells_under_a_rate_limited_api_server_wait_as_told_and_run_once() {
+    if !ready() {
+        return;
+    }
+    const CELLS: usize = 300;
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.rate_limit(20.0, 20.0));
+    let values: Vec<String> = (1..=CELLS).map(|i| i.to_string()).collect();
+    let suite = c.suite(
+        "many",
+        &format!(
+            "name: many\nconcurrency: 30\nbenchmarks:\n  - name: noop\n    workload: {{noop: true}}\n    matrix:\n      i: [{}]\n",
+            values.join(", ")
+        ),
+    );
+    let out = c
+        .run_cmd(&suite, &["--json"])
+        .env("ORCH_KUBERNETES_QPS", "10")
+        .env("ORCH_KUBERNETES_BURST", "100")
+        .output()
+        .unwrap();
+    let v = json(&out);
+    let throttled = c.fake.throttled();
+    let counts = c.fake.request_counts();
+    let total: u64 = counts.values().sum();
+    let per_cell = total as f64 / CELLS as f64;
+    eprintln!(
+        "{total} requests for {CELLS} cells ({per_cell:.2} a cell), {} refused: {counts:?}",
+        throttled.len()
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells = cells(&v);
+    assert_eq!(cells.len(), CELLS);
+    let ids: std::collections::BTreeSet<&str> = cells.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), CELLS, "every cell recorded once");
+    for cell in &cells {
+        assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    }
+    let done = std::fs::read_dir(c.store().join(v["id"].as_str().unwrap()).join("cells"))
+        .unwrap()
+        .filter(|d| d.as_ref().unwrap().path().join("result.json").is_file())
+        .count();
+    assert_eq!(done, CELLS, "a record per cell in the store");
+    assert_eq!(
+        c.fake.created("jobs").len(),
+        CELLS,
+        "every cell's Job created once"
+    );
+    // Refused at the start (the burst), and every refused request sent
+    // again only after its `Retry-After`: orch waits as told. (The fake's
+    // clock is when it reads a request: under this host's load, requests
+    // orch spaced out can reach it bunched, so a request may be refused
+    // again after its wait; it is never sent again before it.)
+    let first = throttled.first().expect("the start's burst was refused");
+    let mut last: std::collections::BTreeMap<&str, &orch_testkit::kube::Throttled> = Default::default();
+    for t in &throttled {
+        // One object's request (a Job's deletion, a pod's log); creates share their line.
+        if !t.request.starts_with("POST ") {
+            if let Some(before) = last.get(t.request.as_str()) {
+                let waited = t.at.duration_since(before.at);
+                assert!(
+                    waited + Duration::from_millis(50) >= before.retry_after,
+                    "{} sent again {waited:?} after a Retry-After of {:?}",
+                    t.request,
+                    before.retry_after
+                );
+            }
+        }
+        last.insert(t.request.as_str(), t);
+    }
+    let late = throttled
+        .iter()
+        .filter(|t| t.at >= first.at + first.retry_after)
+        .count();
+    eprintln!("{late} refused after the first Retry-After ran out");
+    assert!(
+        (throttled.len() as f64) < 0.1 * total as f64,
+        "{} of {total} requests refused",
+        throttled.len()
+    );
+    assert!(per_cell < 6.0, "{per_cell:.2} requests a cell: {counts:?}");
+    c.assert_nothing_left();
+}
+
+/// An older Role, without `list`/`watch` on Jobs: the run's watch is
+/// refused, and its cells poll their pods as before, and succeed.
+#[test]
+fn a_role_without_the_runs_watch_polls_and_succeeds() {
+    if !ready() {
+        return;
+    }
+    let shipped = std::fs::read_to_string(shipped_role()).unwrap();
+    let older = shipped.replace(
+        "verbs: [\"create\", \"get\", \"list\", \"watch\", \"delete\", \"deletecollection\"]",
+        "verbs: [\"create\", \"get\", \"delete\", \"deletecollection\"]",
+    );
+    assert_ne!(older, shipped, "the shipped Role grants `list`/`watch` on Jobs");
+    let dir = tempfile::tempdir().unwrap();
+    let role = dir.path().join("role.yaml");
+    std::fs::write(&role, older).unwrap();
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.role(&role));
+    let suite = c.suite(
+        "older",
+        "name: older\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hello'}\n",
+    );
+    let (out, v) = c.run(&suite, &[]);
+    let cell = &cells(&v)[0];
+    assert_eq!(
+        cell["status"],
+        "succeeded",
+        "{cell:#}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let klog = std::fs::read_to_string(
+        cell_dir(&c.store(), &v, cell["id"].as_str().unwrap()).join("kubernetes.log"),
+    )
+    .unwrap();
+    assert!(klog.contains("the pod is polled"), "{klog}");
+    c.assert_nothing_left();
+}
