@@ -27,7 +27,8 @@
 //! folder over HTTP and nothing else (no uploads, no auth beyond a gated repo's one token). The
 //! `fake-hub` binary serves it for scripts (`scripts/bench-setup.sh`).
 
-pub mod fixtures;
+/// Generated model repositories (`orch-fixtures`), under their old path.
+pub use orch_fixtures as fixtures;
 pub mod hashing;
 mod index;
 
@@ -58,12 +59,8 @@ use tokio_util::io::ReaderStream;
 use index::{Repo, RepoFile};
 pub use index::{RepoType, LFS_THRESHOLD};
 
-/// Name of the per-repo marker file (inside `root/org/name/`) that the server reads and never serves.
-///
-/// JSON object; recognised keys: `"gated_token"` (string: the repo is gated and only this bearer
-/// token may read it) and `"generator"` (free-form, written by [`fixtures`] to describe how the
-/// repo was generated).
-pub const MARKER_FILE: &str = ".fakehub.json";
+/// The per-repo marker file the server reads and never serves (`orch-fixtures` writes it).
+pub use orch_fixtures::MARKER_FILE;
 
 type Body = UnsyncBoxBody<Bytes, io::Error>;
 

@@ -12,7 +12,8 @@
 //! | [`container`], [`gpu`], [`rootfs`] | `orch-fake-containers` |
 //! | [`kube`] | `orch-fake-kube` |
 //! | [`modal`] | `orch-fake-modal` |
-//! | [`hub`], [`fixtures`], [`hashing`], [`MARKER_FILE`] | `orch-fake-hub` |
+//! | [`hub`], [`hashing`] | `orch-fake-hub` |
+//! | [`fixtures`], [`MARKER_FILE`] | `orch-fixtures` (std and `serde_json` only) |
 //! | [`s3`], [`faultproxy`] | `orch-fake-s3` |
 //! | [`slurm`] | `orch-fake-slurm` |
 //! | [`skip`] | `orch-test-support` |

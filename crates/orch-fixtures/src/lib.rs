@@ -1,5 +1,7 @@
-//! Generated model repositories, written to disk in the layout the [`crate::HubServer`] serves:
-//! `root/{org}/{name}/...`.
+//! `orch-fixtures`: generated model repositories, written to disk in the layout the Hugging Face
+//! Hub serves (`orch-fake-hub`'s `HubServer` serves them as they lie): `root/{org}/{name}/...`.
+//! Test support that costs no async runtime and no server: std and `serde_json` only, so a crate
+//! whose tests need a model on disk builds nothing of the fakes.
 //!
 //! Content is streamed to disk while it is generated, so multi-gigabyte models are never held in
 //! memory. Everything is deterministic: the same spec always produces byte-identical files.
@@ -10,7 +12,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use crate::MARKER_FILE;
+/// Name of the per-repo marker file (inside `root/org/name/`) that the fake Hub reads and never
+/// serves.
+///
+/// JSON object; recognised keys: `"gated_token"` (string: the repo is gated and only this bearer
+/// token may read it) and `"generator"` (free-form, written here to describe how the repo was
+/// generated).
+pub const MARKER_FILE: &str = ".fakehub.json";
 
 /// Element type of a generated tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
