@@ -504,7 +504,11 @@ impl Host for KubernetesHost {
 /// for each verb (a `SelfSubjectAccessReview`); a test keeps it equal to
 /// the Role file.
 pub const ROLE_RULES: &[(&str, &str, &[&str])] = &[
-    ("batch", "jobs", &["create", "get", "delete", "deletecollection"]),
+    (
+        "batch",
+        "jobs",
+        &["create", "get", "list", "watch", "delete", "deletecollection"],
+    ),
     (
         "",
         "pods",
@@ -513,7 +517,7 @@ pub const ROLE_RULES: &[(&str, &str, &[&str])] = &[
     ("", "pods/log", &["get"]),
     ("", "secrets", &["create", "delete", "deletecollection"]),
     ("", "configmaps", &["create", "deletecollection"]),
-    ("", "events", &["list"]),
+    ("", "events", &["list", "watch"]),
     (
         "",
         "services",

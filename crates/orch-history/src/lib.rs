@@ -129,4 +129,13 @@ impl orch_protocol::ErrorClass for HistoryError {
             HistoryError::BadSince { .. } | HistoryError::NoRuns { .. } => true,
         }
     }
+
+    /// A store that stopped answering is an outage here too (`orch history`
+    /// exits with the store-outage code, as `orch run` does).
+    fn is_outage(&self) -> bool {
+        match self {
+            HistoryError::Store(e) => orch_protocol::ErrorClass::is_outage(e),
+            HistoryError::BadSince { .. } | HistoryError::NoRuns { .. } => false,
+        }
+    }
 }

@@ -267,8 +267,8 @@ fn doctor_names_a_verb_the_cluster_does_not_grant() {
     // The same Role less `deletecollection` of Jobs.
     let text = std::fs::read_to_string(&shipped).unwrap();
     let cut = text.replacen(
-        "verbs: [\"create\", \"get\", \"delete\", \"deletecollection\"]",
-        "verbs: [\"create\", \"get\", \"delete\"]",
+        "verbs: [\"create\", \"get\", \"list\", \"watch\", \"delete\", \"deletecollection\"]",
+        "verbs: [\"create\", \"get\", \"list\", \"watch\", \"delete\"]",
         1,
     );
     assert_ne!(
