@@ -1195,9 +1195,13 @@ async fn the_shipped_role_is_enforced_with_the_api_servers_forbidden() {
         "no list configmaps"
     );
     assert_eq!(
-        c.req("GET", "/apis/batch/v1/namespaces/bench/jobs?watch=true", None)
-            .await
-            .0,
+        c.req(
+            "GET",
+            "/apis/batch/v1/namespaces/bench/jobs?watch=true&timeoutSeconds=1",
+            None
+        )
+        .await
+        .0,
         200,
         "the run's watch of its Jobs"
     );
