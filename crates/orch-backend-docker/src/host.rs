@@ -30,6 +30,7 @@ impl Host for DockerHost {
     async fn backend(&self, plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
         let agent = orch_backend::find_static_agent()?;
         let docker = DockerBackend::connect(agent, self.flags.keep)?;
+        docker.preflight().await?;
         let images = resolve_images(plan, docker.client()).await?;
         Ok((Arc::new(docker), images))
     }

@@ -187,7 +187,9 @@ impl Host for SlurmHost {
     }
 
     async fn backend(&self, plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
-        Ok((Arc::new(backend(plan)?), Images::new()))
+        let backend = backend(plan)?;
+        backend.preflight().await?;
+        Ok((Arc::new(backend), Images::new()))
     }
 
     async fn setup(

@@ -556,7 +556,9 @@ impl Host for LocalHost {
 
     async fn backend(&self, _plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
         let agent = crate::local::AgentCommand::from_env_or_self(&["agent"])?;
-        Ok((Arc::new(LocalBackend::new(agent)), Images::new()))
+        let local = LocalBackend::new(agent);
+        local.preflight().await?;
+        Ok((Arc::new(local), Images::new()))
     }
 
     async fn down(&self, run_id: &str, _plan: &Plan) -> Result<String, BackendError> {

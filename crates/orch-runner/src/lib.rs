@@ -165,7 +165,8 @@ async fn execute_cells(
     progress: mpsc::UnboundedSender<Progress>,
     cancel: watch::Receiver<bool>,
 ) -> Result<Outcome, RunnerError> {
-    backend.preflight().await?;
+    // The backend passed its preflight when its host made it
+    // (`Host::backend`): once per run, before the run was created.
     let cells = cells_to_run(run, &progress)?;
 
     // Every secret value (and its encodings) is masked in what the runner
