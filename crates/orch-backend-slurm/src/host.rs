@@ -3,6 +3,7 @@
 //! `orch setup --as-job`, `orch down`, per-partition prices, multi-node
 //! cells, and the default of cells at once (the submission limit).
 
+use crate::sched::Scheduler;
 use crate::{GpuRequest, SlurmBackend, SlurmConfig};
 use async_trait::async_trait;
 use orch_backend::host::{
@@ -23,10 +24,11 @@ pub const MAX_DEFAULT_JOBS: usize = 1000;
 pub const FALLBACK_JOBS: usize = 64;
 
 /// Cells at once by default: the user's submission limit for the suite's
-/// account, QOS and partition (at most [`MAX_DEFAULT_JOBS`]).
-pub async fn default_jobs(def: Option<&SlurmDef>) -> DefaultJobs {
+/// account, QOS and partition (at most [`MAX_DEFAULT_JOBS`]), as `sched`
+/// reads it once for the run (its gate uses the same reading).
+pub async fn default_jobs(def: Option<&SlurmDef>, sched: &Scheduler) -> DefaultJobs {
     let target = crate::target(&config(def));
-    match crate::sched::Scheduler::new().submit_limit(&target).await {
+    match sched.read_limit(&target).await {
         Ok(Some(l)) if l.jobs > MAX_DEFAULT_JOBS => DefaultJobs::new(
             MAX_DEFAULT_JOBS,
             format!(
@@ -40,7 +42,7 @@ pub async fn default_jobs(def: Option<&SlurmDef>) -> DefaultJobs {
             FALLBACK_JOBS,
             format!(
                 "the submission limits could not be read: {}",
-                orch_backend::host::first_line(&e.to_string())
+                orch_backend::host::first_line(&e)
             ),
         ),
     }
@@ -86,14 +88,14 @@ pub fn weights_dir(def: Option<&SlurmDef>, flag: Option<&PathBuf>) -> PathBuf {
     }
 }
 
-pub fn backend(plan: &Plan) -> Result<SlurmBackend, BackendError> {
+pub fn backend(plan: &Plan, sched: Arc<Scheduler>) -> Result<SlurmBackend, BackendError> {
     let nodes: BTreeMap<String, u32> = plan
         .cells
         .iter()
         .filter(|c| c.nodes > 1)
         .map(|c| (c.id.clone(), c.nodes))
         .collect();
-    SlurmBackend::new(config(plan.slurm.as_ref()), nodes)
+    Ok(SlurmBackend::new(config(plan.slurm.as_ref()), nodes)?.with_scheduler(sched))
 }
 
 /// `orch setup --backend slurm --as-job`: the same setup, run by this
@@ -173,6 +175,18 @@ pub async fn setup_as_job(
 /// The slurm backend's host side.
 pub struct SlurmHost {
     pub flags: Flags,
+    /// The run's scheduler: its submission limits are read once, for the
+    /// default of cells at once and the backend's gate alike.
+    sched: Arc<Scheduler>,
+}
+
+impl SlurmHost {
+    pub fn new(flags: Flags) -> SlurmHost {
+        SlurmHost {
+            flags,
+            sched: Arc::new(Scheduler::new()),
+        }
+    }
 }
 
 #[async_trait]
@@ -187,7 +201,7 @@ impl Host for SlurmHost {
     }
 
     async fn backend(&self, plan: &Plan) -> Result<(Arc<dyn Backend>, Images), BackendError> {
-        let backend = backend(plan)?;
+        let backend = backend(plan, self.sched.clone())?;
         backend.preflight().await?;
         Ok((Arc::new(backend), Images::new()))
     }
@@ -217,7 +231,7 @@ impl Host for SlurmHost {
     }
 
     async fn default_jobs(&self, plan: &Plan, _host_gpus: Option<usize>) -> DefaultJobs {
-        default_jobs(plan.slurm.as_ref()).await
+        default_jobs(plan.slurm.as_ref(), &self.sched).await
     }
 
     fn price_partition<'p>(&self, plan: &'p Plan) -> Option<&'p str> {
@@ -458,5 +472,22 @@ mod tests {
         assert_eq!(p[1].name, "gpu");
         assert_eq!(p[1].gres, vec!["gpu:h100:8(S:0-1)", "gpu:a100:4"]);
         assert!(!p[2].up && !p[2].default);
+    }
+
+    /// `orch plan`'s and `orch run`'s default of cells at once and the
+    /// run's submission gate share one reading of the limits (the host's
+    /// scheduler): read already, no `scontrol` is asked again (on a machine
+    /// without a controller it would fail and give the fallback).
+    #[tokio::test]
+    async fn the_default_and_the_gate_share_one_reading_of_the_limits() {
+        let limit = crate::sched::SubmitLimit {
+            jobs: 7,
+            source: "`MaxSubmitJobs` of the association (account `orch`)".into(),
+        };
+        let sched = Arc::new(Scheduler::read_already(Some(limit.clone()), 2));
+        let d = default_jobs(None, &sched).await;
+        assert_eq!(d.jobs, 7, "{}", d.why);
+        assert!(d.why.contains("the submission limit"), "{}", d.why);
+        assert_eq!(sched.limit(&crate::target(&config(None))).await, (Some(limit), 2));
     }
 }

@@ -68,6 +68,7 @@ use sched::{JobEnd, Scheduler, UNSATISFIABLE};
 use script::{GpuFlag, JobSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use host::SlurmHost;
@@ -119,7 +120,7 @@ pub struct SlurmBackend {
     agent: Vec<String>,
     /// Nodes per cell id (1 when absent).
     nodes: BTreeMap<String, u32>,
-    sched: Scheduler,
+    sched: Arc<Scheduler>,
 }
 
 fn unavailable(message: String, hint: &str) -> BackendError {
@@ -292,8 +293,15 @@ impl SlurmBackend {
             cfg,
             agent,
             nodes,
-            sched: Scheduler::new(),
+            sched: Arc::new(Scheduler::new()),
         })
+    }
+
+    /// Share `sched` (the host's, whose limits `orch plan`/`orch run` read
+    /// for the default of cells at once) instead of a scheduler of its own.
+    pub fn with_scheduler(mut self, sched: Arc<Scheduler>) -> SlurmBackend {
+        self.sched = sched;
+        self
     }
 
     /// A backend that only cancels jobs (`orch down`): no agent needed.
@@ -302,7 +310,7 @@ impl SlurmBackend {
             cfg: SlurmConfig::default(),
             agent: vec![],
             nodes: BTreeMap::new(),
-            sched: Scheduler::new(),
+            sched: Arc::new(Scheduler::new()),
         }
     }
 

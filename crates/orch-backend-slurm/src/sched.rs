@@ -123,6 +123,8 @@ pub struct Target {
 /// The run's submission slots: `None` when no limit is known.
 struct Gate {
     limit: Option<SubmitLimit>,
+    /// Why the limits could not be read (the run then submits without a gate).
+    unread: Option<String>,
     slots: Option<Arc<Semaphore>>,
     /// The user's jobs already in the queue when the run began.
     queued: usize,
@@ -227,7 +229,10 @@ impl Scheduler {
         self.gate
             .get_or_init(|| async {
                 // A controller that does not answer here fails at `sbatch`, with its words.
-                let limit = self.submit_limit(target).await.ok().flatten();
+                let (limit, unread) = match self.submit_limit(target).await {
+                    Ok(l) => (l, None),
+                    Err(e) => (None, Some(e.to_string())),
+                };
                 let queued = match limit {
                     Some(_) => self.queued_of_user().await.unwrap_or(0),
                     None => 0,
@@ -235,7 +240,12 @@ impl Scheduler {
                 let slots = limit
                     .as_ref()
                     .map(|l| Arc::new(Semaphore::new(l.jobs.saturating_sub(queued).max(1))));
-                Gate { limit, slots, queued }
+                Gate {
+                    limit,
+                    unread,
+                    slots,
+                    queued,
+                }
             })
             .await
     }
@@ -245,6 +255,37 @@ impl Scheduler {
     pub async fn limit(&self, target: &Target) -> (Option<SubmitLimit>, usize) {
         let g = self.gate(target).await;
         (g.limit.clone(), g.queued)
+    }
+
+    /// The run's submission limit as [`Scheduler::submit_limit`] read it
+    /// (once per scheduler: `orch plan`'s and `orch run`'s default of cells
+    /// at once and the run's gate share the one reading); `Err`: why it
+    /// could not be read.
+    pub async fn read_limit(&self, target: &Target) -> Result<Option<SubmitLimit>, String> {
+        let g = self.gate(target).await;
+        match &g.unread {
+            Some(e) => Err(e.clone()),
+            None => Ok(g.limit.clone()),
+        }
+    }
+
+    /// A scheduler whose limits were read already (tests).
+    #[cfg(test)]
+    pub(crate) fn read_already(limit: Option<SubmitLimit>, queued: usize) -> Scheduler {
+        let s = Scheduler::new();
+        let slots = limit
+            .as_ref()
+            .map(|l| Arc::new(Semaphore::new(l.jobs.saturating_sub(queued).max(1))));
+        let gate = Gate {
+            limit,
+            unread: None,
+            slots,
+            queued,
+        };
+        if s.gate.set(gate).is_err() {
+            unreachable!("a new scheduler's gate is unset");
+        }
+        s
     }
 
     /// A submission slot: at once while the run's jobs in the queue are
@@ -807,6 +848,7 @@ mod tests {
                 jobs: 3,
                 source: "test".into(),
             }),
+            unread: None,
             slots: Some(Arc::new(Semaphore::new(2))),
             queued: 1,
         };

@@ -10,6 +10,6 @@ pub fn host(kind: Kind, flags: Flags) -> Box<dyn Host> {
         Kind::Docker => Box::new(orch_backend_docker::DockerHost { flags }),
         Kind::Kubernetes => Box::new(orch_backend_kubernetes::KubernetesHost { flags }),
         Kind::Modal => Box::new(orch_backend_modal::host::ModalHost { flags }),
-        Kind::Slurm => Box::new(orch_backend_slurm::SlurmHost { flags }),
+        Kind::Slurm => Box::new(orch_backend_slurm::SlurmHost::new(flags)),
     }
 }
