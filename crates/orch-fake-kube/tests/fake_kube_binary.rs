@@ -94,6 +94,8 @@ async fn latency_rate_limit_and_stats_flags() {
     // A bucket of 3 refilled one every 2 s: the fourth, well under 2 s after the first,
     // finds under one token.
     assert_eq!(codes, [200, 200, 200, 429]);
+    // A client that waits as told (a token comes every 2 s) is served.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let (code, _) = req(
         &fake.url,
         "POST",

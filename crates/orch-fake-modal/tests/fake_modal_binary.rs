@@ -31,7 +31,12 @@ async fn stats_on_sigterm_count_calls_by_method_and_the_throttled_ones() {
     )
     .unwrap();
     let url = line.trim().strip_prefix("url ").unwrap().to_string();
-    let mut client = ModalClientClient::connect(url).await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ModalClientClient::new(channel);
     let mut codes = Vec::new();
     for i in 0..3 {
         let mut req = tonic::Request::new(AppGetOrCreateRequest {
