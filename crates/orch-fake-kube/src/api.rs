@@ -90,6 +90,9 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Result<
             None => inner.limits.count("get", "discovery"),
         }
     }
+    if !inner.latency.is_zero() {
+        tokio::time::sleep(inner.latency).await;
+    }
     if let Err(secs) = inner.limits.admit(&line) {
         let mut r = json_resp(429, &super::limits::too_many(secs));
         let h = r.headers_mut();

@@ -12,9 +12,15 @@
 //!   `BOOKMARK`s when asked (`allowWatchBookmarks`: after 5 s without a change and as the
 //!   watch ends), and answer a version older than the last [`FakeKube::compact`] with
 //!   `410 Gone`;
-//! - requests are counted by verb and resource ([`FakeKube::request_counts`]) and, with
-//!   [`FakeKubeBuilder::rate_limit`], refused past a rate with `429` and `Retry-After`
-//!   (`limits.rs`);
+//! - lists and watches are served from memory, as an API server's watch cache serves them:
+//!   the live objects and the change history (each change with its resourceVersion) are
+//!   held by the server, a list says the resourceVersion it is current at, and a watch
+//!   from that version misses nothing and repeats nothing;
+//! - requests are counted by verb and resource ([`FakeKube::request_counts`]) and by second
+//!   ([`FakeKube::requests_per_second`]) and, with [`FakeKubeBuilder::rate_limit`], refused
+//!   past a rate with `429` and `Retry-After` (`limits.rs`); with
+//!   [`FakeKubeBuilder::latency`] every request is answered that late (a real API server's
+//!   round trip);
 //! - a Job gets one pod, an Indexed Job one per completion index (`<job>-<index>-<suffix>`,
 //!   hostname `<job>-<index>`, `JOB_COMPLETION_INDEX` and the completion-index annotation and
 //!   label, `completedIndexes`); `backoffLimit` is treated as 0: the first failed pod fails the
@@ -233,6 +239,7 @@ pub struct FakeKubeBuilder {
     token: String,
     role: Option<PathBuf>,
     rate_limit: Option<RateLimit>,
+    latency: Duration,
 }
 
 impl FakeKubeBuilder {
@@ -293,6 +300,14 @@ impl FakeKubeBuilder {
         self
     }
 
+    /// Answer every request `d` late (the response, or a watch's or log stream's first
+    /// byte, no sooner than `d` after the request came; a refused one too), as a real API
+    /// server's round trip, admission and storage take tens of milliseconds. Default: none.
+    pub fn latency(mut self, d: Duration) -> Self {
+        self.latency = d;
+        self
+    }
+
     /// Require `Authorization: Bearer TOKEN` (default `fake-token`; a 401 `Status` otherwise).
     pub fn token(mut self, t: &str) -> Self {
         self.token = t.to_string();
@@ -332,6 +347,7 @@ impl FakeKubeBuilder {
             port: addr.port(),
             requests: Mutex::new(Vec::new()),
             limits: limits::Limits::new(self.rate_limit),
+            latency: self.latency,
             pgids: Mutex::new(BTreeSet::new()),
             stopping: AtomicBool::new(false),
             rbac,
@@ -444,6 +460,7 @@ impl FakeKube {
             token: "fake-token".to_string(),
             role: None,
             rate_limit: None,
+            latency: Duration::ZERO,
         }
     }
 
@@ -563,6 +580,12 @@ impl FakeKube {
     /// (`("get", "discovery")` for the rest). Refused ones included.
     pub fn request_counts(&self) -> BTreeMap<(String, String), u64> {
         self.inner.limits.counts()
+    }
+
+    /// Requests in each second since the server started (index 0: the first second),
+    /// refused ones included: the request rate over time.
+    pub fn requests_per_second(&self) -> Vec<u64> {
+        self.inner.limits.per_second()
     }
 
     /// Every request refused by the rate limit ([`FakeKubeBuilder::rate_limit`]), in order.

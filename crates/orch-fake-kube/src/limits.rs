@@ -33,9 +33,11 @@ struct Bucket {
     last: Instant,
 }
 
-#[derive(Default)]
 pub(crate) struct Limits {
     counts: Mutex<BTreeMap<(String, String), u64>>,
+    /// Requests in each second since `started`.
+    per_second: Mutex<Vec<u64>>,
+    started: Instant,
     bucket: Mutex<Option<Bucket>>,
     throttled: Mutex<Vec<Throttled>>,
 }
@@ -43,12 +45,15 @@ pub(crate) struct Limits {
 impl Limits {
     pub fn new(limit: Option<RateLimit>) -> Limits {
         Limits {
+            counts: Mutex::default(),
+            per_second: Mutex::default(),
+            started: Instant::now(),
             bucket: Mutex::new(limit.map(|limit| Bucket {
                 limit,
                 tokens: limit.burst,
                 last: Instant::now(),
             })),
-            ..Default::default()
+            throttled: Mutex::default(),
         }
     }
 
@@ -58,6 +63,12 @@ impl Limits {
         *lock(&self.counts)
             .entry((verb.to_string(), resource.to_string()))
             .or_default() += 1;
+        let second = self.started.elapsed().as_secs() as usize;
+        let mut per = lock(&self.per_second);
+        if per.len() <= second {
+            per.resize(second + 1, 0);
+        }
+        per[second] += 1;
     }
 
     /// Admit a request, or the seconds it is told to wait.
@@ -85,6 +96,10 @@ impl Limits {
 
     pub fn counts(&self) -> BTreeMap<(String, String), u64> {
         lock(&self.counts).clone()
+    }
+
+    pub fn per_second(&self) -> Vec<u64> {
+        lock(&self.per_second).clone()
     }
 
     pub fn throttled(&self) -> Vec<Throttled> {

@@ -140,6 +140,8 @@ pub(crate) struct Inner {
     pub requests: Mutex<Vec<String>>,
     /// Requests by verb and resource, and the rate limit (`FakeKubeBuilder::rate_limit`).
     pub limits: super::limits::Limits,
+    /// How late every request is answered (`FakeKubeBuilder::latency`).
+    pub latency: std::time::Duration,
     /// Process groups started and not yet reaped.
     pub pgids: Mutex<BTreeSet<i32>>,
     pub stopping: AtomicBool,

@@ -190,6 +190,8 @@ pub struct Call {
     /// `network_access=N` (the definition's `network_access_type`, `1` is `OPEN`;
     /// `none` without one); `MountPutFile`: `exists=BOOL` as answered.
     pub detail: Option<String>,
+    /// When it came.
+    pub at: std::time::Instant,
 }
 
 /// A file's bytes received by `MountPutFile` (inline, or from a blob upload).

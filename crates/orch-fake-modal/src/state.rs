@@ -173,6 +173,7 @@ impl Inner {
             libmodal_version: get("x-modal-libmodal-version"),
             request_bytes,
             detail: None,
+            at: std::time::Instant::now(),
         });
         let (id, secret) = (get("x-modal-token-id"), get("x-modal-token-secret"));
         match (&self.token, id, secret) {

@@ -1,24 +1,28 @@
 //! `fake-kube`: a local fake Kubernetes API server (see `orch_fake_kube`) with one
-//! 8×H100 node (`gpu-0`) and one CPU node (`cpu-0`).
+//! 8×H100 node (`gpu-0`) and one CPU node (`cpu-0`), or `--nodes N` GPU nodes.
 //!
 //! ```text
 //! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
 //!           [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
+//!           [--nodes N] [--gpus-per-node G] [--latency-ms MS] [--rate-limit QPS[:BURST]] [--stats FILE]
 //! ```
 //!
 //! Containers run in their image's root folder (a mount namespace and `chroot`): run it as root.
 //!
 //! Writes a kubeconfig to KUBECONFIG, prints `url http://127.0.0.1:PORT` as the first stdout
-//! line, then serves until killed (SIGTERM/SIGINT/SIGHUP: its containers are killed too).
+//! line, then serves until killed (SIGTERM/SIGINT/SIGHUP: its containers are killed too, and
+//! with `--stats FILE` the requests it answered are written to FILE as JSON first).
 
 use orch_fake_kube::{FakeKube, FakeNode};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 const USAGE: &str =
     "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
                  [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
+                 [--nodes N] [--gpus-per-node G] [--latency-ms MS] [--rate-limit QPS[:BURST]] [--stats FILE]
 
   KUBECONFIG                 where to write the kubeconfig (cluster, user and context `fake`)
   --namespace NS             the context's namespace (default: default)
@@ -31,9 +35,18 @@ const USAGE: &str =
   --cut-log-streams-after N  followed log streams end after N bytes
   --role FILE                authorize requests by the Roles and bindings in FILE (RBAC: 403
                              for what they do not grant), e.g. deploy/kubernetes/orch-role.yaml
+  --nodes N                  N GPU nodes, gpu-0 .. gpu-(N-1) (default 1)
+  --gpus-per-node G          nvidia.com/gpu of each GPU node (default 8)
+  --latency-ms MS            answer every request MS milliseconds late (an API server's
+                             round trip; default 0)
+  --rate-limit QPS[:BURST]   refuse requests past QPS a second (a bucket of BURST, default
+                             QPS) with 429 and Retry-After, as Priority and Fairness does
+  --stats FILE               on exit, write the requests answered to FILE (JSON: counts by
+                             verb and resource, requests per second, 429s)
 
 Nodes: gpu-0 (8 × nvidia.com/gpu, NVIDIA-H100-80GB-HBM3, tainted nvidia.com/gpu=present:NoSchedule)
-and cpu-0. The first stdout line is `url http://127.0.0.1:PORT`.";
+(or --nodes of them) and cpu-0. Lists and watches are served from memory with resourceVersion
+semantics, as a watch cache serves them. The first stdout line is `url http://127.0.0.1:PORT`.";
 
 fn main() -> ExitCode {
     match run() {
@@ -53,9 +66,9 @@ fn pair(v: &str, what: &str) -> Result<(String, PathBuf), String> {
 }
 
 fn run() -> Result<(), String> {
-    let mut b = FakeKube::builder()
-        .node(FakeNode::h100("gpu-0", 8))
-        .node(FakeNode::cpu("cpu-0"));
+    let mut b = FakeKube::builder();
+    let (mut nodes, mut gpus) = (1u32, 8u32);
+    let mut stats = None;
     let mut kubeconfig = None;
     let mut namespace = "default".to_string();
     let mut args = std::env::args().skip(1);
@@ -86,6 +99,24 @@ fn run() -> Result<(), String> {
                         .map_err(|_| "`--cut-log-streams-after` takes a number".to_string())?,
                 )
             }
+            "--nodes" => nodes = number(&a, &val()?)?,
+            "--gpus-per-node" => gpus = number(&a, &val()?)?,
+            "--latency-ms" => b = b.latency(Duration::from_millis(number(&a, &val()?)?)),
+            "--rate-limit" => {
+                let v = val()?;
+                let (qps, burst) = match v.split_once(':') {
+                    Some((q, b)) => (number::<f64>(&a, q)?, number::<f64>(&a, b)?),
+                    None => {
+                        let q = number::<f64>(&a, &v)?;
+                        (q, q)
+                    }
+                };
+                if !(qps > 0.0 && burst >= 1.0) {
+                    return Err("`--rate-limit` takes QPS > 0 and BURST >= 1".into());
+                }
+                b = b.rate_limit(qps, burst);
+            }
+            "--stats" => stats = Some(PathBuf::from(val()?)),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -96,6 +127,13 @@ fn run() -> Result<(), String> {
         }
     }
     let kubeconfig = kubeconfig.ok_or("the kubeconfig path is needed")?;
+    if nodes == 0 {
+        return Err("`--nodes` takes a number from 1".into());
+    }
+    for i in 0..nodes {
+        b = b.node(FakeNode::h100(&format!("gpu-{i}"), gpus));
+    }
+    b = b.node(FakeNode::cpu("cpu-0"));
     // SIGTERM, SIGINT and SIGHUP are taken by `sigwait` below, so the server's drop kills every
     // process group it started. The mask is set before any thread starts (threads inherit it;
     // spawned containers get an empty mask from std's Command).
@@ -118,6 +156,35 @@ fn run() -> Result<(), String> {
     let mut sig = 0;
     // SAFETY: `set` was initialised above; `sig` is a valid out pointer.
     unsafe { libc::sigwait(&set, &mut sig) };
+    let written = match &stats {
+        Some(path) => std::fs::write(path, stats_json(&server).to_string())
+            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+        None => Ok(()),
+    };
     drop(server);
-    Ok(())
+    written
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("`{flag}` takes a number, not `{v}`"))
+}
+
+/// What `--stats` writes: requests by `"VERB RESOURCE"` and by verb, requests in each
+/// second since the start, and the requests refused with 429.
+fn stats_json(server: &FakeKube) -> serde_json::Value {
+    let counts = server.request_counts();
+    let mut by_verb = std::collections::BTreeMap::<String, u64>::new();
+    for ((verb, _), n) in &counts {
+        *by_verb.entry(verb.clone()).or_default() += n;
+    }
+    let throttled = server.throttled();
+    serde_json::json!({
+        "requests": counts.values().sum::<u64>(),
+        "by_verb_resource": counts.iter().map(|((v, r), n)| (format!("{v} {r}"), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+        "by_verb": by_verb,
+        "per_second": server.requests_per_second(),
+        "throttled": throttled.len(),
+        "throttled_retry_after_max_s": throttled.iter().map(|t| t.retry_after.as_secs()).max().unwrap_or(0),
+    })
 }

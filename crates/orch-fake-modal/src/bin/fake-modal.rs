@@ -7,16 +7,19 @@
 //!            [--kill-after SECS] [--transient N] [--drop-log-streams]
 //!            [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
 //!            [--fail-blob-puts N] [--max-request-bytes N] [--rate-limit PER_S[:BURST[:METHOD,...]]]
+//!            [--stats FILE]
 //! ```
 //!
 //! Prints `url http://127.0.0.1:PORT` as the first stdout line (for
-//! `MODAL_SERVER_URL`), then serves until killed. Sandboxes run in their
+//! `MODAL_SERVER_URL`), then serves until killed (SIGTERM/SIGINT/SIGHUP: its
+//! sandboxes are killed too, and with `--stats FILE` the calls it answered are
+//! written to FILE as JSON first). Sandboxes run in their
 //! image's root folder (a mount namespace and `chroot`): run it as root.
 
 use orch_fake_modal::{FakeModal, Scenario};
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRET]
                   [--image REF=DIR]... [--busybox-image REF]... [--nvml-stub LIB]
@@ -24,6 +27,7 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
                   [--kill-after SECS] [--transient N] [--drop-log-streams]
                   [--throttle N[:SECS]] [--slow-ingest N] [--multipart BYTES]
                   [--fail-blob-puts N] [--max-request-bytes N] [--rate-limit PER_S[:BURST[:METHOD,...]]]
+                  [--stats FILE]
 
   --root DIR            volumes, blobs and sandbox folders (default: a temporary folder)
   --port N              port on 127.0.0.1 (default: a free port)
@@ -49,6 +53,8 @@ const USAGE: &str = "usage: fake-modal [--root DIR] [--port N] [--token ID:SECRE
                         unary calls (of each METHOD, default every one) over PER_S a second
                         (bursts of BURST, default 1) answer RESOURCE_EXHAUSTED with a
                         retry-after, as Modal throttles
+  --stats FILE          on exit (SIGTERM, SIGINT, SIGHUP), write the calls answered to FILE
+                        (JSON: counts by method, calls per second, calls told to wait)
 
 The first stdout line is `url http://127.0.0.1:PORT`.";
 
@@ -72,6 +78,7 @@ fn run() -> Result<(), String> {
         kill_after: Duration::from_secs(1),
         ..Default::default()
     };
+    let mut stats = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("`{a}` needs a value"));
@@ -147,6 +154,7 @@ fn run() -> Result<(), String> {
                     methods,
                 });
             }
+            "--stats" => stats = Some(std::path::PathBuf::from(val()?)),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -154,10 +162,56 @@ fn run() -> Result<(), String> {
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
+    // SIGTERM, SIGINT and SIGHUP are taken by `sigwait` below, so the server's drop kills
+    // every sandbox it started. The mask is set before any thread starts (threads inherit it;
+    // sandboxes get an empty mask from std's Command).
+    // SAFETY: plain libc calls on a zeroed, then initialised, signal set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let started = Instant::now();
     let server = b.scenario(sc).start().map_err(|e| format!("cannot start: {e}"))?;
     println!("url {}", server.url());
     let _ = std::io::stdout().flush();
-    loop {
-        std::thread::park();
+    let mut sig = 0;
+    // SAFETY: `set` was initialised above; `sig` is a valid out pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    let written = match &stats {
+        Some(path) => std::fs::write(path, stats_json(&server, started).to_string())
+            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+        None => Ok(()),
+    };
+    drop(server);
+    written
+}
+
+/// What `--stats` writes: calls by method, calls in each second since the start, and
+/// the calls the rate limit told to wait (`told`), sent again too early (`early`) or
+/// after waiting as told (`waited`).
+fn stats_json(server: &FakeModal, started: Instant) -> serde_json::Value {
+    let calls = server.calls();
+    let mut per_second: Vec<u64> = Vec::new();
+    for c in &calls {
+        let s = c.at.saturating_duration_since(started).as_secs() as usize;
+        if per_second.len() <= s {
+            per_second.resize(s + 1, 0);
+        }
+        per_second[s] += 1;
     }
+    let t = server.throttling();
+    serde_json::json!({
+        "requests": calls.len(),
+        "by_method": server.counts(),
+        "per_second": per_second,
+        "throttled": t.told.values().sum::<usize>(),
+        "throttled_by_method": t.told,
+        "throttled_early": t.early,
+        "throttled_waited": t.waited,
+    })
 }

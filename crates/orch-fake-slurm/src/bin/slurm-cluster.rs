@@ -1,7 +1,9 @@
-//! `slurm-cluster [--nodes N] -- COMMAND...`: start a test Slurm cluster
-//! (`orch_fake_slurm`), run COMMAND with `SLURM_CONF` pointing at it,
-//! stop the cluster, and exit with COMMAND's status. For scripts
-//! (`scripts/bench-slurm.sh`).
+//! `slurm-cluster [--nodes N] [--max-submit-jobs N] -- COMMAND...`: start a test Slurm
+//! cluster (`orch_fake_slurm`), run COMMAND with `SLURM_CONF` pointing at it, stop the
+//! cluster, and exit with COMMAND's status. With `--max-submit-jobs N`, a one-node cluster
+//! with accounting (MariaDB, slurmdbd) whose user may have at most N jobs queued or running
+//! (`MaxSubmitJobs`: `sbatch` refuses the next). For scripts (`scripts/bench-slurm.sh`,
+//! `scripts/bench-scale.sh`).
 
 use std::process::{exit, Command};
 
@@ -11,15 +13,31 @@ fn main() {
         Some(i) => (&args[..i], &args[i + 1..]),
         None => (&args[..0], &args[..]),
     };
-    let nodes = match opts {
-        [] => 1,
-        [flag, n] if flag == "--nodes" => n.parse().unwrap_or_else(|_| usage()),
-        _ => usage(),
-    };
+    let (mut nodes, mut max_submit) = (1u32, None);
+    let mut opts = opts.iter();
+    while let Some(flag) = opts.next() {
+        let n: u32 = opts
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--nodes" => nodes = n,
+            "--max-submit-jobs" => max_submit = Some(n),
+            _ => usage(),
+        }
+    }
+    if max_submit.is_some() && nodes != 1 {
+        eprintln!("slurm-cluster: `--max-submit-jobs` starts a one-node cluster: leave out `--nodes`");
+        exit(2);
+    }
     if cmd.is_empty() {
         usage();
     }
-    let cluster = match orch_fake_slurm::SlurmCluster::start_nodes(nodes) {
+    let started = match max_submit {
+        Some(n) => orch_fake_slurm::SlurmCluster::start_with_submit_limit(n),
+        None => orch_fake_slurm::SlurmCluster::start_nodes(nodes),
+    };
+    let cluster = match started {
         Ok(c) => c,
         Err(e) => {
             eprintln!("slurm-cluster: cannot start the cluster: {e}");
@@ -38,6 +56,6 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: slurm-cluster [--nodes N] -- COMMAND [ARGS...]");
+    eprintln!("usage: slurm-cluster [--nodes N] [--max-submit-jobs N] -- COMMAND [ARGS...]");
     exit(2);
 }
