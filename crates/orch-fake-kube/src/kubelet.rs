@@ -282,6 +282,12 @@ pub(crate) async fn run_pod(inner: Arc<Inner>, rt: Arc<PodRt>, pod: Value) {
     };
     let ok = pod_flow(&ctx).await;
     finish(&ctx, ok);
+    // A pod deleted after it ended takes its folder (the containers' roots,
+    // the agent's copy from the init container) with it, as a kubelet's
+    // does: a long run of pods does not fill the disk.
+    let mut stop = ctx.rt.stop.subscribe();
+    let _ = stop.wait_for(|s| s.as_ref().is_some_and(|s| s.delete)).await;
+    let _ = std::fs::remove_dir_all(&ctx.dir);
 }
 
 fn finish(ctx: &Ctx, ok: Option<bool>) {

@@ -211,6 +211,27 @@ async fn a_job_runs_to_completion_with_merged_logs() {
         .requests()
         .iter()
         .any(|r| r == "POST /apis/batch/v1/namespaces/ns/jobs"));
+    // Deleted after it ended, the pod takes its folder (its containers'
+    // roots) with it: a long run of pods does not fill the disk.
+    let pods_dir = k.inner.root.join("pods");
+    let held = || {
+        std::fs::read_dir(&pods_dir)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().contains(&format!("_{name}_")))
+            })
+            .unwrap_or(false)
+    };
+    assert!(held(), "the running pod's folder is under {}", pods_dir.display());
+    let (code, _) = c
+        .req("DELETE", &format!("/api/v1/namespaces/ns/pods/{name}"), None)
+        .await;
+    assert_eq!(code, 200);
+    let t = std::time::Instant::now();
+    while held() && t.elapsed() < std::time::Duration::from_secs(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!held(), "a deleted pod's folder stays");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
