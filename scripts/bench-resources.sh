@@ -14,10 +14,13 @@
 #
 #   bash scripts/bench-resources.sh
 #   NS="10 100" BACKENDS=local STORES=folder bash scripts/bench-resources.sh   (a quick look)
-#   OUT=results/x.json NOTE="before" bash scripts/bench-resources.sh
+#   BEFORE_BIN=/path/to/earlier/orch BEFORE_NOTE="commit X" bash scripts/bench-resources.sh   (before/after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NS=${NS:-"10 100 1000"}
+# The fake cluster keeps every pod's folder (the agent copied in: 17 MB a pod with a
+# stripped debug agent) until it exits: KUBE_NS="10 100 300" where the disk is short.
+KUBE_NS=${KUBE_NS:-$NS}
 SLEEP=${SLEEP:-5}
 STORE_CELLS=${STORE_CELLS:-1000}
 BACKENDS=${BACKENDS:-"local kubernetes"}
@@ -27,6 +30,7 @@ OUT=${OUT:-results/bench-resources.json}
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
 cargo build $flag --locked -q -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
+# BEFORE_BIN: an earlier `orch` measured first, the same way ("before"; this build is "after")
 ORCH=$TARGET/$PROFILE/orch
 FAKE=$TARGET/$PROFILE/fake-kube
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -37,6 +41,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 kube_json='{}'
+fake_pid=0
 if [[ " $BACKENDS " == *" kubernetes "* ]]; then
   # The static agent of `bash scripts/prepare-docker.sh` when it is built (the agent
   # image holds it alone, the cells' image is a static busybox); else this build's
@@ -55,6 +60,7 @@ if [[ " $BACKENDS " == *" kubernetes "* ]]; then
   fi
   "$FAKE" "$work/kubeconfig" "${images[@]}" > "$work/fake.out" 2>&1 &
   pids+=($!)
+  fake_pid=$!
   for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done
   # The client-side rate limit (50/s, issue 47 item 2) would spread 1,000 Jobs over
   # 20 s; here the cells are to overlap, so it is raised.
@@ -82,10 +88,11 @@ cfg=$(python3 - <<PY
 import json
 print(json.dumps({
   "work": "$work", "orch": "$ORCH", "profile": "$PROFILE", "sleep": $SLEEP,
-  "ns": [int(x) for x in "$NS".split()], "backends": "$BACKENDS".split(), "stores": "$STORES".split(),
+  "ns": [int(x) for x in "$NS".split()], "kube_ns": [int(x) for x in "$KUBE_NS".split()], "backends": "$BACKENDS".split(), "stores": "$STORES".split(),
   "store_cells": $STORE_CELLS, "kubeconfig": "$work/kubeconfig", "agent_image": "bench/orch-agent:1",
   "image": "debian:bookworm-slim", "kube_env": $kube_json, "s3_url": "$s3_url",
   "s3_root": "$work/s3root", "out": "$OUT", "note": """${NOTE:-}""",
+  "before": "${BEFORE_BIN:-}", "fake_pid": $fake_pid, "before_note": """${BEFORE_NOTE:-}""",
 }))
 PY
 )

@@ -190,6 +190,13 @@ def resources(cfg, backend, ns):
         if rc != 0:
             print(open(os.path.join(work, "out.json.err")).read()[-3000:], file=sys.stderr)
         rows.append(row)
+        if backend == "kubernetes" and cfg.get("fake_pid"):
+            # The fake keeps the folders of deleted pods until it exits: free the disk.
+            import glob
+            import shutil
+            tmp = os.environ.get("TMPDIR", "/tmp")
+            for d in glob.glob(os.path.join(tmp, f'fake-kube-{cfg["fake_pid"]}-*', "pods", "*")):
+                shutil.rmtree(d, ignore_errors=True)
     xs = [r["peak_running"] for r in rows]
     growth = {
         "rss_bytes_per_cell": round(slope(xs, [r["vmhwm_kib"] * 1024 for r in rows])),
@@ -231,7 +238,8 @@ def store_burst(cfg, kind):
     if kind == "folder":
         store = os.path.join(work, "store")
     else:
-        store = cfg["s3_url"]
+        # A prefix per build: the records are read back from the server's folder.
+        store = f'{cfg["s3_url"]}-{os.path.basename(cfg["work"])}'
     cmd = [cfg["orch"], "run", "-f", yaml, "--backend", "local", "--store", store, "--jobs", str(n), "--json"]
     with open(os.path.join(work, "out.json"), "wb") as out, open(os.path.join(work, "err.txt"), "wb") as err:
         t0 = time.time()
@@ -280,6 +288,20 @@ def s3_done_times(cfg, url):
     return out
 
 
+def measure(cfg):
+    out = {}
+    for b in cfg["backends"]:
+        env = cfg["env"]
+        if b == "kubernetes":
+            env = dict(env, KUBECONFIG=cfg["kubeconfig"], ORCH_AGENT_IMAGE=cfg["agent_image"],
+                       **cfg.get("kube_env", {}))
+        saved, cfg["env"] = cfg["env"], env
+        out[b] = resources(cfg, b, cfg["kube_ns"] if b == "kubernetes" else cfg["ns"])
+        cfg["env"] = saved
+    out["store_burst"] = [store_burst(cfg, k) for k in cfg["stores"]]
+    return out
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     cfg["env"] = dict(os.environ)
@@ -292,15 +314,17 @@ def main():
         "note": cfg.get("note", ""),
         "command": "bash scripts/bench-resources.sh",
     }
-    for b in cfg["backends"]:
-        env = cfg["env"]
-        if b == "kubernetes":
-            env = dict(env, KUBECONFIG=cfg["kubeconfig"], ORCH_AGENT_IMAGE=cfg["agent_image"],
-                       **cfg.get("kube_env", {}))
-        saved, cfg["env"] = cfg["env"], env
-        out[b] = resources(cfg, b, cfg["ns"])
-        cfg["env"] = saved
-    out["store_burst"] = [store_burst(cfg, k) for k in cfg["stores"]]
+    # With an earlier `orch` (BEFORE_BIN), each measure is made with it, then
+    # with this build, in one invocation: "before" and "after".
+    builds = [("after", cfg["orch"])]
+    if cfg.get("before"):
+        builds.insert(0, ("before", cfg["before"]))
+        out["before_build"] = cfg.get("before_note", "")
+    base = cfg["work"]
+    for name, orch in builds:
+        cfg["orch"], cfg["work"] = orch, os.path.join(base, name)
+        print(f"== {name}: {orch}", file=sys.stderr)
+        out[name] = measure(cfg)
     with open(cfg["out"], "w") as f:
         json.dump(out, f, indent=2)
     print(json.dumps(out, indent=2))

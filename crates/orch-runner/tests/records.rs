@@ -110,7 +110,9 @@ impl StoreBackend for Counting {
         self.inner.prepare_cell(run, cell)
     }
     fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
-        self.finish_cells(run, std::slice::from_ref(record)).pop().unwrap()
+        self.finish_cells(run, std::slice::from_ref(record))
+            .pop()
+            .unwrap()
     }
     fn finish_cells(&self, run: &Run, records: &[CellRecord]) -> Vec<Result<()>> {
         let n = {
@@ -187,7 +189,12 @@ async fn records_of_cells_ending_together_are_written_together() {
     ));
     let store = Store::with_backend(counting.clone());
     let mut run = store
-        .create_run(&plan(CELLS), "", "fake", host_environment(Path::new("t.yaml"), vec![]))
+        .create_run(
+            &plan(CELLS),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
         .unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let (_c, cancel_rx) = watch::channel(false);
@@ -198,7 +205,11 @@ async fn records_of_cells_ending_together_are_written_together() {
     let batches = counting.batches();
     assert_eq!(batches.iter().sum::<usize>(), CELLS, "{batches:?}");
     // One write for the first cell to end, one for all the others: not one per cell.
-    assert!(batches.len() <= 2, "{} writes for {CELLS} cells: {batches:?}", batches.len());
+    assert!(
+        batches.len() <= 2,
+        "{} writes for {CELLS} cells: {batches:?}",
+        batches.len()
+    );
     assert_eq!(recorded(tmp.path(), run.id()).len(), CELLS);
     // The ledger got each cell's line once (one append per write).
     let lines = std::fs::read_to_string(run.ledger_path()).unwrap();
@@ -218,7 +229,12 @@ async fn a_run_killed_in_the_middle_of_a_write_resumes_with_every_finished_cell_
     ));
     let store = Store::with_backend(counting.clone());
     let mut run = store
-        .create_run(&plan(CELLS), "", "fake", host_environment(Path::new("t.yaml"), vec![]))
+        .create_run(
+            &plan(CELLS),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
         .unwrap();
     let id = run.id().to_string();
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -242,7 +258,10 @@ async fn a_run_killed_in_the_middle_of_a_write_resumes_with_every_finished_cell_
     assert_eq!(before.len(), batches[0] + batches[1] / 2, "{batches:?}");
     assert!(before.len() < CELLS);
     for cell in &told {
-        assert!(before.contains(cell), "`{cell}` was told stored but has no record");
+        assert!(
+            before.contains(cell),
+            "`{cell}` was told stored but has no record"
+        );
     }
 
     // A new process resumes: only the cells without a record run.
@@ -258,7 +277,10 @@ async fn a_run_killed_in_the_middle_of_a_write_resumes_with_every_finished_cell_
     let mut rerun = fake2.launched();
     rerun.sort();
     assert_eq!(rerun.len(), CELLS - before.len());
-    assert!(rerun.iter().all(|c| !before.contains(c)), "a recorded cell ran again");
+    assert!(
+        rerun.iter().all(|c| !before.contains(c)),
+        "a recorded cell ran again"
+    );
     assert_eq!(recorded(tmp.path(), &id).len(), CELLS);
     // Every cell once: one record each, one ledger line each.
     let run = store.open_exact(&id).unwrap();

@@ -220,9 +220,8 @@ impl StoreBackend for S3Store {
         // The batch's records go up side by side (each one's files, its
         // attempt record and `done` marker, created once); then, once for
         // the batch, what the spool kept and the run's index (when due).
-        let outcomes = orch_store::parallel_map_with(records, objects::PARALLEL, |record| {
-            self.finish_one(run, record)
-        });
+        let outcomes =
+            orch_store::parallel_map_with(records, objects::PARALLEL, |record| self.finish_one(run, record));
         if outcomes.iter().any(|(up, _)| *up) {
             let _ = self.flush_spool(run.id(), false);
             self.write_index_if_due(run);

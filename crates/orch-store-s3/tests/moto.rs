@@ -372,7 +372,12 @@ fn run_of(store: &Store, cells: usize) -> Run {
     );
     let plan = load_str(&yaml, Path::new("t.yaml"), &ExpandOptions::default()).unwrap();
     store
-        .create_run(&plan, &yaml, "local", host_environment(Path::new("t.yaml"), vec![]))
+        .create_run(
+            &plan,
+            &yaml,
+            "local",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
         .unwrap()
 }
 
@@ -433,6 +438,9 @@ fn cells_ending_together_rewrite_the_run_index_once() {
         let again = fresh.open_exact(r.id()).unwrap();
         let recs = again.record().unwrap();
         assert_eq!(recs.cells.len(), n);
-        assert!(recs.cells.iter().all(|c| c.status == orch_store::CellStatus::Succeeded));
+        assert!(recs
+            .cells
+            .iter()
+            .all(|c| c.status == orch_store::CellStatus::Succeeded));
     }
 }
