@@ -36,6 +36,11 @@ impl FakeBackend {
         self.launched.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
+    /// Cells running now (launched, not yet returned).
+    pub fn running_now(&self) -> usize {
+        self.running.lock().map(|r| r.0).unwrap_or(0)
+    }
+
     /// Most cells that ran at the same time.
     pub fn max_parallel_seen(&self) -> usize {
         self.running.lock().map(|r| r.1).unwrap_or(0)

@@ -43,7 +43,8 @@ pub fn task_b64(task: &TaskSpec) -> String {
 pub struct Home {
     dir: PathBuf,
     relay: EventRelay,
-    events_file: Option<std::fs::File>,
+    /// `events.jsonl`, appended to event by event (open only for the write).
+    events_file: Option<PathBuf>,
     /// Highest frame number seen.
     last: u64,
     /// Numbers below `last` that never arrived.
@@ -70,18 +71,18 @@ impl Home {
             source,
         })?;
         let events_path = cell_dir.join("events.jsonl");
-        let events_file = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&events_path)
             .map_err(|source| HomeError::Write {
-                path: events_path,
+                path: events_path.clone(),
                 source,
             })?;
         Ok(Home {
             dir: cell_dir.to_path_buf(),
             relay: EventRelay::new(cell_id, events),
-            events_file: Some(events_file),
+            events_file: Some(events_path),
             last: 0,
             missing: BTreeSet::new(),
             end: None,
@@ -130,8 +131,8 @@ impl Home {
                 if let Some(m) = &self.masker {
                     m.mask_in_place(&mut event);
                 }
-                if let Some(f) = self.events_file.as_mut() {
-                    let _ = writeln!(f, "{}", event.to_line());
+                if let Some(path) = &self.events_file {
+                    let _ = crate::append(path, format!("{}\n", event.to_line()).as_bytes());
                 }
                 if let Event::Result { result } = event {
                     let result = self.relay.stamp(result);

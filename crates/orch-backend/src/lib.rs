@@ -206,6 +206,48 @@ pub async fn wait_cancel(cancel: &mut watch::Receiver<bool>) {
 /// Append an `orch: LINE` line to a cell's `agent.log` (after the agent's own
 /// lines, if any came home): what a backend saw of a cell's end, where the
 /// diagnosis reads it.
+/// Append `bytes` to a file (created if missing) in one `write`, the file
+/// open only for it: a running cell keeps no descriptor of its own for the
+/// files it writes to now and then (`events.jsonl`, `agent.log`, a
+/// platform's own log).
+pub fn append(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(bytes)
+}
+
+/// A file appended to piece by piece through [`append`], as an async writer
+/// (the agent's stderr copied into `agent.log`): each write is one short
+/// append to the page cache, done in place.
+pub struct AppendFile(pub std::path::PathBuf);
+
+impl tokio::io::AsyncWrite for AppendFile {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(append(&self.0, buf).map(|()| buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 pub fn note_agent_log(cell_dir: &std::path::Path, line: &str) {
     use std::io::Write as _;
     if let Ok(mut f) = std::fs::OpenOptions::new()

@@ -40,7 +40,6 @@ use crate::{BackendError, CellEvent, CellLaunch, EventRelay};
 use async_trait::async_trait;
 use orch_protocol::mask::Masker;
 use orch_protocol::{CellResult, Event, Failure, FailureKind, Measure, Phase, Status, TaskSpec};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -178,11 +177,8 @@ impl Stream {
 
     fn close(&mut self) {
         match self {
-            Stream::Events(e) => {
-                if let Some(f) = e.file.as_mut() {
-                    let _ = f.flush();
-                }
-            }
+            // Each line was appended whole: nothing is left to write.
+            Stream::Events(e) => e.file = None,
             Stream::Frames(h) => h.close(),
         }
     }
@@ -192,17 +188,18 @@ impl Stream {
 pub struct EventLines {
     relay: EventRelay,
     masker: Masker,
-    file: Option<std::io::BufWriter<std::fs::File>>,
+    /// `events.jsonl`, appended to line by line (open only for the write:
+    /// a running cell holds no descriptor of its own for it).
+    file: Option<PathBuf>,
 }
 
 impl EventLines {
     pub fn line(&mut self, line: &str) -> Option<CellResult> {
         let line = crate::secrets::mask_event_line(&self.masker, line.trim_end_matches(['\n', '\r']));
-        if let Some(f) = self.file.as_mut() {
-            let _ = writeln!(f, "{line}");
+        if let Some(path) = &self.file {
             // Followers of the cell folder (`orch logs -f`, the S3 store)
             // see each event when it comes.
-            let _ = f.flush();
+            let _ = crate::append(path, format!("{line}\n").as_bytes());
         }
         self.relay.line(&line)
     }
@@ -230,12 +227,12 @@ impl Cell {
         let dir = launch.cell_dir.clone();
         std::fs::create_dir_all(&dir).map_err(io(format!("create `{}`", dir.display())))?;
         let path = dir.join("events.jsonl");
-        let file = std::fs::File::create(&path).map_err(io(format!("create `{}`", path.display())))?;
+        std::fs::File::create(&path).map_err(io(format!("create `{}`", path.display())))?;
         let masker = crate::host_masker(&launch.secrets);
         let stream = Stream::Events(EventLines {
             relay: EventRelay::new(&launch.task.cell_id, events.clone()),
             masker: masker.clone(),
-            file: Some(std::io::BufWriter::new(file)),
+            file: Some(path),
         });
         Ok(Cell::new(launch, events, masker, stream))
     }

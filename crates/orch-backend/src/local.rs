@@ -131,9 +131,12 @@ impl LocalBackend {
         tokio::fs::write(&task_path, task_json)
             .await
             .map_err(|source| io_err(format!("write `{}`", task_path.display()), source))?;
-        let agent_log = tokio::fs::File::create(dir.join("agent.log"))
-            .await
-            .map_err(|source| io_err(format!("create `{}`", dir.join("agent.log").display()), source))?;
+        // Created empty now, appended to as the agent writes (no descriptor
+        // held while the cell runs).
+        let agent_log = dir.join("agent.log");
+        std::fs::File::create(&agent_log)
+            .map_err(|source| io_err(format!("create `{}`", agent_log.display()), source))?;
+        let agent_log = crate::AppendFile(agent_log);
         let devices = &cell.launch.devices;
         let mut cmd = Command::new(&self.agent.program);
         cmd.args(&self.agent.prefix)

@@ -48,7 +48,8 @@ pub async fn copy_masked(
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = masker.stream();
-    let mut buf = vec![0u8; 64 * 1024];
+    // Small: one per running cell, and an agent's stderr is a trickle.
+    let mut buf = vec![0u8; 8 * 1024];
     let mut out = Vec::new();
     loop {
         let n = from.read(&mut buf).await?;

@@ -9,6 +9,7 @@
 use crate::budget::mark_budget;
 use crate::diagnosis::{diagnose_cell, diagnose_variants, oom_from_diagnosis};
 use crate::gpu::GpuPool;
+use crate::recorder::Recorder;
 use crate::stop::{Stop, StopReason};
 use crate::{Progress, RunnerError};
 use chrono::Utc;
@@ -39,7 +40,9 @@ pub(crate) struct Shared {
     pub(crate) pool: Arc<GpuPool>,
     pub(crate) rules: orch_diagnose::Rules,
     /// Cell tasks only use the run's folder and plan, which do not change.
-    pub(crate) run: Run,
+    pub(crate) run: Arc<Run>,
+    /// The run's one writer of records (a group commit).
+    pub(crate) recorder: Recorder,
     pub(crate) budget: Option<Arc<Mutex<BudgetTracker>>>,
     /// Every secret value (and its encodings), masked in records.
     pub(crate) masker: Masker,
@@ -70,7 +73,17 @@ pub(crate) async fn run_cell(
     let _permit = permit;
     // Held until the cell's record is written.
     let devices = shared.pool.acquire(cell.gpu.count as usize).await;
-    let (dir, attempt) = match shared.run.prepare_cell(&cell.id) {
+    // The store is called off the runtime's workers (an object store's
+    // claim is a request), on the capped blocking pool.
+    let (run, id) = (shared.run.clone(), cell.id.clone());
+    let prepared = match tokio::task::spawn_blocking(move || run.prepare_cell(&id)).await {
+        Ok(p) => p,
+        Err(e) => {
+            shared.settle(&cell.id, 0.0);
+            return Err(RunnerError::Join(e.to_string()));
+        }
+    };
+    let (dir, attempt) = match prepared {
         Ok(x) => x,
         // Another `orch` (a resume on another machine) runs this
         // cell now, or recorded it since: it is theirs to record.
@@ -150,7 +163,7 @@ pub(crate) async fn run_cell(
     );
     shared.settle(&cell.id, record.cost.as_ref().map(|c| c.usd).unwrap_or(0.0));
     shared.masker.mask_in_place(&mut record);
-    match shared.run.finish_cell(&record) {
+    match shared.recorder.record(record.clone()).await {
         Ok(()) => {}
         // Another `orch` recorded the cell first; this attempt's
         // record is kept as an earlier attempt (its cost was spent).

@@ -16,8 +16,15 @@
 //! reason is kept and decides how stopped cells are recorded.
 //!
 //! The files: this one ([`execute`] and its steps), `cell.rs` (one cell's task),
-//! `gpu.rs` (the GPU pool), `diagnosis.rs` (causes named from logs), `budget.rs` (prices
-//! and the cap), `stop.rs` (the stop channel).
+//! `recorder.rs` (the run's one writer of records: a group commit), `gpu.rs` (the GPU
+//! pool), `diagnosis.rs` (causes named from logs), `budget.rs` (prices and the cap),
+//! `stop.rs` (the stop channel).
+//!
+//! Host resources: a cell is a task and its state (kilobytes), never a thread. The
+//! store is called off the runtime's workers: a cell's claim on the blocking pool (which
+//! `orch` caps), its record through the recorder, which writes every record pending at
+//! once in one batch ([`orch_store::Run::finish_cells`]) and answers each cell when its
+//! record is stored.
 //!
 //! ## What is where
 //!
@@ -27,7 +34,7 @@
 //! its logs (`orch-diagnose`) into its record (a command that failed with the cause
 //! `cuda_oom` becomes `oom`), records each cell's cost, enforces `--max-cost` (admission
 //! and stop) through one internal stop channel (cancel or budget), records each finished
-//! cell, stops launching on cancel or on a store/host failure (each cell it leaves without
+//! cell (through the recorder: cells ending together are one write), stops launching on cancel or on a store/host failure (each cell it leaves without
 //! a record announced at once, `Progress::CellNotRun`), sets the run state (`interrupted`
 //! when it fails, `store_unreachable` when the store could not be reached); `Progress` events for the UI. It does not: print anything.
 
@@ -35,6 +42,7 @@ mod budget;
 mod cell;
 mod diagnosis;
 mod gpu;
+mod recorder;
 mod stop;
 
 pub use budget::{CostOptions, BUDGET_FAILURE, BUDGET_TICK};
@@ -183,6 +191,9 @@ async fn execute_cells(
     let tick = opts.cost.tick.unwrap_or(BUDGET_TICK);
     let budget = Budget::start(run, &opts.cost, tick, &stop)?;
 
+    // Cells' records go through one writer (a group commit), off the runtime's workers.
+    let run_now = Arc::new(run.clone());
+    let (recorder, writer) = recorder::Recorder::start(run_now.clone());
     let shared = Arc::new(Shared {
         backend: backend.clone(),
         events,
@@ -193,7 +204,8 @@ async fn execute_cells(
         weights_dir: opts.weights_dir.clone(),
         pool: Arc::new(GpuPool::new(opts.gpu_devices.clone())),
         rules: opts.diagnose_rules.clone().unwrap_or_default(),
-        run: run.clone(),
+        run: run_now,
+        recorder,
         budget: budget.as_ref().map(|b| b.tracker.clone()),
         masker,
         files: opts.files.clone(),
@@ -203,6 +215,8 @@ async fn execute_cells(
     // The last cell to end drops the event sender: the relay of events ends.
     drop(shared);
     let (counts, first_error) = join_cells(&mut tasks).await;
+    // Every cell was answered: the writer ends with the last of them.
+    let _ = writer.await;
     if let Some(b) = &budget {
         b.stop_checking();
     }

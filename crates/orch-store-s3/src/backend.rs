@@ -211,23 +211,22 @@ impl StoreBackend for S3Store {
     }
 
     fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()> {
-        let dir = run.cell_dir(&record.id);
-        let base = self.stop_following(run, record);
-        let up = match dir.is_dir() {
-            true => follow::finalize(&self.objects, &dir, &base),
-            false => Ok(()),
-        };
-        let outcome = match up.and_then(|()| self.create_records(run, record)) {
-            Ok(outcome) => outcome,
-            Err(e @ (StoreError::Remote { .. } | StoreError::Unreachable { .. })) => {
-                return self.keep(run, record, &base, &dir, e)
-            }
-            Err(e) => return Err(e),
-        };
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = self.flush_spool(run.id(), false);
-        self.write_index_if_due(run);
-        outcome
+        self.finish_cells(run, std::slice::from_ref(record))
+            .pop()
+            .unwrap_or(Ok(()))
+    }
+
+    fn finish_cells(&self, run: &Run, records: &[CellRecord]) -> Vec<Result<()>> {
+        // The batch's records go up side by side (each one's files, its
+        // attempt record and `done` marker, created once); then, once for
+        // the batch, what the spool kept and the run's index (when due).
+        let outcomes =
+            orch_store::parallel_map_with(records, objects::PARALLEL, |record| self.finish_one(run, record));
+        if outcomes.iter().any(|(up, _)| *up) {
+            let _ = self.flush_spool(run.id(), false);
+            self.write_index_if_due(run);
+        }
+        outcomes.into_iter().map(|(_, outcome)| outcome).collect()
     }
 
     fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>> {
@@ -273,31 +272,41 @@ impl StoreBackend for S3Store {
 }
 
 impl S3Store {
+    /// Store one finished attempt: its files, then its records. Whether
+    /// the store took it (else it is kept in the spool, or refused), and
+    /// the cell's outcome.
+    fn finish_one(&self, run: &Run, record: &CellRecord) -> (bool, Result<()>) {
+        let dir = run.cell_dir(&record.id);
+        let base = self.stop_following(run, record);
+        let up = match dir.is_dir() {
+            true => follow::finalize(&self.objects, &dir, &base),
+            false => Ok(()),
+        };
+        let outcome = match up.and_then(|()| self.create_records(run, record)) {
+            Ok(outcome) => outcome,
+            Err(e @ (StoreError::Remote { .. } | StoreError::Unreachable { .. })) => {
+                return (false, self.keep(run, record, &base, &dir, e))
+            }
+            Err(e) => return (false, Err(e)),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        (true, outcome)
+    }
+
     /// Follow the cell folder's files up as segments under the attempt's
     /// files while the cell runs.
     fn start_following(&self, run: &Run, cell: &str, n: u32, dir: &Path) {
         let base = format!("{}cells/{cell}/{n}/", self.run_key(run.id()));
-        let f = follow::Follower::start(self.objects.clone(), dir.to_path_buf(), base.clone());
-        if let Ok(mut m) = self.followers.lock() {
-            m.insert((run.id().to_string(), cell.to_string()), (f, base));
-        }
+        self.followers
+            .follow((run.id().to_string(), cell.to_string()), dir.to_path_buf(), base);
     }
 
     /// Stop following the cell folder; the key prefix of the attempt's files.
     fn stop_following(&self, run: &Run, record: &CellRecord) -> String {
         let cell = &record.id;
-        let runkey = self.run_key(run.id());
-        let follower = self
-            .followers
-            .lock()
-            .ok()
-            .and_then(|mut m| m.remove(&(run.id().to_string(), cell.clone())));
-        match follower {
-            Some((f, base)) => {
-                f.stop();
-                base
-            }
-            None => format!("{runkey}cells/{cell}/{}/", record.attempt),
+        match self.followers.stop(&(run.id().to_string(), cell.clone())) {
+            Some(base) => base,
+            None => format!("{}cells/{cell}/{}/", self.run_key(run.id()), record.attempt),
         }
     }
 
@@ -371,11 +380,18 @@ impl S3Store {
     /// Rewrite the run's index, at most every [`INDEX_EVERY`] while cells
     /// finish (a cache: a failure costs only time).
     fn write_index_if_due(&self, run: &Run) {
+        // Taken under the lock: of writers that find it due at once, one writes.
         let due = self
             .last_index
             .lock()
             .ok()
-            .map(|l| l.get(run.id()).is_none_or(|t| t.elapsed() >= INDEX_EVERY))
+            .map(|mut l| {
+                let due = l.get(run.id()).is_none_or(|t| t.elapsed() >= INDEX_EVERY);
+                if due {
+                    l.insert(run.id().to_string(), std::time::Instant::now());
+                }
+                due
+            })
             .unwrap_or(true);
         if due {
             let _ = self.write_index(run);

@@ -1,4 +1,5 @@
-//! Following a running cell's folder: every [`FLUSH_EVERY`], the bytes each
+//! Following running cells' folders ([`Followers`], one thread per store
+//! for all of them): every [`FLUSH_EVERY`], the bytes each
 //! file gained go up as one new segment object, `<file>.parts/<offset>`
 //! (written once, never rewritten), so a crash of the host loses at most
 //! the last interval and another machine can follow the logs. When the cell
@@ -11,10 +12,9 @@
 
 use crate::objects::Objects;
 use orch_store::StoreError;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// Time between two uploads of what the cell's files gained.
@@ -64,46 +64,124 @@ pub fn segment_key(base: &str, rel: &str, offset: u64) -> String {
     format!("{base}{rel}.parts/{offset:016}")
 }
 
-pub struct Follower {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<BTreeMap<String, u64>>>,
+/// A followed cell folder and what of its files went up.
+struct Followed {
+    dir: PathBuf,
+    base: String,
+    sent: BTreeMap<String, u64>,
+    stopped: bool,
 }
 
-impl Follower {
+/// The key of a followed cell: (run, cell).
+pub type CellKey = (String, String);
+
+/// Cell folders at once in one round of uploads.
+const FLUSHES_AT_ONCE: usize = 8;
+
+struct Shared {
+    objects: Arc<Objects>,
+    cells: Mutex<HashMap<CellKey, Arc<Mutex<Followed>>>>,
+    /// The store is gone: the thread ends.
+    closed: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// Every running cell's folder of a store, followed by one thread (not one
+/// per cell): every [`FLUSH_EVERY`] it uploads what each folder's files
+/// gained, [`FLUSHES_AT_ONCE`] folders at a time.
+pub struct Followers {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Followers {
+    pub fn new(objects: Arc<Objects>) -> Followers {
+        Followers {
+            shared: Arc::new(Shared {
+                objects,
+                cells: Mutex::new(HashMap::new()),
+                closed: Mutex::new(false),
+                wake: Condvar::new(),
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
     /// Start following `dir`, uploading under the key prefix `base` (ending in `/`).
-    pub fn start(objects: Arc<Objects>, dir: PathBuf, base: String) -> Follower {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("orch-s3-follow".into())
-            .spawn(move || {
-                let mut sent: BTreeMap<String, u64> = BTreeMap::new();
-                while !s.load(Ordering::Relaxed) {
-                    // Sleep in small steps so that a stop is seen at once.
-                    let mut slept = Duration::ZERO;
-                    while slept < FLUSH_EVERY && !s.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(100));
-                        slept += Duration::from_millis(100);
-                    }
-                    // A failed upload is retried at the next flush.
-                    let _ = flush(&objects, &dir, &base, &mut sent);
-                }
-                sent
-            })
-            .ok();
-        Follower { stop, thread }
+    pub fn follow(&self, key: CellKey, dir: PathBuf, base: String) {
+        let followed = Followed {
+            dir,
+            base,
+            sent: BTreeMap::new(),
+            stopped: false,
+        };
+        if let Ok(mut cells) = self.shared.cells.lock() {
+            cells.insert(key, Arc::new(Mutex::new(followed)));
+        }
+        let Ok(mut thread) = self.thread.lock() else {
+            return;
+        };
+        if thread.is_none() {
+            let shared = self.shared.clone();
+            // Without a thread the files go up whole at the end only.
+            *thread = std::thread::Builder::new()
+                .name("orch-s3-follow".into())
+                .spawn(move || follow_loop(&shared))
+                .ok();
+        }
     }
 
-    /// Stop following; the offsets sent so far per file.
-    pub fn stop(mut self) -> BTreeMap<String, u64> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    /// Stop following a cell (after an upload under way ends); the key
+    /// prefix of its files, when it was followed.
+    pub fn stop(&self, key: &CellKey) -> Option<String> {
+        let followed = self.shared.cells.lock().ok()?.remove(key)?;
+        let mut f = followed.lock().unwrap_or_else(|p| p.into_inner());
+        f.stopped = true;
+        Some(f.base.clone())
+    }
+
+    /// The cells followed now.
+    pub fn len(&self) -> usize {
+        self.shared.cells.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
-impl Drop for Follower {
+impl Drop for Followers {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        if let Ok(mut closed) = self.shared.closed.lock() {
+            *closed = true;
+        }
+        self.shared.wake.notify_all();
+    }
+}
+
+fn follow_loop(shared: &Shared) {
+    loop {
+        {
+            let Ok(closed) = shared.closed.lock() else { return };
+            let Ok((closed, _)) = shared.wake.wait_timeout_while(closed, FLUSH_EVERY, |c| !*c) else {
+                return;
+            };
+            if *closed {
+                return;
+            }
+        }
+        let cells: Vec<Arc<Mutex<Followed>>> = match shared.cells.lock() {
+            Ok(c) => c.values().cloned().collect(),
+            Err(_) => return,
+        };
+        orch_store::parallel_map_with(&cells, FLUSHES_AT_ONCE, |cell| {
+            let mut guard = cell.lock().unwrap_or_else(|p| p.into_inner());
+            let f = &mut *guard;
+            if !f.stopped {
+                // A failed upload is retried at the next flush.
+                let _ = flush(&shared.objects, &f.dir, &f.base, &mut f.sent);
+            }
+        });
     }
 }
 

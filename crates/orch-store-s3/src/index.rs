@@ -111,6 +111,8 @@ impl S3Store {
         records: Vec<Option<CellRecord>>,
         earlier: Vec<CellRecord>,
     ) -> Result<Index> {
+        self.index_writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let meta = state_meta.unwrap_or_else(|| run.meta.clone());
         let cache = RecordsCache {
             v: INDEX_VERSION,

@@ -97,8 +97,9 @@
 //! `records/`, `done/`, `cells/<cell>/<n>/`, the `index.json` and `records.json` caches,
 //! the store's `.orch/changes/` and `.orch/catalog/`), the catalog that lets `orch ls`
 //! read one object instead of one per run, the `If-None-Match` probe; `follow.rs`
-//! (running cells' files up as segments every 2 s, whole at the end, links never
-//! followed); `transfer.rs` (`push`/`pull`, verified, hostile keys refused). It does not:
+//! (running cells' files up as segments every 2 s by one thread for every cell, whole
+//! at the end, links never followed); a batch of finished cells (`finish_cells`, the
+//! runner's group commit) goes up side by side and rewrites the run's index once; `transfer.rs` (`push`/`pull`, verified, hostile keys refused). It does not:
 //! compile into the core or the agent.
 
 mod backend;
@@ -143,10 +144,13 @@ pub struct S3Store {
     spool_pending: Mutex<HashSet<String>>,
     /// One upload of the spool at a time.
     spool_lock: Mutex<()>,
-    followers: Mutex<HashMap<(String, String), (follow::Follower, String)>>,
+    /// The running cells' folders, followed by one thread.
+    followers: follow::Followers,
     /// Records are never rewritten: once read, a key's record is kept.
     records: Mutex<HashMap<String, CellRecord>>,
     last_index: Mutex<HashMap<String, Instant>>,
+    /// Rewrites of run indexes by this handle (see [`S3Store::index_writes`]).
+    index_writes: std::sync::atomic::AtomicU64,
     /// Runs this handle writes, to rebuild their index on a change of state.
     runs: Mutex<HashMap<String, Run>>,
     /// `records.json` of runs just loaded, until it is read (it is checked
@@ -207,8 +211,10 @@ impl S3Store {
             })
             .join(&bucket)
             .join(if prefix.is_empty() { "_" } else { &prefix });
+        let objects = Arc::new(objects);
         Ok(S3Store {
-            objects: Arc::new(objects),
+            followers: follow::Followers::new(objects.clone()),
+            objects,
             prefix: key_prefix,
             url: format!(
                 "s3://{bucket}{}{}",
@@ -220,9 +226,9 @@ impl S3Store {
             probed: Mutex::new(None),
             spool_pending: Mutex::new(HashSet::new()),
             spool_lock: Mutex::new(()),
-            followers: Mutex::new(HashMap::new()),
             records: Mutex::new(HashMap::new()),
             last_index: Mutex::new(HashMap::new()),
+            index_writes: std::sync::atomic::AtomicU64::new(0),
             runs: Mutex::new(HashMap::new()),
             state_keys: Mutex::new(HashMap::new()),
             run_json: Mutex::new(HashMap::new()),
@@ -234,5 +240,12 @@ impl S3Store {
 
     pub fn objects(&self) -> &Objects {
         &self.objects
+    }
+
+    /// How many times this handle rewrote a run's index (and records
+    /// cache): once per batch of records at most, and at most every few
+    /// seconds while cells end, however many end at once.
+    pub fn index_writes(&self) -> u64 {
+        self.index_writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

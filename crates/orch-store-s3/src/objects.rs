@@ -614,6 +614,9 @@ impl Objects {
         let settings = settings.clamped();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
+            // Name lookups of new connections; tokio's default (512) would
+            // follow the requests at once.
+            .max_blocking_threads(8)
             .thread_name("orch-s3")
             .enable_all()
             .build()

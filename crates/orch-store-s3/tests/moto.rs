@@ -363,3 +363,84 @@ fn show_trusts_the_records_cache_of_a_finished_run_only_while_it_is_current() {
     );
     assert_eq!(reader.record().unwrap().counts.get("succeeded"), Some(&1));
 }
+
+fn run_of(store: &Store, cells: usize) -> Run {
+    let xs: Vec<String> = (1..=cells).map(|i| i.to_string()).collect();
+    let yaml = format!(
+        "name: t\nbenchmarks:\n  - name: a\n    workload: {{noop: true}}\n    matrix: {{x: [{}]}}\n",
+        xs.join(", ")
+    );
+    let plan = load_str(&yaml, Path::new("t.yaml"), &ExpandOptions::default()).unwrap();
+    store
+        .create_run(
+            &plan,
+            &yaml,
+            "local",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap()
+}
+
+fn finished(run: &Run) -> Vec<CellRecord> {
+    run.plan
+        .cells
+        .iter()
+        .map(|c| {
+            let (_, attempt) = run.prepare_cell(&c.id).unwrap();
+            let now = chrono::Utc::now();
+            CellRecord::from_result(c, CellResult::new(&c.id, Status::Succeeded), now, now, attempt)
+        })
+        .collect()
+}
+
+#[test]
+fn cells_ending_together_rewrite_the_run_index_once() {
+    let Some(_s) = server() else { return };
+    let s3 = open("together");
+    let store = Store::with_backend(s3.clone());
+
+    // A batch of records (the runner's group commit): each stored, the index once.
+    let run = run_of(&store, 120);
+    let records = finished(&run);
+    let before = s3.index_writes();
+    let out = run.finish_cells(&records);
+    assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+    assert_eq!(s3.index_writes() - before, 1, "one index rewrite for the batch");
+
+    // The same records written one by one from many threads at once: of the
+    // writers that find the index due together, one rewrites it.
+    let run2 = run_of(&store, 64);
+    let records = finished(&run2);
+    let before = s3.index_writes();
+    let started = std::time::Instant::now();
+    std::thread::scope(|sc| {
+        for chunk in records.chunks(4) {
+            let run2 = &run2;
+            sc.spawn(move || {
+                for r in chunk {
+                    run2.finish_cell(r).unwrap();
+                }
+            });
+        }
+    });
+    // (The index is rewritten at most every 5 s while cells end: a slow
+    // server may see one more, never one per writer.)
+    let allowed = 1 + started.elapsed().as_secs() / 5;
+    let writes = s3.index_writes() - before;
+    assert!(
+        (1..=allowed).contains(&writes),
+        "{writes} index rewrites for 64 cells ending at once (at most {allowed})"
+    );
+
+    // Every record is in the store, as another process reads it.
+    let fresh = Store::with_backend(open("together"));
+    for (r, n) in [(&run, 120), (&run2, 64)] {
+        let again = fresh.open_exact(r.id()).unwrap();
+        let recs = again.record().unwrap();
+        assert_eq!(recs.cells.len(), n);
+        assert!(recs
+            .cells
+            .iter()
+            .all(|c| c.status == orch_store::CellStatus::Succeeded));
+    }
+}

@@ -103,6 +103,16 @@ pub trait StoreBackend: Send + Sync {
     /// attempt's files that are not up yet).
     fn finish_cell(&self, run: &Run, record: &CellRecord) -> Result<()>;
 
+    /// Store several finished attempts' records in one write (a group
+    /// commit: the cells that ended while the previous write was under
+    /// way): each record as durable as [`StoreBackend::finish_cell`] makes
+    /// it before this returns, and each one's own outcome, in order. What
+    /// the run keeps beside the records (a ledger, an index) is written
+    /// once for the whole batch, not once per record.
+    fn finish_cells(&self, run: &Run, records: &[CellRecord]) -> Vec<Result<()>> {
+        records.iter().map(|r| self.finish_cell(run, r)).collect()
+    }
+
     /// The run's cost ledger (one line per recorded attempt).
     fn ledger(&self, run: &Run) -> Result<Vec<LedgerLine>>;
 

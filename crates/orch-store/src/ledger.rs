@@ -120,19 +120,35 @@ impl Run {
 
 /// Append a record's line to a folder run's ledger (one `write` of a whole
 /// line, so lines of cells finishing at once do not interleave).
+#[cfg(test)]
 pub(crate) fn append_ledger(run: &Run, r: &CellRecord) -> Result<()> {
+    append_ledger_lines(run, std::slice::from_ref(r))
+}
+
+/// Append the lines of records to a folder run's ledger in one `write`
+/// (whole lines, so writers appending at once do not interleave).
+pub(crate) fn append_ledger_lines<'a>(
+    run: &Run,
+    records: impl IntoIterator<Item = &'a CellRecord>,
+) -> Result<()> {
     let path = run.ledger_path();
-    let mut line = serde_json::to_vec(&run.ledger_line(r)).map_err(|source| StoreError::Corrupt {
-        path: path.clone(),
-        source,
-    })?;
-    line.push(b'\n');
+    let mut lines = Vec::new();
+    for r in records {
+        serde_json::to_writer(&mut lines, &run.ledger_line(r)).map_err(|source| StoreError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        lines.push(b'\n');
+    }
+    if lines.is_empty() {
+        return Ok(());
+    }
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .map_err(io("open", &path))?;
-    f.write_all(&line).map_err(io("append to", &path))
+    f.write_all(&lines).map_err(io("append to", &path))
 }
 
 /// Rewrite a folder run's ledger from the records.
@@ -290,6 +306,10 @@ pub fn parallel_map_with<T: Sync, R: Send>(
     workers: usize,
     f: impl Fn(&T) -> R + Sync,
 ) -> Vec<R> {
+    if workers <= 1 || items.len() <= 1 {
+        // No thread for one item (a batch of one record).
+        return items.iter().map(f).collect();
+    }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
     std::thread::scope(|scope| {

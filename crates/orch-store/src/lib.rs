@@ -32,7 +32,9 @@
 //! - `store.rs`: [`Store`], the store commands use: create, open (by id,
 //!   prefix or `latest`), list, and the cost ledgers of every run;
 //! - `run.rs`: [`Run`], an open run: its cells' records, files and state,
-//!   and the run record built from them;
+//!   and the run record built from them; [`Run::finish_cells`] stores a
+//!   batch of records at once (the runner's group commit: the folder store
+//!   syncs the batch's records side by side and appends the ledger once);
 //! - `resume.rs`: resume bookkeeping: the cells `--resume` runs, a clean
 //!   folder for each new attempt (an unfinished one moved to `interrupted/`);
 //! - `backend.rs`: [`StoreBackend`], the one interface of a store kind;

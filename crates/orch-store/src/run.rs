@@ -61,6 +61,37 @@ impl Run {
         self.backend.finish_cell(self, record)
     }
 
+    /// Store several finished cells in one write (a group commit, see
+    /// [`StoreBackend::finish_cells`]): each one's outcome, in order; each
+    /// stored record is whole and durable when this returns.
+    pub fn finish_cells(&self, records: &[CellRecord]) -> Vec<Result<()>> {
+        let checked: Vec<Result<()>> = records.iter().map(|r| check_name("cell id", &r.id)).collect();
+        if checked.iter().all(|c| c.is_ok()) {
+            return self.backend.finish_cells(self, records);
+        }
+        // The records with a safe id are written; the others get their error.
+        let ok: Vec<CellRecord> = records
+            .iter()
+            .zip(&checked)
+            .filter(|(_, c)| c.is_ok())
+            .map(|(r, _)| r.clone())
+            .collect();
+        let mut written = self.backend.finish_cells(self, &ok).into_iter();
+        checked
+            .into_iter()
+            .map(|c| match c {
+                Ok(()) => written.next().unwrap_or_else(|| {
+                    Err(StoreError::Io {
+                        action: "record a cell in",
+                        path: self.dir.clone(),
+                        source: std::io::Error::other("the store gave no outcome for the record"),
+                    })
+                }),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
     /// Update the run's state (and the time of the update).
     pub fn set_state(&mut self, state: RunState) -> Result<()> {
         self.meta.state = state;

@@ -68,6 +68,11 @@ fn version_text() -> String {
     out
 }
 
+/// Threads of the runtime's blocking pool at most (tokio's default is 512).
+/// Cells are not threads: a cell's file IO, its claim and the batched
+/// writes of records take a thread from here for a moment.
+const MAX_BLOCKING_THREADS: usize = 32;
+
 fn main() {
     // `orch cell-init -- PROGRAM ...`: the agent's cell launcher, re-executed
     // from `orch agent` (hidden; returns at once otherwise).
@@ -92,7 +97,14 @@ fn main() {
     // One TLS crypto provider for every TLS user in this binary (reqwest via
     // hf-hub today; cloud clients later). Installing twice is harmless.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Blocking work (the store's reads and writes, the cells' file IO)
+    // runs on a capped pool: tokio's default (512 threads) would grow with
+    // the cells at once; past the cap it waits its turn.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -15,7 +15,6 @@ use kube::api::{Api, DeleteParams};
 use orch_backend::lifecycle::{Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::BackendError;
 use orch_protocol::{CellResult, Failure, FailureKind, Status};
-use std::io::Write as _;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -26,7 +25,8 @@ pub(super) struct JobCell<'a> {
     pub(super) job_name: String,
     pub(super) job_uid: Option<String>,
     pub(super) image: String,
-    pub(super) klog: std::fs::File,
+    /// `kubernetes.log`, appended to line by line.
+    pub(super) klog: std::path::PathBuf,
     pub(super) pod_name: Option<String>,
     pub(super) node: Option<String>,
     pub(super) follower: Option<tokio::task::JoinHandle<Followed>>,
@@ -56,7 +56,7 @@ pub(super) struct JobCell<'a> {
 
 impl JobCell<'_> {
     pub(super) fn log(&mut self, line: &str) {
-        let _ = writeln!(self.klog, "{line}");
+        let _ = orch_backend::append(&self.klog, format!("{line}\n").as_bytes());
     }
 }
 

@@ -250,7 +250,9 @@ impl Backend for KubernetesBackend {
         )?;
         let (job, packs, service) = (objects.job, objects.packs, objects.service);
         let (rank_tx, rank_rx) = mpsc::unbounded_channel();
-        let klog = std::fs::File::create(cell.dir.join("kubernetes.log")).map_err(|e| BackendError::Io {
+        // Appended to line by line (no descriptor held while the cell runs).
+        let klog = cell.dir.join("kubernetes.log");
+        std::fs::File::create(&klog).map_err(|e| BackendError::Io {
             action: "create kubernetes.log".into(),
             source: e,
         })?;

@@ -646,3 +646,69 @@ fn a_low_open_file_limit_names_the_cause_and_the_run_resumes() {
     assert_eq!(tally.cells_lost, 0);
     assert_eq!(tally.cells_run_twice, 0);
 }
+
+/// Issue 47: cells that end together are recorded in one batch (the runner's group
+/// commit). 120 cells wait on one FIFO and end in the same instant when it is opened;
+/// `orch` is killed with SIGKILL as soon as the first records appear, while the rest of
+/// the batch is being written. Every record present then stays as it was, and the resume
+/// runs exactly the cells without one: each cell recorded once, one ledger line each.
+#[test]
+fn a_run_killed_while_a_batch_of_records_is_written_resumes_with_every_finished_cell_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let cells = 120;
+    let fifo = tmp.path().join("release.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let manifest = suite(tmp.path(), cells, &format!("cat {} >/dev/null", fifo.display()));
+    let mut child = orch()
+        .args(["run", "-f", manifest.to_str().unwrap(), "--store", store.to_str().unwrap()])
+        .args(["--jobs", &cells.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Every cell's workload waits in `open` of the FIFO (a guard against a hang, not a timing).
+    let waiting = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                    c.starts_with(b"cat\0") && c.windows(fifo.as_os_str().len()).any(|w| w == fifo.as_os_str().as_encoded_bytes())
+                })
+            })
+            .count()
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while waiting() < cells && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(waiting(), cells, "every cell waits on the FIFO");
+    let run = run_dir(&store).unwrap();
+    assert!(records(&run).is_empty());
+    // One writer lets every waiting reader through; they read EOF when it closes.
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    drop(writer);
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while records(&run).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = child.kill(); // SIGKILL, in the middle of the batch or just after it
+    let _ = child.wait();
+    let kept = records(&run);
+    assert!(!kept.is_empty(), "records were being written");
+    eprintln!("killed with {} of {cells} records written", kept.len());
+
+    let id = run.file_name().unwrap().to_str().unwrap().to_string();
+    // Cells not recorded run again; they must not wait on the FIFO this time.
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::write(&fifo, "").unwrap();
+    let _ = resume_to_end(&store, &id);
+    let now = records(&run);
+    assert_eq!(now.len(), cells, "every cell recorded");
+    for (cell, bytes) in &kept {
+        assert_eq!(now.get(cell), Some(bytes), "`{cell}`'s record changed: it ran again");
+    }
+    assert_eq!(complete_once(&store, &run, cells), 0);
+}
