@@ -525,6 +525,64 @@ pub const ROLE_RULES: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The verbs of [`ROLE_RULES`] only the run's one watch uses (its lists
+/// and watches of Jobs, pods and events): without them the cells poll
+/// their pods instead (more requests), so `orch doctor` warns, and fails
+/// only for the others.
+pub const WATCH_VERBS: &[(&str, &str, &str)] = &[
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("", "pods", "watch"),
+    ("", "events", "watch"),
+];
+
+/// `orch doctor`'s `rbac` line from the verbs of [`ROLE_RULES`] the
+/// cluster does not grant in `ns` (group, resource, verb), of `asked`:
+/// fail for one a cell needs, warn when only [`WATCH_VERBS`] are missing.
+pub fn rbac_check(ns: &str, asked: usize, missing: &[(&str, &str, &str)]) -> Check {
+    let words = |m: &[&(&str, &str, &str)]| {
+        m.iter()
+            .map(|(group, resource, verb)| {
+                format!(
+                    "`{verb}` on `{resource}`{}",
+                    if group.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({group})")
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let apply = format!(
+        "apply orch's Role: `sed 's/namespace: bench/namespace: {ns}/' deploy/kubernetes/orch-role.yaml | kubectl apply -f -`"
+    );
+    let (watch, needed): (Vec<_>, Vec<_>) = missing.iter().partition(|m| WATCH_VERBS.contains(m));
+    if !needed.is_empty() {
+        let all: Vec<_> = needed.iter().chain(&watch).copied().collect();
+        return Check::fail(
+            "rbac",
+            format!("not granted in namespace `{ns}`: {}", words(&all)),
+            apply,
+        );
+    }
+    if !watch.is_empty() {
+        return Check::warn(
+            "rbac",
+            format!(
+                "not granted in namespace `{ns}`: {}: the run's one watch of its pods, Jobs and events is refused, and every cell polls its pod instead (more requests to the API server)",
+                words(&watch)
+            ),
+            apply,
+        );
+    }
+    Check::ok(
+        "rbac",
+        format!("all {asked} verbs of orch's Role granted in namespace `{ns}`"),
+    )
+}
+
 /// Can the kubeconfig's user do `verb` on `resource` (`pods/log`) of
 /// `group` in `namespace` (`None`: cluster-scoped)? The API server's
 /// answer to a `SelfSubjectAccessReview`.
@@ -651,14 +709,7 @@ async fn doctor(flags: &Flags, plan: Option<&Plan>) -> Vec<Check> {
             asked += 1;
             match tokio::time::timeout(limit, can_i(&client, verb, group, resource, Some(&ns))).await {
                 Ok(Ok(true)) => {}
-                Ok(Ok(false)) => missing.push(format!(
-                    "`{verb}` on `{resource}`{}",
-                    if group.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({group})")
-                    }
-                )),
+                Ok(Ok(false)) => missing.push((*group, *resource, *verb)),
                 Ok(Err(e)) => {
                     out.push(Check::warn(
                         "rbac",
@@ -686,17 +737,7 @@ async fn doctor(flags: &Flags, plan: Option<&Plan>) -> Vec<Check> {
         }
     }
     if asked > 0 {
-        out.push(if missing.is_empty() {
-            Check::ok("rbac", format!("all {asked} verbs of orch's Role granted in namespace `{ns}`"))
-        } else {
-            Check::fail(
-                "rbac",
-                format!("not granted in namespace `{ns}`: {}", missing.join(", ")),
-                format!(
-                    "apply orch's Role: `sed 's/namespace: bench/namespace: {ns}/' deploy/kubernetes/orch-role.yaml | kubectl apply -f -`"
-                ),
-            )
-        });
+        out.push(rbac_check(&ns, asked, &missing));
     }
     out.push(gpu_nodes_check(&client, plan, &ns).await);
     let image = agent_image(&def);
@@ -861,6 +902,35 @@ mod role_tests {
         from_file.sort();
         ours.sort();
         assert_eq!(ours, from_file);
+        // The watch's verbs are the Role's.
+        for (g, r, v) in WATCH_VERBS {
+            assert!(ours.contains(&format!("{g} {r} {v}")), "{g} {r} {v}");
+        }
+    }
+
+    #[test]
+    fn the_doctor_warns_for_the_watch_verbs_and_fails_for_the_others() {
+        let ok = rbac_check("bench", 24, &[]);
+        assert_eq!(ok.status, orch_backend::host::CheckStatus::Ok);
+        // An older Role: no list/watch of Jobs, no watch of events.
+        let older = [
+            ("batch", "jobs", "list"),
+            ("batch", "jobs", "watch"),
+            ("", "events", "watch"),
+        ];
+        let w = rbac_check("bench", 24, &older);
+        assert_eq!(w.status, orch_backend::host::CheckStatus::Warn, "{w:?}");
+        assert!(w.detail.contains("`watch` on `jobs` (batch)"), "{w:?}");
+        assert!(w.detail.contains("`watch` on `events`"), "{w:?}");
+        assert!(w.detail.contains("polls its pod"), "{w:?}");
+        assert!(w.next.as_deref().unwrap().contains("orch-role.yaml"));
+        // A verb a cell needs fails, naming the watch's too.
+        let mut cut = older.to_vec();
+        cut.push(("", "pods/log", "get"));
+        let f = rbac_check("bench", 24, &cut);
+        assert_eq!(f.status, orch_backend::host::CheckStatus::Fail, "{f:?}");
+        assert!(f.detail.contains("`get` on `pods/log`"), "{f:?}");
+        assert!(f.detail.contains("`list` on `jobs` (batch)"), "{f:?}");
     }
 }
 

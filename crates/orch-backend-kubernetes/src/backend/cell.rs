@@ -79,15 +79,9 @@ impl Platform for JobCell<'_> {
 
     async fn started(&mut self, cell: &mut Cell) -> Result<(), Early> {
         let backend = self.backend;
-        self.watch = backend.run_watch(&cell.task.run_id).await;
-        if self.watch.is_none() {
-            let why = backend
-                .watch_refused(&cell.task.run_id)
-                .unwrap_or_else(|| "its first lists did not come in time".into());
-            self.log(&format!(
-                "orch: the run's watch is not available ({why}); the pod is polled"
-            ));
-        }
+        // The run's watch lists while the cell's objects are made (a list
+        // or the watch after it sees the new Job and pod either way).
+        let watch = backend.run_watch(&cell.task.run_id);
         backend
             .ensure_secret(&cell.task.run_id, &cell.launch.secrets)
             .await
@@ -132,6 +126,18 @@ impl Platform for JobCell<'_> {
             backend.create_service(&svc).await.map_err(early)?;
             self.log(&format!(
                 "orch: headless service {name} created (the pods' subdomain; owned by the Job)"
+            ));
+        }
+        // Looked at in the run's watch once it has listed; `None` when its
+        // lists did not come within API_TIMEOUT or the Role refuses a watch:
+        // the pod is polled then.
+        self.watch = watch.ready(API_TIMEOUT).await.then_some(watch);
+        if self.watch.is_none() {
+            let why = backend
+                .watch_refused(&cell.task.run_id)
+                .unwrap_or_else(|| "its first lists did not come in time".into());
+            self.log(&format!(
+                "orch: the run's watch is not available ({why}); the pod is polled"
             ));
         }
         if !self.ranks.is_empty() {

@@ -146,23 +146,19 @@ impl KubernetesBackend {
         &self.settings
     }
 
-    /// The run's watch, started by its first cell; `None` while its first
-    /// lists have not come within [`API_TIMEOUT`] or when the Role refuses a
-    /// watch: the cell then polls its pod.
-    async fn run_watch(&self, run_id: &str) -> Option<std::sync::Arc<RunWatch>> {
-        let w = {
-            let mut map = self.watches.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry(run_id.to_string())
-                .or_insert_with(|| {
-                    RunWatch::start(
-                        self.client.clone(),
-                        &self.settings.namespace,
-                        crate::spec::run_selector(run_id),
-                    )
-                })
-                .clone()
-        };
-        w.ready(API_TIMEOUT).await.then_some(w)
+    /// The run's watch, started by its first cell (its lists under way: see
+    /// [`RunWatch::ready`]).
+    fn run_watch(&self, run_id: &str) -> std::sync::Arc<RunWatch> {
+        let mut map = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(run_id.to_string())
+            .or_insert_with(|| {
+                RunWatch::start(
+                    self.client.clone(),
+                    &self.settings.namespace,
+                    crate::spec::run_selector(run_id),
+                )
+            })
+            .clone()
     }
 
     /// Why the run's watch is not used (its refusal's words, if any).

@@ -1,17 +1,22 @@
 //! Short Jobs of one pod: the probes of `orch plan`/preflight (the weights
 //! PVC) and `orch setup --backend kubernetes`. The pod is waited for as a
 //! cell's is ([`crate::watch::Pending::decide`]), its log followed to the
-//! caller, the Job deleted after.
+//! caller, the Job deleted after. The pod and its events are seen in a
+//! short watch of their own (a [`RunWatch`] of the pod's Job label, opened
+//! before the create); where the Role refuses it, or its lists do not come
+//! in time, the pod is polled every half second as before.
 
 use super::api::{backoff, call, CallError, Down};
 use super::follow::follow_log;
-use super::KubernetesBackend;
+use super::informer::RunWatch;
+use super::{KubernetesBackend, API_TIMEOUT, WATCH_TICK};
 use crate::watch::{Action, Pending, Seen};
 use crate::{spec, KubeError, CELL_CONTAINER, JOB_LABEL};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use orch_protocol::FailureKind;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -95,9 +100,10 @@ impl KubernetesBackend {
         mut on_line: impl FnMut(&str),
     ) -> Result<(i32, String), KubeError> {
         let name = job.metadata.name.clone().unwrap_or_default();
+        let w = self.short_watch(&name).await;
         let uid = self.create_job(job).await?;
         let r = async {
-            let pod = self.wait_started(&name, &uid, limit).await?;
+            let pod = self.wait_started(&name, &uid, limit, w.as_deref()).await?;
             let pods: Api<Pod> = self.api();
             let (tx, mut rx) = mpsc::unbounded_channel::<String>();
             let follower = tokio::spawn(follow_log(
@@ -105,7 +111,7 @@ impl KubernetesBackend {
                 pod.clone(),
                 tx,
                 self.api_budget,
-                None,
+                w.clone(),
                 self.log_slots.clone(),
             ));
             let mut log = String::new();
@@ -121,11 +127,17 @@ impl KubernetesBackend {
                     source: std::io::Error::other(e.message),
                 });
             }
-            let code = call(self.api_budget, || pods.get_opt(&pod))
-                .await
-                .ok()
-                .flatten()
-                .or(followed.last)
+            // The pod as the watch last saw it (the follow ended once it
+            // saw the container end), else asked.
+            let last = match (&w, followed.last) {
+                (Some(_), Some(p)) if crate::watch::cell_terminated(&p) => Some(p),
+                (_, last) => call(self.api_budget, || pods.get_opt(&pod))
+                    .await
+                    .ok()
+                    .flatten()
+                    .or(last),
+            };
+            let code = last
                 .as_ref()
                 .and_then(|p| p.status.as_ref())
                 .and_then(|s| s.container_statuses.as_ref())
@@ -140,10 +152,29 @@ impl KubernetesBackend {
         r
     }
 
+    /// The short Job's own watch (its pod and the events), or
+    /// `None` where the Role refuses it or its lists do not come within
+    /// [`API_TIMEOUT`]: the pod is polled then.
+    async fn short_watch(&self, name: &str) -> Option<Arc<RunWatch>> {
+        let w = RunWatch::start(
+            self.client.clone(),
+            &self.settings.namespace,
+            format!("{JOB_LABEL}={name}"),
+        );
+        w.ready(API_TIMEOUT).await.then_some(w)
+    }
+
     /// Wait until a short Job's container has started; its pod's name. The
     /// pod is judged as a cell's is ([`Pending::decide`]: the autoscaler's
-    /// word on an unschedulable pod, image pulls, `max_pending`).
-    async fn wait_started(&self, name: &str, uid: &str, limit: Duration) -> Result<String, KubeError> {
+    /// word on an unschedulable pod, image pulls, `max_pending`), looked at
+    /// in the short Job's watch `w` on each of its changes, else polled.
+    async fn wait_started(
+        &self,
+        name: &str,
+        uid: &str,
+        limit: Duration,
+        w: Option<&RunWatch>,
+    ) -> Result<String, KubeError> {
         let started = Instant::now();
         let fail = |message: String| KubeError::Unavailable {
             message,
@@ -156,6 +187,8 @@ impl KubernetesBackend {
         let mut fits_cache = None;
         let mut down = Down::default();
         let mut n = 0;
+        let mut changed = w.map(RunWatch::changed);
+        let mut first = true;
         loop {
             if started.elapsed() > limit {
                 return Err(fail(format!(
@@ -163,9 +196,23 @@ impl KubernetesBackend {
                     limit.as_secs_f64()
                 )));
             }
-            tokio::time::sleep(if down.0.is_some() { backoff(n) } else { self.poll }).await;
+            match changed.as_mut() {
+                // On every change of the watch (and every WATCH_TICK, for the timed waits).
+                Some(rx) => {
+                    if !first {
+                        let _ = tokio::time::timeout(WATCH_TICK, rx.changed()).await;
+                    }
+                    rx.borrow_and_update();
+                }
+                None => tokio::time::sleep(if down.0.is_some() { backoff(n) } else { self.poll }).await,
+            }
+            first = false;
             let now = Instant::now();
-            let found = match self.find_pod(name, uid).await {
+            let looked = match w {
+                Some(w) => Ok(w.pods_of(name, uid).into_iter().next()),
+                None => self.find_pod(name, uid).await,
+            };
+            let found = match looked {
                 Ok(found) => {
                     down.ok();
                     n = 0;
@@ -183,13 +230,13 @@ impl KubernetesBackend {
             };
             let (seen, pod_name) = match found {
                 Some(pod) => (
-                    self.look_pod(None, &pod, pending.stalled(now, &limits), &mut fits_cache)
+                    self.look_pod(w, &pod, pending.stalled(now, &limits), &mut fits_cache)
                         .await,
                     pod.metadata.name.clone().unwrap_or_default(),
                 ),
                 None => {
                     let refusals = if now.duration_since(started) > Duration::from_secs(5) {
-                        self.job_refusals(None, name).await
+                        self.job_refusals(w, name).await
                     } else {
                         vec![]
                     };

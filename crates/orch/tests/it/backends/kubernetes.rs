@@ -685,6 +685,20 @@ fn plan_and_run_check_the_weights_pvc_on_the_cluster() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["models"][0]["complete"], false, "{v:#}");
+    // The probe's pod was seen in a watch of its own (by its Job's label),
+    // listed once for it, not polled.
+    let by_label: Vec<String> = c
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/pods?") && r.contains("labelSelector") && r.contains("orch-probe"))
+        .collect();
+    assert!(by_label.iter().any(|r| r.contains("watch=true")), "{by_label:#?}");
+    assert_eq!(
+        by_label.iter().filter(|r| !r.contains("watch=true")).count(),
+        1,
+        "{by_label:#?}"
+    );
     let run = c.run_cmd(&suite, &[]).output().unwrap();
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("org/tiny@main"));
@@ -1794,6 +1808,57 @@ fn three_hundred_cells_under_a_rate_limited_api_server_wait_as_told_and_run_once
         throttled.len()
     );
     assert!(per_cell < 6.0, "{per_cell:.2} requests a cell: {counts:?}");
+    c.assert_nothing_left();
+}
+
+/// An older Role, without `list`/`watch` on Jobs: the weights probe's own
+/// watch is refused, and it polls its pod as before: `orch plan` still
+/// reads the PVC (an empty one: the model is missing).
+#[test]
+fn a_role_without_the_watch_still_probes_the_weights_pvc() {
+    if !ready() {
+        return;
+    }
+    let shipped = std::fs::read_to_string(shipped_role()).unwrap();
+    let older = shipped.replace(
+        "verbs: [\"create\", \"get\", \"list\", \"watch\", \"delete\", \"deletecollection\"]",
+        "verbs: [\"create\", \"get\", \"delete\", \"deletecollection\"]",
+    );
+    assert_ne!(older, shipped, "the shipped Role grants `list`/`watch` on Jobs");
+    let dir = tempfile::tempdir().unwrap();
+    let role = dir.path().join("role.yaml");
+    std::fs::write(&role, older).unwrap();
+    let pvc = tempfile::tempdir().unwrap();
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
+        b.role(&role).pvc("hf-weights", pvc.path())
+    });
+    let suite = c.suite(
+        "weights",
+        "name: weights\nmodels: [{repo: org/tiny, revision: main}]\nkubernetes: {weights_pvc: hf-weights}\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi'}\n",
+    );
+    let out = c
+        .orch()
+        .args(["plan", "-f"])
+        .arg(&suite)
+        .args(["--backend", "kubernetes", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(v["models"][0]["complete"], false, "{v:#}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let polled = c
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/pods?") && r.contains("labelSelector") && r.contains("orch-probe"))
+        .count();
+    assert!(polled >= 1, "the probe's pod was listed");
     c.assert_nothing_left();
 }
 

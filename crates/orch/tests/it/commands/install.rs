@@ -1,8 +1,9 @@
 //! orch as a user installs it: `orch init` then `orch run` in a folder with
 //! no checkout, shell completions, `orch --version`, `orch doctor` (the
 //! local backend as JSON; the fake cluster with and without a verb of the
-//! shipped Role; a bucket whose credentials may read but not write), and
-//! the wheel (`maturin build`) installed into a fresh virtual environment.
+//! shipped Role, and with an older Role without the run's watch; a bucket
+//! whose credentials may read but not write), and the wheel (`maturin
+//! build`) installed into a fresh virtual environment.
 
 use crate::support::{container_agent, dump, orch_at, repo};
 use orch_testkit::kube::{FakeKube, FakeNode};
@@ -289,6 +290,36 @@ fn doctor_names_a_verb_the_cluster_does_not_grant() {
     if let Some(answer) = kubectl {
         assert!(answer.starts_with("no ("), "{answer}");
     }
+}
+
+/// An older Role, without `list`/`watch` on Jobs: the run's one watch is
+/// refused and cells poll their pods, so `orch doctor` warns (naming the
+/// verbs and what they cost) and does not fail.
+#[test]
+fn doctor_warns_when_the_role_lacks_only_the_watch_verbs() {
+    let shipped = repo().join("deploy/kubernetes/orch-role.yaml");
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let older = text.replacen(
+        "verbs: [\"create\", \"get\", \"list\", \"watch\", \"delete\", \"deletecollection\"]",
+        "verbs: [\"create\", \"get\", \"delete\", \"deletecollection\"]",
+        1,
+    );
+    assert_ne!(
+        older, text,
+        "the shipped Role's jobs rule changed: update this test"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let role = tmp.path().join("role.yaml");
+    std::fs::write(&role, older).unwrap();
+    let (code, v, all, _) = kube_doctor(&role);
+    let rbac = check(&v, "kubernetes", "rbac");
+    assert_eq!(rbac["status"], "warn", "{all}");
+    let detail = rbac["detail"].as_str().unwrap();
+    assert!(detail.contains("`list` on `jobs` (batch)"), "{all}");
+    assert!(detail.contains("`watch` on `jobs` (batch)"), "{all}");
+    assert!(detail.contains("polls its pod"), "{all}");
+    assert!(rbac["next"].as_str().unwrap().contains("orch-role.yaml"), "{all}");
+    assert_eq!(code, Some(0), "{all}");
 }
 
 /// A proxy that adds `Authorization: Bearer TOKEN` to each request (one
