@@ -2,29 +2,49 @@
 # The kubernetes backend against the local fake API server (`fake-kube`,
 # orch-fake-kube: Kubernetes REST on loopback, a Job controller and a "kubelet"
 # running each container chrooted in its image's root folder, in a mount
-# namespace of its own: run as root), beside the local backend, in one run:
+# namespace of its own: run as root), beside the local backend and the bare
+# platform, in one run:
 #  - per-cell overhead: median cell record duration_s of CELLS noop cells
-#    (launch to result stored: Secret/Job create, scheduling, the init
-#    container installing the agent, the pod log home, Job deletion);
+#    started at once, ROUNDS times (launch to result stored: the run's watch,
+#    the Job's create, the fake's 100 ms scheduling delay, the init container
+#    installing the agent, the agent's noop run, its frames home over the pod
+#    log, the pod seen ended, the Job's deletion answered);
+#  - the bare platform (scripts/bench-bare/kube_jobs.py, the official Python
+#    client, in the same rounds, interleaved with orch's): the same CELLS Jobs
+#    at once, timed from their create to their pod seen `Succeeded` in one
+#    watch and their deletion answered. Shape `orch`: the very Jobs orch
+#    submits (`orch run --dry-run`: the same init container, the same agent
+#    running the same noop task), so `kubernetes_overhead_over_bare_ms` is
+#    orch's own host side (its watch, the log home, the record); shape `true`:
+#    a plain one-container Job running `true` in the same image, so
+#    `..._over_bare_true_ms` adds what orch runs in the pod (the init
+#    container and the agent) to it;
 #  - log throughput: one command cell writing LOG_MIB MiB to stdout, MiB/s
 #    from its duration (the bytes come home as frames over the pod log on
 #    kubernetes; straight to the file on local).
 # Writes results/bench-kubernetes.json. Needs the static agent
 # (`bash scripts/prepare-docker.sh`): the agent image holds it, and the cells'
-# image (debian:bookworm-slim here) is a static busybox.
+# image (debian:bookworm-slim here) is a static busybox; and python3 with
+# `kubernetes` (PyPI). Builds into CARGO_TARGET_DIR when set.
 #   bash scripts/bench-kubernetes.sh            (PROFILE=debug for a debug build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-AGENT=$PWD/target/$(uname -m)-unknown-linux-gnu/release/orch-agent
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+AGENT=$TARGET/$(uname -m)-unknown-linux-gnu/release/orch-agent
+[ -x "$AGENT" ] || AGENT=$PWD/target/$(uname -m)-unknown-linux-gnu/release/orch-agent
 [ -x "$AGENT" ] || { echo "error: no static agent at $AGENT: run bash scripts/prepare-docker.sh" >&2; exit 1; }
 CELLS=${CELLS:-16}
+ROUNDS=${ROUNDS:-3}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
 cargo build $flag --locked -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
-ORCH=$PWD/target/$PROFILE/orch
-FAKE=$PWD/target/$PROFILE/fake-kube
+python3 -c 'import kubernetes' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check 'kubernetes>=30,<40' >&2
+ORCH=$TARGET/$PROFILE/orch
+FAKE=$TARGET/$PROFILE/fake-kube
 
+load_start=$(cut -d' ' -f1 /proc/loadavg)
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-kubernetes.XXXXXX")
 mkdir -p "$work/agent-image"
 cp "$AGENT" "$work/agent-image/orch-agent"
@@ -53,23 +73,45 @@ benchmarks:
   - name: spew
     workload: {shell: 'head -c $((LOG_MIB * 1048576)) /dev/zero | tr "\\\\0" "a" | fold -w 99'}
 YAML
+"$ORCH" run -f "$work/noop.yaml" --backend kubernetes --dry-run > "$work/dry-run.yaml"
+for r in $(seq "$ROUNDS"); do
+  for backend in local kubernetes; do
+    "$ORCH" run -f "$work/noop.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/noop-$backend-$r.json"
+  done
+  python3 scripts/bench-bare/kube_jobs.py "$KUBECONFIG" orch "$CELLS" "$work/dry-run.yaml" > "$work/bare-orch-$r.json"
+  python3 scripts/bench-bare/kube_jobs.py "$KUBECONFIG" true "$CELLS" > "$work/bare-true-$r.json"
+done
 for backend in local kubernetes; do
-  "$ORCH" run -f "$work/noop.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/noop-$backend.json"
   "$ORCH" run -f "$work/logs.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/logs-$backend.json"
 done
 mkdir -p results
-python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" <<'PY'
+python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" <<'PY'
 import json, os, statistics, sys
-work, cells, mib, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-out = {"cells": cells, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
+work, cells, mib, profile, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+load_start = float(sys.argv[6])
+def p90(ds):
+    return round(ds[int(0.9 * (len(ds) - 1))], 1)
+out = {"cells": cells, "rounds": rounds, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
+       "load_1m": [load_start, os.getloadavg()[0]],
        "server": "fake-kube (orch-fake-kube) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay",
-       "measure": "cell record duration_s (launch to result stored); log MiB/s = bytes of stdout.log / duration"}
+       "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's create to pod Succeeded (one watch) to Job deletion answered, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration",
+       "bare": "scripts/bench-bare/kube_jobs.py: shape orch = the Jobs of `orch run --dry-run` (same init container and agent noop task); shape true = one container running `true` in the same image"}
 for b in ("local", "kubernetes"):
-    rec = json.load(open(f"{work}/noop-{b}.json"))
-    assert all(c["status"] == "succeeded" for c in rec["cells"]), (b, rec)
-    ds = sorted(c["duration_s"] * 1000 for c in rec["cells"])
+    ds = []
+    for r in range(1, rounds + 1):
+        rec = json.load(open(f"{work}/noop-{b}-{r}.json"))
+        assert all(c["status"] == "succeeded" for c in rec["cells"]), (b, rec)
+        ds += [c["duration_s"] * 1000 for c in rec["cells"]]
+    ds.sort()
     out[f"{b}_overhead_ms"] = round(statistics.median(ds), 1)
-    out[f"{b}_overhead_p90_ms"] = round(ds[int(0.9 * (len(ds) - 1))], 1)
+    out[f"{b}_overhead_p90_ms"] = p90(ds)
+for shape, key in (("orch", "kubernetes_bare"), ("true", "kubernetes_bare_true")):
+    ds = sorted(t for r in range(1, rounds + 1) for t in json.load(open(f"{work}/bare-{shape}-{r}.json"))["ms"])
+    out[f"{key}_ms"] = round(statistics.median(ds), 1)
+    out[f"{key}_p90_ms"] = p90(ds)
+out["kubernetes_overhead_over_bare_ms"] = round(out["kubernetes_overhead_ms"] - out["kubernetes_bare_ms"], 1)
+out["kubernetes_overhead_over_bare_true_ms"] = round(out["kubernetes_overhead_ms"] - out["kubernetes_bare_true_ms"], 1)
+for b in ("local", "kubernetes"):
     rec = json.load(open(f"{work}/logs-{b}.json"))
     c = rec["cells"][0]
     assert c["status"] == "succeeded", (b, c)

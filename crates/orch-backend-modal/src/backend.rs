@@ -1,9 +1,12 @@
 //! `--backend modal`: a sandbox per cell.
 //!
-//! For each cell: the app `orch` (get-or-create), the cell's image (built by
+//! Once per run, at `preflight` (before the first cell starts): the app
+//! `orch` (get-or-create), the static agent as a content-addressed mount at
+//! `/orch/agent`, the weights volume looked up, the image builder's version.
+//! For each cell: the cell's image (built by
 //! Modal, build log into `image-build.log`; a Dockerfile's context as a
-//! context mount, [`crate::ops::context_mount`]), the static agent as a
-//! content-addressed mount at `/orch/agent`, the secrets as an app-owned
+//! context mount, [`crate::ops::context_mount`]; built once per run), the
+//! secrets as an app-owned
 //! secret, the weights volume (read-only at `/weights`) when it exists, then
 //! a sandbox running `/orch/agent run --task-b64 ... --ship` with the GPU
 //! asked (`H100:8` → `GPUConfig {gpu_type: "H100", count: 8}`; `H100!` under
@@ -368,7 +371,17 @@ impl Backend for ModalBackend {
             });
         }
         // Credentials and reachability: the app is needed by every cell anyway.
-        self.app_id().await?;
+        let app_id = self.app_id().await?;
+        // What every cell of the run shares, made once before the first
+        // starts (not while every cell of the run waits for it): the agent's
+        // mount (its digest read from 25 MB, offered to Modal), the weights
+        // volume looked up, the image builder's version.
+        self.agent_mount(&app_id).await?;
+        self.volume().await?;
+        let mut c = self.cache.lock().await;
+        if c.builder_version.is_none() {
+            c.builder_version = Some(ops::builder_version(&self.modal).await);
+        }
         Ok(())
     }
 
