@@ -662,7 +662,13 @@ fn a_run_killed_while_a_batch_of_records_is_written_resumes_with_every_finished_
     assert!(made.success());
     let manifest = suite(tmp.path(), cells, &format!("cat {} >/dev/null", fifo.display()));
     let mut child = orch()
-        .args(["run", "-f", manifest.to_str().unwrap(), "--store", store.to_str().unwrap()])
+        .args([
+            "run",
+            "-f",
+            manifest.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ])
         .args(["--jobs", &cells.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -675,7 +681,9 @@ fn a_run_killed_while_a_batch_of_records_is_written_resumes_with_every_finished_
             .flatten()
             .filter(|e| {
                 std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
-                    c.starts_with(b"cat\0") && c.windows(fifo.as_os_str().len()).any(|w| w == fifo.as_os_str().as_encoded_bytes())
+                    c.starts_with(b"cat\0")
+                        && c.windows(fifo.as_os_str().len())
+                            .any(|w| w == fifo.as_os_str().as_encoded_bytes())
                 })
             })
             .count()
@@ -708,7 +716,11 @@ fn a_run_killed_while_a_batch_of_records_is_written_resumes_with_every_finished_
     let now = records(&run);
     assert_eq!(now.len(), cells, "every cell recorded");
     for (cell, bytes) in &kept {
-        assert_eq!(now.get(cell), Some(bytes), "`{cell}`'s record changed: it ran again");
+        assert_eq!(
+            now.get(cell),
+            Some(bytes),
+            "`{cell}`'s record changed: it ran again"
+        );
     }
     assert_eq!(complete_once(&store, &run, cells), 0);
 }
