@@ -545,8 +545,11 @@ pub async fn drive<P: Platform + ?Sized>(
     }
     // Everything written is masked on the host too (an older agent, a
     // platform's own log, a file the agent did not sweep).
-    let (dir, masker) = (cell.dir.clone(), cell.masker.clone());
-    let _ = tokio::task::spawn_blocking(move || crate::secrets::mask_dir(&dir, &masker)).await;
+    // (Nothing to do, and no thread taken, without a secret.)
+    if !cell.masker.is_empty() {
+        let (dir, masker) = (cell.dir.clone(), cell.masker.clone());
+        let _ = tokio::task::spawn_blocking(move || crate::secrets::mask_dir(&dir, &masker)).await;
+    }
     cell.masker.mask_in_place(&mut result);
     result
 }

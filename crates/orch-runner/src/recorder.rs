@@ -3,8 +3,8 @@
 //! pending when a write starts goes into that write ([`Run::finish_cells`]:
 //! the folder store syncs the batch's records at once and appends the
 //! ledger once, an object store uploads them side by side and rewrites the
-//! run's index once), on one blocking thread, never on the runtime's
-//! workers. A thousand cells ending in the same second are a few writes,
+//! run's index once), on a thread of its own (never a runtime worker, and
+//! never queued behind the blocking pool's other work). A thousand cells ending in the same second are a few writes,
 //! not a thousand in a row, and the cells' tasks go on meanwhile.
 //!
 //! A cell is answered only once its record is stored as the store's
@@ -16,7 +16,6 @@ use orch_store::{CellRecord, Run, StoreError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 /// Records in one write at most (a write answers its cells when it ends).
 pub(crate) const MAX_BATCH: usize = 512;
@@ -33,10 +32,20 @@ pub(crate) struct Recorder {
 impl Recorder {
     /// Start the writer of `run`'s records; it ends once every [`Recorder`]
     /// is dropped and the records sent are written.
-    pub(crate) fn start(run: Arc<Run>) -> (Recorder, JoinHandle<()>) {
+    pub(crate) fn start(run: Arc<Run>) -> (Recorder, oneshot::Receiver<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (done_tx, done) = oneshot::channel();
         let dir = run.dir().to_path_buf();
-        (Recorder { tx, dir }, tokio::spawn(write_loop(run, rx)))
+        // Its own thread. Where none can be made the channel is dropped:
+        // each cell is answered that its record could not be written, and
+        // the run ends `interrupted` for `--resume`.
+        let _ = std::thread::Builder::new()
+            .name("orch-recorder".into())
+            .spawn(move || {
+                write_loop(&run, rx);
+                let _ = done_tx.send(());
+            });
+        (Recorder { tx, dir }, done)
     }
 
     /// Store `record`; returns once it is stored (or could not be).
@@ -58,8 +67,11 @@ fn gone(dir: &Path) -> StoreError {
     }
 }
 
-async fn write_loop(run: Arc<Run>, mut rx: mpsc::UnboundedReceiver<(CellRecord, Reply)>) {
-    while let Some(first) = rx.recv().await {
+/// The writer's loop, on its own thread: one write at a time, of every
+/// record pending when it starts.
+fn write_loop(run: &Run, mut rx: mpsc::UnboundedReceiver<(CellRecord, Reply)>) {
+    let dir = run.dir().to_path_buf();
+    while let Some(first) = rx.blocking_recv() {
         let mut records = vec![first.0];
         let mut replies = vec![first.1];
         while records.len() < MAX_BATCH {
@@ -71,22 +83,12 @@ async fn write_loop(run: Arc<Run>, mut rx: mpsc::UnboundedReceiver<(CellRecord, 
                 Err(_) => break,
             }
         }
-        let dir = run.dir().to_path_buf();
-        let run = run.clone();
-        let written = tokio::task::spawn_blocking(move || run.finish_cells(&records)).await;
-        match written {
-            Ok(outcomes) => {
-                let mut outcomes = outcomes.into_iter();
-                for reply in replies {
-                    let _ = reply.send(outcomes.next().unwrap_or_else(|| Err(gone(&dir))));
-                }
-            }
-            // A panic in the store: every cell of the batch is not recorded.
-            Err(_) => {
-                for reply in replies {
-                    let _ = reply.send(Err(gone(&dir)));
-                }
-            }
+        // A panic in the store: no cell of the batch is recorded (each
+        // is answered so), and the writer goes on with the next batch.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.finish_cells(&records)));
+        let mut outcomes = written.unwrap_or_default().into_iter();
+        for reply in replies {
+            let _ = reply.send(outcomes.next().unwrap_or_else(|| Err(gone(&dir))));
         }
     }
 }
