@@ -21,11 +21,6 @@
 //! again), then the request is
 //! sent again (a body that cannot be sent twice leaves the 429 to the
 //! caller, which retries it: [`crate::backend::transient`]).
-//!
-//! Creates (a cell's Job, a multi-node cell's Service) take their tokens
-//! in a creators' turn, one after another in the order they came, outside
-//! their calls' timeouts, and are sent at once after: a slow API server
-//! answering one create holds up no other ([`Limiter::created`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,7 +45,7 @@ const RETRIES_429: u32 = 8;
 pub struct Limiter {
     qps: f64,
     state: Mutex<State>,
-    /// Creators take their tokens one at a time ([`Limiter::turn`]).
+    /// Creators, one at a time ([`Limiter::turn`]).
     creators: tokio::sync::Mutex<()>,
 }
 
@@ -133,25 +128,23 @@ impl Limiter {
         }
     }
 
-    /// A creator's turn (Jobs, Services): creators take their tokens one
-    /// at a time, in the order they came, each waiting (outside its call's
-    /// timeout) until one is free, and let the next in as soon as they hold
-    /// it. So a thousand cells starting together create their Jobs at the
-    /// bucket's pace, not in a burst that then waits inside every call's
-    /// timeout; and a create in flight (an API server answering in 100 ms)
-    /// holds up no other: creates overlap as the bucket allows.
-    async fn turn(&self) {
-        let _g = self.creators.lock().await;
-        self.acquire().await;
+    /// Until a request could go, without taking its token: a creator
+    /// waits here (outside its call's timeout) before it sends.
+    pub async fn ready(&self) {
+        while let Some(d) = self.wait(false) {
+            tokio::time::sleep(d).await;
+        }
     }
 
-    /// Send `create` (one create, made again by [`crate::backend`]'s
-    /// retries) in a creator's turn ([`Limiter::turn`]): its first request
-    /// goes with the token taken in the turn (the rate-limit layer takes no
-    /// other for it); requests after (a retry, a 409's delete) take their own.
-    pub async fn created<F: Future>(&self, create: F) -> F::Output {
-        self.turn().await;
-        PREPAID.scope(std::cell::Cell::new(true), create).await
+    /// A creator's turn (Jobs, Services): creators go one at a time (in
+    /// the order they came), each once a token is free, and hold the turn
+    /// while their create is sent, so a thousand cells starting together
+    /// create their Jobs at the bucket's pace, not in a burst that then waits
+    /// inside every call's timeout.
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        let g = self.creators.lock().await;
+        self.ready().await;
+        g
     }
 
     /// The server said to wait `after`: no request until then, none saved
@@ -176,19 +169,6 @@ impl Limiter {
             priority_level: st.level.clone(),
         }
     }
-}
-
-tokio::task_local! {
-    /// A token taken already for the task's next request ([`Limiter::created`]).
-    /// kube's client sends through a `Buffer`, whose worker only makes the
-    /// request's future: the future, and this layer's wait in it, run in the
-    /// caller's task, where the flag is.
-    static PREPAID: std::cell::Cell<bool>;
-}
-
-/// Whether the caller's task holds a token taken for this request (taken here).
-fn prepaid() -> bool {
-    PREPAID.try_with(|p| p.replace(false)).unwrap_or(false)
 }
 
 /// The process's one limiter, from [`QPS_ENV`] and [`BURST_ENV`] at first use.
@@ -289,14 +269,10 @@ where
                 let next = if n < RETRIES_429 { again(&req) } else { None };
                 // The token is taken last, in the dispatch's turn: requests
                 // leave at the bucket's pace, not bunched behind a slow one.
-                // A create's first request goes with the token of its turn.
-                let paid = n == 0 && prepaid();
                 let fut = {
                     let mut svc = inner.lock().await;
                     std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
-                    if !paid {
-                        limiter.acquire().await;
-                    }
+                    limiter.acquire().await;
                     svc.call(req)
                 };
                 let resp = fut.await?;
@@ -355,86 +331,6 @@ mod tests {
                 refused: 1,
                 priority_level: Some("workload-low".into())
             }
-        );
-    }
-
-    /// An API server that answers each request after `delay`, noting when
-    /// each came and when its answer left.
-    #[derive(Clone)]
-    struct Slow {
-        delay: Duration,
-        seen: Arc<Mutex<Vec<(Instant, Instant)>>>,
-    }
-
-    impl tower_service::Service<Request<Body>> for Slow {
-        type Response = Response<Body>;
-        type Error = std::convert::Infallible;
-        type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
-        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _req: Request<Body>) -> Self::Future {
-            let (delay, seen) = (self.delay, self.seen.clone());
-            Box::pin(async move {
-                let came = Instant::now();
-                tokio::time::sleep(delay).await;
-                seen.lock().unwrap().push((came, Instant::now()));
-                let cm =
-                    serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
-                Ok(Response::new(Body::from(serde_json::to_vec(&cm).unwrap())))
-            })
-        }
-    }
-
-    /// Creates through kube's client (its `Buffer` included) in the
-    /// creators' turn, against a bucket of two tokens refilled every two
-    /// seconds and an API server that takes half a second a create: the
-    /// first two go at once, each with its turn's token only (a second token
-    /// for either would hold it two seconds), and overlap in flight (not one
-    /// after the other's answer); the third waits for the bucket.
-    #[tokio::test]
-    async fn creates_are_paced_by_the_bucket_but_overlap_in_flight() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        let limiter = Arc::new(Limiter::new(0.5, 2.0));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let slow = Slow {
-            delay: Duration::from_millis(500),
-            seen: seen.clone(),
-        };
-        let client = kube::Client::new(
-            tower_layer::Layer::layer(&RateLimitLayer(limiter.clone()), slow),
-            "default",
-        );
-        let t0 = Instant::now();
-        let creates = (0..3).map(|_| {
-            let (client, limiter) = (client.clone(), limiter.clone());
-            tokio::spawn(async move {
-                let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
-                let cm = ConfigMap::default();
-                limiter
-                    .created(api.create(&kube::api::PostParams::default(), &cm))
-                    .await
-                    .map(|_| ())
-            })
-        });
-        for r in futures::future::join_all(creates).await {
-            r.unwrap().unwrap();
-        }
-        let mut seen = seen.lock().unwrap().clone();
-        seen.sort();
-        assert_eq!(seen.len(), 3, "{seen:?}");
-        let came: Vec<Duration> = seen.iter().map(|s| s.0 - t0).collect();
-        assert!(
-            came[1] < Duration::from_millis(1500),
-            "the first two went with their turns' tokens: {came:?}"
-        );
-        assert!(
-            seen[1].0 < seen[0].1,
-            "the second create was sent before the first's answer: {came:?}"
-        );
-        assert!(
-            came[2] >= Duration::from_millis(1500),
-            "the third waited for the bucket: {came:?}"
         );
     }
 

@@ -103,9 +103,8 @@ impl KubernetesBackend {
     }
 
     /// Create `obj`, again and again while the API server is away (for the
-    /// API budget), its token taken in the rate limit's creators' turn
-    /// ([`crate::limiter::Limiter::created`]: creates wait for the bucket in
-    /// order, outside their calls' timeouts, and overlap once sent). A create whose answer was lost, or an object of the same
+    /// API budget), in the rate limit's creators' turn
+    /// ([`crate::limiter::Limiter::turn`]). A create whose answer was lost, or an object of the same
     /// name left by an earlier invocation, is found as a 409: that one is
     /// deleted (`dp`), its going waited for (at most 120 s), and the create
     /// made again.
@@ -124,11 +123,10 @@ impl KubernetesBackend {
         let budget = self.api_budget;
         let limiter = crate::limiter::shared();
         loop {
-            let made = limiter
-                .created(call(budget, || async {
-                    api.create(&PostParams::default(), obj).await
-                }))
-                .await;
+            let made = {
+                let _turn = limiter.turn().await;
+                call(budget, || async { api.create(&PostParams::default(), obj).await }).await
+            };
             match made {
                 Ok(made) => return Ok(made),
                 Err(CallError::Api(kube::Error::Api(s)))
