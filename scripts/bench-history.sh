@@ -98,55 +98,10 @@ t0=$(date +%s.%N)
 t1=$(date +%s.%N)
 push_one_s=$(echo "$t1 - $t0" | bc -l)
 t0=$(date +%s.%N)
-python3 - "$work/store" "$work/s3root" bench-history x "$first" <<'PY'
 # Every other run of the folder store written into the bucket folder as a copy of
-# the pushed run's objects, with the run's own id,
-# creation time, commit and metric value substituted.
-import json, os, re, sys
-store, root, bucket, prefix, first = sys.argv[1:]
-def facts(run):
-    meta = json.load(open(os.path.join(store, run, "run.json")))
-    recs = []
-    for d, _, files in os.walk(os.path.join(store, run, "cells")):
-        recs += [os.path.join(d, f) for f in files if f == "result.json"]
-    text = "".join(open(p).read() for p in sorted(recs))
-    value = re.search(r'"output_throughput":\s*([-0-9.eE+]+)', text).group(1)
-    return {"id": run, "created_at": meta["created_at"], "value": value,
-            "commit": meta["environment"].get("git_commit")}
-tpl = facts(first)
-# The template's objects: under <prefix>/<first>/, and the markers naming it under <prefix>/.orch/.
-objs = []
-bdir = os.path.join(root, bucket)
-for d, _, files in os.walk(bdir):
-    for f in files:
-        key = os.path.relpath(os.path.join(d, f), bdir)
-        if first in key:
-            objs.append(key)
-# (s3s-fs keeps each object's metadata and checksums in a file of its own beside the
-# bucket; the copies go without: their checksums would be the template's.)
-assert objs, "the pushed run is not in the bucket"
-def subst(text, run):
-    for a, b in ((tpl["id"], run["id"]), (tpl["created_at"], run["created_at"]), (tpl["value"], run["value"])):
-        text = text.replace(a, b)
-    if tpl["commit"] and run["commit"]:
-        text = text.replace(tpl["commit"], run["commit"])
-    # the value as the S3 store wrote it may differ in its last digit from result.json's
-    text = re.sub(r'("output_throughput":\s*)[-0-9.eE+]+', lambda m: m.group(1) + run["value"], text)
-    return text
-blobs = {k: open(os.path.join(bdir, k), "rb").read().decode() for k in objs}
-n = 0
-for run in sorted(os.listdir(store)):
-    if run == first or not os.path.isfile(os.path.join(store, run, "run.json")):
-        continue
-    r = facts(run)
-    for k, text in blobs.items():
-        p = os.path.join(bdir, k.replace(first, run))
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "w") as fh:
-            fh.write(subst(text, r))
-    n += 1
-print(f"copied {n} runs ({len(objs)} objects each)", file=sys.stderr)
-PY
+# the pushed run's objects, with the run's own id, creation time, commit and metric
+# value substituted (the same fill as scripts/bench-scale.sh's store at scale).
+python3 scripts/bench-scale.py s3fill "$work/store" "$work/s3root" bench-history x "$first"
 t1=$(date +%s.%N)
 copy_s=$(echo "$t1 - $t0" | bc -l)
 

@@ -38,7 +38,8 @@ ROUNDS=${ROUNDS:-3}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
+# SKIP_BUILD=1: use the binaries already built
+[ -n "${SKIP_BUILD:-}" ] || cargo build $flag --locked -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
 python3 -c 'import kubernetes' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check 'kubernetes>=30,<40' >&2
 ORCH=$TARGET/$PROFILE/orch
@@ -85,41 +86,8 @@ for backend in local kubernetes; do
   "$ORCH" run -f "$work/logs.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/logs-$backend.json"
 done
 mkdir -p results
-python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" <<'PY'
-import json, os, statistics, sys
-work, cells, mib, profile, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-load_start = float(sys.argv[6])
-def p90(ds):
-    return round(ds[int(0.9 * (len(ds) - 1))], 1)
-out = {"cells": cells, "rounds": rounds, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
-       "load_1m": [load_start, os.getloadavg()[0]],
-       "server": "fake-kube (orch-fake-kube) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay",
-       "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's create to pod Succeeded (one watch) to Job deletion answered, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration",
-       "bare": "scripts/bench-bare/kube_jobs.py: shape orch = the Jobs of `orch run --dry-run` (same init container and agent noop task); shape true = one container running `true` in the same image"}
-for b in ("local", "kubernetes"):
-    ds = []
-    for r in range(1, rounds + 1):
-        rec = json.load(open(f"{work}/noop-{b}-{r}.json"))
-        assert all(c["status"] == "succeeded" for c in rec["cells"]), (b, rec)
-        ds += [c["duration_s"] * 1000 for c in rec["cells"]]
-    ds.sort()
-    out[f"{b}_overhead_ms"] = round(statistics.median(ds), 1)
-    out[f"{b}_overhead_p90_ms"] = p90(ds)
-for shape, key in (("orch", "kubernetes_bare"), ("true", "kubernetes_bare_true")):
-    ds = sorted(t for r in range(1, rounds + 1) for t in json.load(open(f"{work}/bare-{shape}-{r}.json"))["ms"])
-    out[f"{key}_ms"] = round(statistics.median(ds), 1)
-    out[f"{key}_p90_ms"] = p90(ds)
-out["kubernetes_overhead_over_bare_ms"] = round(out["kubernetes_overhead_ms"] - out["kubernetes_bare_ms"], 1)
-out["kubernetes_overhead_over_bare_true_ms"] = round(out["kubernetes_overhead_ms"] - out["kubernetes_bare_true_ms"], 1)
-for b in ("local", "kubernetes"):
-    rec = json.load(open(f"{work}/logs-{b}.json"))
-    c = rec["cells"][0]
-    assert c["status"] == "succeeded", (b, c)
-    size = os.path.getsize(f"{work}/{b}/{rec['id']}/cells/{c['id']}/stdout.log")
-    out[f"{b}_log_bytes"] = size
-    out[f"{b}_log_s"] = round(c["duration_s"], 3)
-    out[f"{b}_log_mib_per_s"] = round(size / 1048576 / c["duration_s"], 1)
-out["command"] = "bash scripts/bench-kubernetes.sh"
-json.dump(out, open("results/bench-kubernetes.json", "w"), indent=2)
-print(json.dumps(out, indent=2))
-PY
+python3 scripts/bench-bare/report.py kubernetes "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" \
+  results/bench-kubernetes.json "$(cat <<'JSON'
+{"server": "fake-kube (orch-fake-kube) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay", "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's create to pod Succeeded (one watch) to Job deletion answered, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration", "bare": "scripts/bench-bare/kube_jobs.py: shape orch = the Jobs of `orch run --dry-run` (same init container and agent noop task); shape true = one container running `true` in the same image"}
+JSON
+)" "orch:" "true:_true"

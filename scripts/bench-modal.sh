@@ -32,7 +32,8 @@ ROUNDS=${ROUNDS:-3}
 LOG_MIB=${LOG_MIB:-64}
 PROFILE=${PROFILE:-release}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -p orch -p orch-fake-modal --bin orch --bin fake-modal >&2
+# SKIP_BUILD=1: use the binaries already built
+[ -n "${SKIP_BUILD:-}" ] || cargo build $flag --locked -p orch -p orch-fake-modal --bin orch --bin fake-modal >&2
 python3 -c 'import modal' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check 'modal>=1.0,<2' >&2
 ORCH=$TARGET/$PROFILE/orch
@@ -78,45 +79,14 @@ for r in $(seq "$ROUNDS"); do
   for backend in local modal; do
     "$ORCH" run -f "$work/noop.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/noop-$backend-$r.json"
   done
-  HOME=$work/home python3 scripts/bench-bare/modal_sandboxes.py "$CELLS" > "$work/bare-$r.json"
+  HOME=$work/home python3 scripts/bench-bare/modal_sandboxes.py "$CELLS" > "$work/bare-true-$r.json"
 done
 for backend in local modal; do
   "$ORCH" run -f "$work/logs.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/logs-$backend.json"
 done
 mkdir -p results
-python3 - "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" <<'PY'
-import json, os, statistics, sys
-work, cells, mib, profile, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-load_start = float(sys.argv[6])
-def p90(ds):
-    return round(ds[int(0.9 * (len(ds) - 1))], 1)
-out = {"cells": cells, "rounds": rounds, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
-       "load_1m": [load_start, os.getloadavg()[0]],
-       "server": "fake-modal (orch-fake-modal) on this host: gRPC on loopback, each sandbox chrooted in its image root (mount namespace)",
-       "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's Sandbox.create to wait() returning, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration",
-       "bare": "scripts/bench-bare/modal_sandboxes.py: sandboxes running `true` in the same image"}
-for b in ("local", "modal"):
-    ds = []
-    for r in range(1, rounds + 1):
-        rec = json.load(open(f"{work}/noop-{b}-{r}.json"))
-        assert all(c["status"] == "succeeded" for c in rec["cells"]), (b, rec)
-        ds += [c["duration_s"] * 1000 for c in rec["cells"]]
-    ds.sort()
-    out[f"{b}_overhead_ms"] = round(statistics.median(ds), 1)
-    out[f"{b}_overhead_p90_ms"] = p90(ds)
-ds = sorted(t for r in range(1, rounds + 1) for t in json.load(open(f"{work}/bare-{r}.json"))["ms"])
-out["modal_bare_ms"] = round(statistics.median(ds), 1)
-out["modal_bare_p90_ms"] = p90(ds)
-out["modal_overhead_over_bare_ms"] = round(out["modal_overhead_ms"] - out["modal_bare_ms"], 1)
-for b in ("local", "modal"):
-    rec = json.load(open(f"{work}/logs-{b}.json"))
-    c = rec["cells"][0]
-    assert c["status"] == "succeeded", (b, c)
-    size = os.path.getsize(f"{work}/{b}/{rec['id']}/cells/{c['id']}/stdout.log")
-    out[f"{b}_log_bytes"] = size
-    out[f"{b}_log_s"] = round(c["duration_s"], 3)
-    out[f"{b}_log_mib_per_s"] = round(size / 1048576 / c["duration_s"], 1)
-out["command"] = "bash scripts/bench-modal.sh"
-json.dump(out, open("results/bench-modal.json", "w"), indent=2)
-print(json.dumps(out, indent=2))
-PY
+python3 scripts/bench-bare/report.py modal "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" \
+  results/bench-modal.json "$(cat <<'JSON'
+{"server": "fake-modal (orch-fake-modal) on this host: gRPC on loopback, each sandbox chrooted in its image root (mount namespace)", "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's Sandbox.create to wait() returning, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration", "bare": "scripts/bench-bare/modal_sandboxes.py: sandboxes running `true` in the same image"}
+JSON
+)" "true:"

@@ -18,8 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NS=${NS:-"10 100 1000"}
-# The fake cluster keeps every pod's folder (the agent copied in: 17 MB a pod with a
-# stripped debug agent) until it exits: KUBE_NS="10 100 300" where the disk is short.
+# KUBE_NS: the sizes on the fake cluster (each running pod holds a copy of the agent).
 KUBE_NS=${KUBE_NS:-$NS}
 SLEEP=${SLEEP:-5}
 STORE_CELLS=${STORE_CELLS:-1000}
@@ -29,7 +28,8 @@ PROFILE=${PROFILE:-release}
 OUT=${OUT:-results/bench-resources.json}
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build $flag --locked -q -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
+# SKIP_BUILD=1: use the binaries already built
+[ -n "${SKIP_BUILD:-}" ] || cargo build $flag --locked -q -p orch -p orch-fake-kube --bin orch --bin fake-kube >&2
 # BEFORE_BIN: an earlier `orch` measured first, the same way ("before"; this build is "after")
 ORCH=$TARGET/$PROFILE/orch
 FAKE=$TARGET/$PROFILE/fake-kube

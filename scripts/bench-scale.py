@@ -63,10 +63,11 @@ def sample(pid, out):
 
 
 SHIM = """#!/bin/sh
-# bench-scale: log each call of {name} (time, name, exit status), then answer as {real} does
+# bench-scale: log each call of {name} (time, name, exit status, and `job` when a job's
+# own script made it: SLURM_JOB_ID set), then answer as {real} does
 {real} "$@"
 rc=$?
-echo "$(date +%s.%N) {name} $rc" >> {log}
+echo "$(date +%s.%N) {name} $rc ${{SLURM_JOB_ID:+job}}" >> {log}
 exit $rc
 """
 
@@ -149,12 +150,15 @@ def case(d):
     # The platform's requests
     stats_path = os.path.join(d, "fake-stats.json")
     if meta["backend"] == "slurm":
-        calls = []
+        calls, in_jobs = [], {}
         log = os.path.join(d, "slurm-calls.log")
         if os.path.isfile(log):
             for line in open(log):
                 parts = line.split()
-                if len(parts) == 3:
+                if len(parts) == 4 and parts[3] == "job":
+                    # A job's own script (`scontrol show hostnames` for MASTER_ADDR): not orch's.
+                    in_jobs[parts[1]] = in_jobs.get(parts[1], 0) + 1
+                elif len(parts) == 3:
                     calls.append((float(parts[0]), parts[1], int(parts[2])))
         by = {}
         for _, name, _ in calls:
@@ -164,6 +168,7 @@ def case(d):
             sec[int(t - meta["t0"])] = sec.get(int(t - meta["t0"]), 0) + 1
         out["requests"] = len(calls)
         out["requests_by_verb"] = by
+        out["commands_in_jobs"] = in_jobs
         out["requests_per_second"] = [sec.get(i, 0) for i in range(max(sec) + 1)] if sec else []
         out["sbatch_refused"] = sum(1 for _, name, rc in calls if name == "sbatch" and rc != 0)
         out["throttled"] = out["sbatch_refused"]
@@ -194,7 +199,7 @@ def case(d):
 def s3fill(store, root, bucket, prefix, first):
     """Every other run of the folder store written into the bucket folder as a copy of
     the pushed run's objects, with the run's own id, creation time, commit and metric
-    value substituted (as scripts/bench-history.sh fills its bucket: `orch push` takes
+    value substituted (scripts/bench-history.sh fills its bucket with it too: `orch push` takes
     about 0.64 s a run here, results/bench-store.json)."""
     def facts(run):
         meta = json.load(open(os.path.join(store, run, "run.json")))

@@ -17,6 +17,7 @@ servers); writes the JSON it is given. Two measures:
   files: the `done/<cell>.json` mtimes).
 """
 
+import errno
 import json
 import os
 import statistics
@@ -190,13 +191,6 @@ def resources(cfg, backend, ns):
         if rc != 0:
             print(open(os.path.join(work, "out.json.err")).read()[-3000:], file=sys.stderr)
         rows.append(row)
-        if backend == "kubernetes" and cfg.get("fake_pid"):
-            # The fake keeps the folders of deleted pods until it exits: free the disk.
-            import glob
-            import shutil
-            tmp = os.environ.get("TMPDIR", "/tmp")
-            for d in glob.glob(os.path.join(tmp, f'fake-kube-{cfg["fake_pid"]}-*', "pods", "*")):
-                shutil.rmtree(d, ignore_errors=True)
     xs = [r["peak_running"] for r in rows]
     growth = {
         "rss_bytes_per_cell": round(slope(xs, [r["vmhwm_kib"] * 1024 for r in rows])),
@@ -253,11 +247,23 @@ def store_burst(cfg, kind):
         # Every reader blocked in open() is let through by one writer; one that
         # opens later while the writer is open gets EOF when it closes.
         while cats_waiting(fifo) > 0 and p.poll() is None:
-            fd = os.open(fifo, os.O_WRONLY)
+            # Not blocking: a reader counted above may be gone by now, and a
+            # blocking open with no reader left would wait forever.
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.5)
+                continue
             time.sleep(0.5)
             os.close(fd)
             time.sleep(0.5)
-        rc = p.wait()
+        try:
+            rc = p.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
         s.stop()
         wall = time.time() - t0
     if kind == "folder":

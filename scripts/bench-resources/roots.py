@@ -39,5 +39,5 @@ def make_root(root, agent):
 agent, cell_root, agent_root = sys.argv[1:4]
 make_root(cell_root, agent)
 make_root(agent_root, agent)
-# Stripped: every pod gets a copy (the fake keeps pod folders until it exits).
+# Stripped: every running pod gets a copy.
 subprocess.run(["strip", "-o", os.path.join(agent_root, "orch-agent"), agent], check=True)

@@ -37,7 +37,6 @@ use orch_backend::lifecycle::{self, Cell, Early, Platform, PlatformEnd, Stop};
 use orch_backend::{Backend, BackendError, Cancel, CellLaunch, Events, Ran};
 use orch_protocol::{CellResult, Failure, FailureKind, Status};
 use std::collections::{HashMap, VecDeque};
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -258,7 +257,8 @@ struct Container<'a> {
     /// A stdout line not ended yet, and lines not handed out yet.
     pending: String,
     lines: VecDeque<String>,
-    agent_log: Option<std::fs::File>,
+    /// `agent.log`, opened only to append.
+    agent_log: Option<std::path::PathBuf>,
     log_mask: orch_protocol::mask::StreamMasker,
     exit_code: Option<i32>,
 }
@@ -417,9 +417,10 @@ impl Platform for Container<'_> {
                 format!("cannot write the task into `{}`: {e}", cell.dir.display()),
             )
         })?;
-        self.agent_log = Some(std::fs::File::create(cell.dir.join("agent.log")).map_err(|e| {
-            Early::failed(FailureKind::CellFolder, format!("cannot create `agent.log`: {e}"))
-        })?);
+        let agent_log = cell.dir.join("agent.log");
+        std::fs::File::create(&agent_log)
+            .map_err(|e| Early::failed(FailureKind::CellFolder, format!("cannot create `agent.log`: {e}")))?;
+        self.agent_log = Some(agent_log);
         let backend = self.backend;
         let mut body = Self::body(backend, &self.image, cell, weights).await;
         let name = container_name(&cell.task.run_id, &cell.id);
@@ -504,8 +505,8 @@ impl Platform for Container<'_> {
                     // The agent's own stderr, masked on its way to agent.log.
                     let mut masked = Vec::new();
                     self.log_mask.push(&message, &mut masked);
-                    if let Some(f) = self.agent_log.as_mut() {
-                        let _ = f.write_all(&masked);
+                    if let Some(p) = self.agent_log.as_ref() {
+                        let _ = orch_backend::append(p, &masked);
                     }
                 }
                 Some(Ok(_)) => {}
@@ -542,9 +543,8 @@ impl Platform for Container<'_> {
     async fn end(&mut self, cell: &mut Cell, _stopped: Option<Stop>) -> PlatformEnd {
         let mut masked = Vec::new();
         self.log_mask.finish(&mut masked);
-        if let Some(mut f) = self.agent_log.take() {
-            let _ = f.write_all(&masked);
-            let _ = f.flush();
+        if let Some(p) = self.agent_log.take() {
+            let _ = orch_backend::append(&p, &masked);
         }
         // The log stream ends when the container stops; wait for its state.
         let mut state = None;

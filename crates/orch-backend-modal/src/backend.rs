@@ -387,11 +387,12 @@ impl Backend for ModalBackend {
 
     async fn run_cell(&self, launch: CellLaunch, events: Events, cancel: Cancel) -> Ran {
         let cell = Cell::with_frames(launch, events)?;
-        let sandbox_log =
-            std::fs::File::create(cell.dir.join("sandbox.log")).map_err(|e| BackendError::Io {
-                action: "create sandbox.log".into(),
-                source: e,
-            })?;
+        // Created now, appended to as lines come (no descriptor kept per cell).
+        let sandbox_log = cell.dir.join("sandbox.log");
+        std::fs::File::create(&sandbox_log).map_err(|e| BackendError::Io {
+            action: "create sandbox.log".into(),
+            source: e,
+        })?;
         let mut sandbox = Sandbox {
             backend: self,
             log: Some(sandbox_log),
@@ -427,7 +428,8 @@ impl Backend for ModalBackend {
 /// One cell's sandbox: the modal backend's platform.
 struct Sandbox<'a> {
     backend: &'a ModalBackend,
-    log: Option<std::fs::File>,
+    /// `sandbox.log`, opened only to append.
+    log: Option<std::path::PathBuf>,
     /// Once created (the one that runs, or the one waiting for a GPU).
     id: Option<String>,
     /// The image's label, for the record.
@@ -444,8 +446,8 @@ struct Sandbox<'a> {
 
 impl Sandbox<'_> {
     fn log(&mut self, line: &str) {
-        if let Some(f) = self.log.as_mut() {
-            let _ = writeln!(f, "orch: {line}");
+        if let Some(p) = self.log.as_ref() {
+            let _ = orch_backend::append(p, format!("orch: {line}\n").as_bytes());
         }
     }
 
@@ -640,14 +642,13 @@ impl Platform for Sandbox<'_> {
         };
         let modal = self.backend.modal.clone();
         // Stderr (the agent's own) into sandbox.log, in the background.
-        if let Some(mut f) = self.log.take() {
+        if let Some(p) = self.log.take() {
             let (modal, id) = (modal.clone(), id.clone());
             self.err_task = Some(tokio::spawn(async move {
                 let _ = ops::sandbox_logs(&modal, &id, proto::FileDescriptor::Stderr, |t| {
-                    let _ = f.write_all(t.as_bytes());
+                    let _ = orch_backend::append(&p, t.as_bytes());
                 })
                 .await;
-                let _ = f.flush();
             }));
         }
         // Stdout, the agent's frames, line by line.

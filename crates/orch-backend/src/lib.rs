@@ -203,9 +203,6 @@ pub async fn wait_cancel(cancel: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Append an `orch: LINE` line to a cell's `agent.log` (after the agent's own
-/// lines, if any came home): what a backend saw of a cell's end, where the
-/// diagnosis reads it.
 /// Append `bytes` to a file (created if missing) in one `write`, the file
 /// open only for it: a running cell keeps no descriptor of its own for the
 /// files it writes to now and then (`events.jsonl`, `agent.log`, a
@@ -248,6 +245,9 @@ impl tokio::io::AsyncWrite for AppendFile {
     }
 }
 
+/// Append an `orch: LINE` line to a cell's `agent.log` (after the agent's own
+/// lines, if any came home): what a backend saw of a cell's end, where the
+/// diagnosis reads it.
 pub fn note_agent_log(cell_dir: &std::path::Path, line: &str) {
     use std::io::Write as _;
     if let Ok(mut f) = std::fs::OpenOptions::new()

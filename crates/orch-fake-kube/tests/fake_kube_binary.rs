@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 struct Fake {
@@ -16,23 +16,11 @@ struct Fake {
 impl Fake {
     fn start(dir: &Path, args: &[&str]) -> Fake {
         let kubeconfig = dir.join("kubeconfig");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kube"))
-            .arg(&kubeconfig)
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("url ")
-            .unwrap_or_else(|| panic!("first line: {line:?}"))
-            .to_string();
+        let (child, url) = orch_test_support::child::spawn_url(
+            Command::new(env!("CARGO_BIN_EXE_fake-kube"))
+                .arg(&kubeconfig)
+                .args(args),
+        );
         Fake { child, url }
     }
 

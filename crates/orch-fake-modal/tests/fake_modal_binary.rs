@@ -4,33 +4,25 @@
 
 use orch_modal_proto::modal_client_client::ModalClientClient;
 use orch_modal_proto::{AppGetOrCreateRequest, ObjectCreationType};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_on_sigterm_count_calls_by_method_and_the_throttled_ones() {
     let dir = tempfile::tempdir().unwrap();
     let stats = dir.path().join("stats.json");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fake-modal"))
-        .args(["--root"])
-        .arg(dir.path().join("root"))
-        .args([
-            "--token",
-            "ak-t:as-t",
-            "--rate-limit",
-            "0.5:2:AppGetOrCreate",
-            "--stats",
-        ])
-        .arg(&stats)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line.trim().strip_prefix("url ").unwrap().to_string();
+    let (mut child, url) = orch_test_support::child::spawn_url(
+        Command::new(env!("CARGO_BIN_EXE_fake-modal"))
+            .args(["--root"])
+            .arg(dir.path().join("root"))
+            .args([
+                "--token",
+                "ak-t:as-t",
+                "--rate-limit",
+                "0.5:2:AppGetOrCreate",
+                "--stats",
+            ])
+            .arg(&stats),
+    );
     let channel = tonic::transport::Channel::from_shared(url)
         .unwrap()
         .connect()

@@ -70,7 +70,6 @@ pub(crate) async fn run_cell(
     image: Option<String>,
     permit: OwnedSemaphorePermit,
 ) -> Result<Option<Status>, RunnerError> {
-    let _permit = permit;
     // Held until the cell's record is written.
     let devices = shared.pool.acquire(cell.gpu.count as usize).await;
     // The store is called off the runtime's workers (an object store's
@@ -162,6 +161,11 @@ pub(crate) async fn run_cell(
         rate.as_ref(),
     );
     shared.settle(&cell.id, record.cost.as_ref().map(|c| c.usd).unwrap_or(0.0));
+    // The cell's place among `--jobs` is given back once the platform is
+    // done with it (its cost settled for the budget), not held while its
+    // record waits for the store: a cell ending just after a batch of
+    // records started does not keep the next cell waiting for that batch.
+    drop(permit);
     shared.masker.mask_in_place(&mut record);
     match shared.recorder.record(record.clone()).await {
         Ok(()) => {}

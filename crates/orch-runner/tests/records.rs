@@ -3,8 +3,8 @@
 //! resumes with every finished cell once. Counts, not timings.
 
 use orch_backend::fake::FakeBackend;
-use orch_manifest::{load_str, ExpandOptions, Plan};
-use orch_runner::{execute, GpuDevices, Progress, RunnerOptions};
+use orch_manifest::Plan;
+use orch_runner::{execute, Progress};
 use orch_store::{
     host_environment, CellRecord, FolderStore, Result, Run, RunMeta, Store, StoreBackend, WriterLock,
 };
@@ -14,26 +14,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-fn plan(n: usize) -> Plan {
-    let values: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
-    let text = format!(
-        "name: t\nbenchmarks:\n  - name: a\n    workload: {{noop: true}}\n    matrix: {{i: [{}]}}\n",
-        values.join(", ")
-    );
-    load_str(&text, Path::new("t.yaml"), &ExpandOptions::default()).unwrap()
-}
+mod common;
+use common::{opts, plan};
 
-fn opts(concurrency: usize) -> RunnerOptions {
-    RunnerOptions {
-        concurrency,
-        secrets: vec![],
-        weights_dir: None,
-        images: Default::default(),
-        gpu_devices: GpuDevices::Platform,
-        diagnose_rules: None,
-        cost: Default::default(),
-        files: None,
-    }
+/// A run of [`CELLS`] noop cells in `store`.
+fn new_run(store: &Store) -> Run {
+    store
+        .create_run(
+            &plan(CELLS),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap()
 }
 
 /// A folder store that counts its writes of records. Its first write waits
@@ -188,14 +181,7 @@ async fn records_of_cells_ending_together_are_written_together() {
         None,
     ));
     let store = Store::with_backend(counting.clone());
-    let mut run = store
-        .create_run(
-            &plan(CELLS),
-            "",
-            "fake",
-            host_environment(Path::new("t.yaml"), vec![]),
-        )
-        .unwrap();
+    let mut run = new_run(&store);
     let (tx, _rx) = mpsc::unbounded_channel();
     let (_c, cancel_rx) = watch::channel(false);
     let outcome = execute(&mut run, fake.clone(), opts(CELLS), tx, cancel_rx)
@@ -228,14 +214,7 @@ async fn a_run_killed_in_the_middle_of_a_write_resumes_with_every_finished_cell_
         Some(2),
     ));
     let store = Store::with_backend(counting.clone());
-    let mut run = store
-        .create_run(
-            &plan(CELLS),
-            "",
-            "fake",
-            host_environment(Path::new("t.yaml"), vec![]),
-        )
-        .unwrap();
+    let mut run = new_run(&store);
     let id = run.id().to_string();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (_c, cancel_rx) = watch::channel(false);

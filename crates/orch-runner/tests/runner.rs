@@ -9,27 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-fn plan(n: usize) -> orch_manifest::Plan {
-    let values: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
-    let text = format!(
-        "name: t\nbenchmarks:\n  - name: a\n    workload: {{noop: true}}\n    matrix: {{i: [{}]}}\n",
-        values.join(", ")
-    );
-    load_str(&text, Path::new("t.yaml"), &ExpandOptions::default()).unwrap()
-}
-
-fn opts(concurrency: usize) -> RunnerOptions {
-    RunnerOptions {
-        concurrency,
-        secrets: vec![],
-        weights_dir: None,
-        images: Default::default(),
-        gpu_devices: GpuDevices::Platform,
-        diagnose_rules: None,
-        cost: Default::default(),
-        files: None,
-    }
-}
+mod common;
+use common::{opts, plan};
 
 #[tokio::test]
 async fn respects_concurrency_and_records_every_cell() {

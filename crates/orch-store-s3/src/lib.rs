@@ -99,7 +99,7 @@
 //! read one object instead of one per run, the `If-None-Match` probe; `follow.rs`
 //! (running cells' files up as segments every 2 s by one thread for every cell, whole
 //! at the end, links never followed); a batch of finished cells (`finish_cells`, the
-//! runner's group commit) goes up side by side and rewrites the run's index once; `transfer.rs` (`push`/`pull`, verified, hostile keys refused). It does not:
+//! runner's group commit) goes up side by side and rewrites the run's index at most once (at most every 5 s); `transfer.rs` (`push`/`pull`, verified, hostile keys refused). It does not:
 //! compile into the core or the agent.
 
 mod backend;

@@ -101,19 +101,37 @@ fn ours(e: &K8sEvent) -> bool {
 impl RunWatch {
     /// Start the watches of a run (`selector`: the run's labels) in `namespace`.
     pub(super) fn start(client: kube::Client, namespace: &str, selector: String) -> Arc<RunWatch> {
+        Self::start_with(client, namespace, selector, true)
+    }
+
+    /// The watches of one short Job's pod (`selector`: the label its pod
+    /// template carries) and the events: no Jobs watch, which that selector
+    /// would never match (the label is on the pod, not the Job) and which a
+    /// Role without `list`/`watch` on Jobs would refuse for nothing.
+    pub(super) fn start_pods(client: kube::Client, namespace: &str, selector: String) -> Arc<RunWatch> {
+        Self::start_with(client, namespace, selector, false)
+    }
+
+    fn start_with(client: kube::Client, namespace: &str, selector: String, jobs: bool) -> Arc<RunWatch> {
+        let mut store = Store::default();
+        store.synced[Kind::Jobs as usize] = !jobs;
         let w = Arc::new(RunWatch {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(store),
             changed: tokio_watch::Sender::new(0),
             tasks: Mutex::new(Vec::new()),
         });
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-        let events: Api<K8sEvent> = Api::namespaced(client, namespace);
+        let events: Api<K8sEvent> = Api::namespaced(client.clone(), namespace);
         let weak = Arc::downgrade(&w);
-        let t1 = tokio::spawn(run(pods, Some(selector.clone()), weak.clone(), Kind::Pods));
-        let t2 = tokio::spawn(run(jobs, Some(selector), weak.clone(), Kind::Jobs));
-        let t3 = tokio::spawn(run(events, None, weak, Kind::Events));
-        w.tasks_lock().extend([t1, t2, t3]);
+        let mut tasks = vec![
+            tokio::spawn(run(pods, Some(selector.clone()), weak.clone(), Kind::Pods)),
+            tokio::spawn(run(events, None, weak.clone(), Kind::Events)),
+        ];
+        if jobs {
+            let api: Api<Job> = Api::namespaced(client, namespace);
+            tasks.push(tokio::spawn(run(api, Some(selector), weak, Kind::Jobs)));
+        }
+        w.tasks_lock().extend(tasks);
         w
     }
 

@@ -152,11 +152,11 @@ impl KubernetesBackend {
         r
     }
 
-    /// The short Job's own watch (its pod and the events), or
+    /// The short Job's own watch (its pod and the events, not Jobs), or
     /// `None` where the Role refuses it or its lists do not come within
     /// [`API_TIMEOUT`]: the pod is polled then.
     async fn short_watch(&self, name: &str) -> Option<Arc<RunWatch>> {
-        let w = RunWatch::start(
+        let w = RunWatch::start_pods(
             self.client.clone(),
             &self.settings.namespace,
             format!("{JOB_LABEL}={name}"),

@@ -150,7 +150,7 @@ fn run() -> Result<(), String> {
     let server = b.start().map_err(|e| format!("cannot start: {e}"))?;
     server
         .write_kubeconfig(&kubeconfig, &namespace)
-        .map_err(|e| format!("cannot write {}: {e}", kubeconfig.display()))?;
+        .map_err(|e| format!("cannot write `{}`: {e}", kubeconfig.display()))?;
     println!("url {}", server.url());
     let _ = std::io::stdout().flush();
     let mut sig = 0;
@@ -158,7 +158,7 @@ fn run() -> Result<(), String> {
     unsafe { libc::sigwait(&set, &mut sig) };
     let written = match &stats {
         Some(path) => std::fs::write(path, stats_json(&server).to_string())
-            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+            .map_err(|e| format!("cannot write `{}`: {e}", path.display())),
         None => Ok(()),
     };
     drop(server);

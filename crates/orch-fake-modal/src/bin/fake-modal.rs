@@ -184,7 +184,7 @@ fn run() -> Result<(), String> {
     unsafe { libc::sigwait(&set, &mut sig) };
     let written = match &stats {
         Some(path) => std::fs::write(path, stats_json(&server, started).to_string())
-            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+            .map_err(|e| format!("cannot write `{}`: {e}", path.display())),
         None => Ok(()),
     };
     drop(server);

@@ -1812,8 +1812,9 @@ fn three_hundred_cells_under_a_rate_limited_api_server_wait_as_told_and_run_once
 }
 
 /// An older Role, without `list`/`watch` on Jobs: the weights probe's own
-/// watch is refused, and it polls its pod as before: `orch plan` still
-/// reads the PVC (an empty one: the model is missing).
+/// watch asks for no Jobs (its pod's and the events', which that Role
+/// allows), so `orch plan` still reads the PVC (an empty one: the model is
+/// missing).
 #[test]
 fn a_role_without_the_watch_still_probes_the_weights_pvc() {
     if !ready() {
@@ -1859,6 +1860,13 @@ fn a_role_without_the_watch_still_probes_the_weights_pvc() {
         .filter(|r| r.contains("/pods?") && r.contains("labelSelector") && r.contains("orch-probe"))
         .count();
     assert!(polled >= 1, "the probe's pod was listed");
+    let jobs_listed = c
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/jobs?") && r.contains("orch-probe"))
+        .count();
+    assert_eq!(jobs_listed, 0, "the probe's watch lists no Jobs");
     c.assert_nothing_left();
 }
 

@@ -146,11 +146,16 @@ fn the_standin_campaign_finds_every_planted_outcome() {
     };
     let all = serde_json::to_string_pretty(&c).unwrap();
     assert_eq!(outcome("t01-faster-than-human"), "won", "{all}");
-    // The human's own change: the same speed. ISO-Bench's ±5% band on a
-    // point estimate of 3 rounds on a shared CPU is not a reliable judge of
-    // "the same" (matched, or either side of the band), the interval is.
-    assert_eq!(
-        tasks["t02-same-as-human"]["attempts"][0]["vs_human"]["verdict"], "same",
+    // The human's own change: the same speed. Two judges of "the same",
+    // each of which errs on its own now and then for identical code: ISO-
+    // Bench's ±5% band on a point estimate of 3 rounds on a shared CPU (it
+    // wandered out of it in CI), and the 95% interval, which excludes 1 for
+    // identical code about one time in 40 (in CI it once said `faster`).
+    // The planted outcome is missed only when both err at once.
+    let same = &tasks["t02-same-as-human"]["attempts"][0]["vs_human"];
+    let speedup = same["speedup"].as_f64().unwrap();
+    assert!(
+        same["verdict"] == "same" || (0.95..=1.05).contains(&speedup),
         "{all}"
     );
     assert_ne!(outcome("t02-same-as-human"), "failed", "{all}");
