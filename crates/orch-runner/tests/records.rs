@@ -42,6 +42,8 @@ struct Counting {
     dead: AtomicBool,
     died: tokio::sync::Notify,
     released: AtomicBool,
+    /// The first write's `hold` came true (not the guard's minute).
+    held_until_ready: AtomicBool,
 }
 
 impl Counting {
@@ -54,6 +56,7 @@ impl Counting {
             dead: AtomicBool::new(false),
             died: tokio::sync::Notify::new(),
             released: AtomicBool::new(false),
+            held_until_ready: AtomicBool::new(false),
         }
     }
 
@@ -119,6 +122,7 @@ impl StoreBackend for Counting {
             while !(self.hold)() && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            self.held_until_ready.store((self.hold)(), Ordering::SeqCst);
         }
         if self.dead.load(Ordering::SeqCst) {
             return records.iter().map(|_| Err(dead())).collect();
@@ -270,4 +274,38 @@ async fn a_run_killed_in_the_middle_of_a_write_resumes_with_every_finished_cell_
     ledger.dedup();
     assert_eq!(ledger.len(), CELLS);
     assert_eq!(run.ledger().unwrap().len(), CELLS);
+}
+
+/// A cell gives back its place among `--jobs` once the platform is done with
+/// it, not once its record is stored: with one cell at a time, the second
+/// cell starts while the first one's record is still being written (a slow
+/// store does not hold the next cell back).
+#[tokio::test]
+async fn the_next_cell_starts_while_a_record_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeBackend::new(Duration::from_millis(10)));
+    let f = fake.clone();
+    // The first write waits until the second cell has been launched.
+    let counting = Arc::new(Counting::new(tmp.path(), move || f.launched().len() == 2, None));
+    let store = Store::with_backend(counting.clone());
+    let mut run = store
+        .create_run(
+            &plan(2),
+            "",
+            "fake",
+            host_environment(Path::new("t.yaml"), vec![]),
+        )
+        .unwrap();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (_c, cancel_rx) = watch::channel(false);
+    let outcome = execute(&mut run, fake.clone(), opts(1), tx, cancel_rx)
+        .await
+        .unwrap();
+    assert!(outcome.all_succeeded(), "{outcome:?}");
+    assert!(
+        counting.held_until_ready.load(Ordering::SeqCst),
+        "the second cell was not launched while the first one's record was written"
+    );
+    assert_eq!(fake.max_parallel_seen(), 1, "one cell at a time on the platform");
+    assert_eq!(recorded(tmp.path(), run.id()).len(), 2);
 }
