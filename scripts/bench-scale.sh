@@ -23,7 +23,7 @@
 #   bash scripts/bench-scale.sh                       # SIZES="100 1000 5000"
 #   SIZES=100 STORE_RUNS=0 bash scripts/bench-scale.sh   # a quick look
 # Knobs: BACKENDS="kubernetes modal slurm", WORKLOAD=sleep|noop (cells run `sleep 1`, or
-# nothing), MAX_CELLS_MODAL=1000 MAX_CELLS_SLURM=1000 (larger sizes are skipped on those,
+# nothing), MAX_CELLS_MODAL=1000 MAX_CELLS_SLURM=1000 MAX_CELLS_KUBERNETES (larger sizes are skipped on those,
 # with the reason in the JSON), JOBS (a `--jobs` for every run), PROFILE=release.
 # Needs root (the fakes chroot their containers), the static agent
 # (`bash scripts/prepare-docker.sh`), slurm-wlm, munge, slurmdbd, mariadb-server.
@@ -42,6 +42,7 @@ MODAL_RATE=${MODAL_RATE:-20:5}
 SLURM_MAX_SUBMIT=${SLURM_MAX_SUBMIT:-200}
 MAX_CELLS_MODAL=${MAX_CELLS_MODAL:-1000}
 MAX_CELLS_SLURM=${MAX_CELLS_SLURM:-1000}
+MAX_CELLS_KUBERNETES=${MAX_CELLS_KUBERNETES:-1000000}
 STORE_RUNS=${STORE_RUNS:-100000}
 REPEAT=${REPEAT:-3}
 JOBS=${JOBS:-}
@@ -222,6 +223,7 @@ for n in $SIZES; do
   for b in $BACKENDS; do
     case $b in
       modal) [ "$n" -le "$MAX_CELLS_MODAL" ] || { skip modal "$n" "over MAX_CELLS_MODAL=$MAX_CELLS_MODAL: orch paces SandboxCreate at 5 a second (ORCH_MODAL_CREATE_RATE default), so $n cells take at least $((n / 5)) s, and each running sandbox is a chrooted process tree on this 2-core machine"; continue; } ;;
+      kubernetes) [ "$n" -le "$MAX_CELLS_KUBERNETES" ] || { skip kubernetes "$n" "over MAX_CELLS_KUBERNETES=$MAX_CELLS_KUBERNETES (a time budget for the run): every pod of the fake cluster is a chrooted process tree on this machine (an init container copying the 26 MB agent, the agent, the cell), $(nproc) CPUs for all of them"; continue; } ;;
       slurm) [ "$n" -le "$MAX_CELLS_SLURM" ] || { skip slurm "$n" "over MAX_CELLS_SLURM=$MAX_CELLS_SLURM: one slurmd on this 2-core machine runs 16 jobs at once (CPUs=16 declared), every job a real sbatch/srun/agent process tree"; continue; } ;;
     esac
     echo "$b: $n cells" >&2

@@ -16,8 +16,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// How often the output folder is polled for new bytes.
@@ -212,7 +211,9 @@ fn hex(bytes: &[u8]) -> String {
 /// and a thread that follows the output folder.
 pub struct Shipper {
     state: Arc<Mutex<State>>,
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the thread: it wakes at once, not at its next poll
+    /// (a cell's end would otherwise wait up to [`POLL`] for its result).
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -225,15 +226,13 @@ impl Shipper {
             dir: dir.to_path_buf(),
             files: BTreeMap::new(),
         }));
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel::<()>();
         let thread = {
             let state = state.clone();
-            let stop = stop.clone();
             std::thread::Builder::new()
                 .name("orch-ship".into())
                 .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(POLL);
+                    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(POLL) {
                         if let Ok(mut s) = state.lock() {
                             s.sweep();
                         }
@@ -241,7 +240,11 @@ impl Shipper {
                 })
                 .ok()
         };
-        Shipper { state, stop, thread }
+        Shipper {
+            state,
+            stop: Some(stop),
+            thread,
+        }
     }
 
     /// Send one event now.
@@ -264,7 +267,7 @@ impl Shipper {
     /// Stop following, send every file's remaining bytes and the closing
     /// digests, then `last` (the result).
     pub fn finish(mut self, last: &Event) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
