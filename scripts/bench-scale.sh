@@ -22,6 +22,7 @@
 #
 #   bash scripts/bench-scale.sh                       # SIZES="100 1000 5000"
 #   SIZES=100 STORE_RUNS=0 bash scripts/bench-scale.sh   # a quick look
+#   SIZES=none bash scripts/bench-scale.sh                # the store at scale alone
 # Knobs: BACKENDS="kubernetes modal slurm", WORKLOAD=sleep|noop (cells run `sleep 1`, or
 # nothing), MAX_CELLS_MODAL=1000 MAX_CELLS_SLURM=1000 MAX_CELLS_KUBERNETES (larger sizes are skipped on those,
 # with the reason in the JSON), JOBS (a `--jobs` for every run), PROFILE=release.
@@ -31,6 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${SIZES:-"100 1000 5000"}
 SIZES=${SIZES//,/ }
+[ "$SIZES" = none ] && SIZES=""   # SIZES=none: the store at scale alone
 BACKENDS=${BACKENDS:-"kubernetes modal slurm"}
 WORKLOAD=${WORKLOAD:-sleep}
 K8S_NODES=${K8S_NODES:-200}
@@ -251,7 +253,8 @@ if [ "$STORE_RUNS" -gt 0 ]; then
   export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret-0123456789 \
     AWS_REGION=us-east-1 AWS_CONFIG_FILE=/nonexistent AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_EC2_METADATA_DISABLED=true \
     ORCH_S3_WORKDIR=$s/s3work
-  first=$(cd "$s/folder" && ls -d */ | tr -d / | sort | head -1)
+  # (not a glob: 100,000 run folders are past the argument list's limit)
+  first=$(python3 -c 'import os, sys; d = sys.argv[1]; print(min(e for e in os.listdir(d) if not e.startswith(".") and os.path.isfile(os.path.join(d, e, "run.json"))))' "$s/folder")
   "$ORCH" push "$first" --to s3://bench-scale/x --store "$s/folder" >/dev/null 2>&1
   t0=$(date +%s.%N); python3 "$HELP" s3fill "$s/folder" "$s/s3root" bench-scale x "$first"; t1=$(date +%s.%N)
   fill_s=$(echo "$t1 - $t0" | bc -l)
