@@ -3,12 +3,11 @@
 //! Once per run, at `preflight` (before the first cell starts): the app
 //! `orch` (get-or-create), the static agent as a content-addressed mount at
 //! `/orch/agent`, the weights volume looked up, the image builder's version.
-//! For each cell: the cell's image (built by
-//! Modal, build log into `image-build.log`; a Dockerfile's context as a
-//! context mount, [`crate::ops::context_mount`]; built once per run), the
-//! secrets as an app-owned
-//! secret, the weights volume (read-only at `/weights`) when it exists, then
-//! a sandbox running `/orch/agent run --task-b64 ... --ship` with the GPU
+//! For each cell: the cell's image (built by Modal, build log into
+//! `image-build.log`; a Dockerfile's context as a context mount,
+//! [`crate::ops::context_mount`]; built once per run), the secrets as an
+//! app-owned secret, the weights volume (read-only at `/weights`) when it
+//! exists, then a sandbox running `/orch/agent run --task-b64 ... --ship` with the GPU
 //! asked (`H100:8` → `GPUConfig {gpu_type: "H100", count: 8}`; `H100!` under
 //! `--strict-hardware`), tagged `orch.run`/`orch.cell`. Its stdout is the
 //! agent's frame stream, read until EOF and resumed from the last entry id,

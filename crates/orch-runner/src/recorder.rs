@@ -3,9 +3,10 @@
 //! pending when a write starts goes into that write ([`Run::finish_cells`]:
 //! the folder store syncs the batch's records at once and appends the
 //! ledger once, an object store uploads them side by side and rewrites the
-//! run's index at most once, and at most every 5 s), on a thread of its own (never a runtime worker, and
-//! never queued behind the blocking pool's other work). A thousand cells ending in the same second are a few writes,
-//! not a thousand in a row, and the cells' tasks go on meanwhile.
+//! run's index at most once, and at most every 5 s), on a thread of its
+//! own (never a runtime worker, and never queued behind the blocking pool's
+//! other work). A thousand cells ending in the same second are a few
+//! writes, not a thousand in a row, and the cells' tasks go on meanwhile.
 //!
 //! A cell is answered only once its record is stored as the store's
 //! `finish_cell` stores it (whole and durable), so a cell counts as recorded
