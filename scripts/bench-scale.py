@@ -311,6 +311,17 @@ def report(work, json_path, svg_path):
     p = os.path.join(work, "s3.json")
     if os.path.isfile(p):
         s3 = json.load(open(p))
+    if os.environ.get("MERGE") and os.path.isfile(json_path):
+        # MERGE=1: what this run did not measure again is kept from the file
+        old = json.load(open(json_path))
+        seen = {(c["backend"], c["cells"]) for c in cases}
+        cases += [c for c in old.get("cases", []) if (c["backend"], c["cells"]) not in seen]
+        cases.sort(key=lambda c: (order.get(c["backend"], 9), c["cells"]))
+        seen |= {(c["backend"], c["cells"]) for c in cases}
+        skipped += [k for k in old.get("skipped", []) if (k.get("backend"), k.get("cells")) not in seen
+                    and k not in skipped]
+        s3 = s3 or old.get("store_at_scale")
+        meta["command"] = f'{old.get("command", "")}; then {meta.get("command", "")}'
     out = {**meta, "cases": cases, "skipped": skipped, "store_at_scale": s3}
     json.dump(out, open(json_path, "w"), indent=2)
     svg(cases, svg_path)

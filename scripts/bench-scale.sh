@@ -23,6 +23,8 @@
 #   bash scripts/bench-scale.sh                       # SIZES="100 1000 5000"
 #   SIZES=100 STORE_RUNS=0 bash scripts/bench-scale.sh   # a quick look
 #   SIZES=none bash scripts/bench-scale.sh                # the store at scale alone
+# MERGE=1 keeps the cases (and the store's figures) of results/bench-scale.json that this run
+# does not measure again.
 # Knobs: BACKENDS="kubernetes modal slurm", WORKLOAD=sleep|noop (cells run `sleep 1`, or
 # nothing), MAX_CELLS_MODAL=1000 MAX_CELLS_SLURM=1000 MAX_CELLS_KUBERNETES (larger sizes are skipped on those,
 # with the reason in the JSON), JOBS (a `--jobs` for every run), PROFILE=release.
@@ -259,9 +261,12 @@ if [ "$STORE_RUNS" -gt 0 ]; then
   t0=$(date +%s.%N); python3 "$HELP" s3fill "$s/folder" "$s/s3root" bench-scale x "$first"; t1=$(date +%s.%N)
   fill_s=$(echo "$t1 - $t0" | bc -l)
   # median wall seconds of REPEAT runs (after a warm-up); exit 1 is an answer
+  # (the warm-up's own wall seconds go to $s/warm, one line a call: the first call on S3
+  # reads every run and writes the catalog the next ones read)
   median() {
-    local rc=0
-    "$@" >/dev/null 2>"$s/last.err" || rc=$?
+    local rc=0 a z
+    a=$(date +%s.%N); "$@" >/dev/null 2>"$s/last.err" || rc=$?; z=$(date +%s.%N)
+    echo "$z - $a" | bc -l >>"$s/warm"
     [ "$rc" -le 1 ] || { echo "failed ($rc): $* $(tail -3 "$s/last.err")" >&2; echo null; return; }
     for _ in $(seq "$REPEAT"); do
       local a z
@@ -277,18 +282,21 @@ if [ "$STORE_RUNS" -gt 0 ]; then
     tm[history_$where]=$(median "$ORCH" history scale-history --json --store "$st")
     tm[cost_$where]=$(median "$ORCH" cost --store "$st")
   done
-  python3 - "$work/s3.json" "$STORE_RUNS" "$write_s" "$fill_s" "$REPEAT" \
+  python3 - "$work/s3.json" "$STORE_RUNS" "$write_s" "$fill_s" "$REPEAT" "$s/warm" \
     "${tm[ls_folder]}" "${tm[ls_s3]}" "${tm[history_folder]}" "${tm[history_s3]}" "${tm[cost_folder]}" "${tm[cost_s3]}" <<'PY'
 import json, sys
-path, runs, write_s, fill_s, repeat, *t = sys.argv[1:]
+path, runs, write_s, fill_s, repeat, warm, *t = sys.argv[1:]
+warm = [round(float(w), 3) for w in open(warm).read().split()]
 num = lambda v: None if v in ("null", "") else float(v)
 names = ["ls", "history", "cost"]
 out = {"runs": int(runs), "repeat": int(repeat),
-       "what": "median wall seconds (of REPEAT, after a warm-up) of `orch ls`, `orch history SUITE --json`, `orch cost` over RUNS one-cell runs of one suite (orch-history's synth example), in a folder store and in an S3 store (s3s-fs's storage served by scripts/s3s-nodelay on 127.0.0.1; the first run pushed, the others copied into the bucket folder as scripts/bench-history.sh does)",
+       "what": "median wall seconds (of REPEAT, after a warm-up whose own time is first_call_*) of `orch ls`, `orch history SUITE --json`, `orch cost` over RUNS one-cell runs of one suite (orch-history's synth example), in a folder store and in an S3 store (s3s-fs's storage served by scripts/s3s-nodelay on 127.0.0.1; the first run pushed, the others copied into the bucket folder as scripts/bench-history.sh does)",
        "write_folder_store_s": round(float(write_s), 1), "fill_bucket_s": round(float(fill_s), 1)}
 for i, n in enumerate(names):
     f, s = num(t[2 * i]), num(t[2 * i + 1])
-    out[n] = {"folder_s": f, "s3_s": s, "s3_over_folder": round(s / f, 2) if f and s else None}
+    out[n] = {"folder_s": f, "s3_s": s, "s3_over_folder": round(s / f, 2) if f and s else None,
+              "first_call_folder_s": warm[i] if len(warm) == 6 else None,
+              "first_call_s3_s": warm[3 + i] if len(warm) == 6 else None}
 json.dump(out, open(path, "w"), indent=2)
 PY
 fi

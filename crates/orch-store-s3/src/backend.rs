@@ -254,20 +254,7 @@ impl StoreBackend for S3Store {
     }
 
     fn cost_lines(&self, store: &Store, since: Option<DateTime<Utc>>) -> Result<Vec<LedgerLine>> {
-        let ids = store.run_ids()?;
-        let per_run =
-            orch_store::parallel_map_with(&ids, objects::PARALLEL, |id| -> Result<Vec<LedgerLine>> {
-                // A fresh index is enough: the run itself (its plan) is read only to rebuild it.
-                Ok(self.fresh_index(id, || store.open_exact(id))?.ledger)
-            });
-        let mut out = Vec::new();
-        for r in per_run {
-            out.extend(
-                r?.into_iter()
-                    .filter(|l| since.is_none_or(|s| l.finished_at >= s)),
-            );
-        }
-        Ok(out)
+        self.catalog_cost_lines(store, since)
     }
 }
 

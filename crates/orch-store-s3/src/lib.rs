@@ -26,15 +26,16 @@
 //!                                      listed from here (one flat folder, not the whole store)
 //! changes/<ms>~<writer>~<run>         one per change of a run's state (after its index is rewritten;
 //!                                      for state/<ms>-<writer>.json, its own time and writer)
-//! catalog/<inverted ms>-<writer>.json  a snapshot of every run's summary as of <ms>, newest first;
-//!                                      written by `orch ls` when it had to read many runs one by one,
-//!                                      the two newest kept
+//! catalog/<inverted ms>-<writer>.json  a snapshot of every run's summary and cost ledger as of <ms>,
+//!                                      newest first; written by `orch ls` or `orch cost` when it had
+//!                                      to read many runs one by one, the two newest kept
 //! ```
 //!
-//! `orch ls` reads the newest catalog, lists the changes since it (less a
-//! margin for clock skew), and reads one by one only the runs that are new,
-//! changed or still running. `orch show` and `orch cost` trust a run's cache
-//! without listing its records while the run's latest state is the finished
+//! `orch ls` and `orch cost` read the newest catalog, list the changes since
+//! it (less a margin for clock skew), and read one by one only the runs that
+//! are new, changed or still running (`orch cost` makes a running run's index
+//! current first). `orch show` (a run's records and its ledger) trusts a
+//! run's cache without listing its records while the run's latest state is the finished
 //! state the cache was made at (every session writes a running state before
 //! its first record), and otherwise only when the record keys it covers are
 //! the ones listed now. `orch history` opens every run of the store at
@@ -96,7 +97,7 @@
 //! named by source and redacted), the write-once layout (`run.json`, `state/`, `claims/`,
 //! `records/`, `done/`, `cells/<cell>/<n>/`, the `index.json` and `records.json` caches,
 //! the store's `.orch/changes/` and `.orch/catalog/`), the catalog that lets `orch ls`
-//! read one object instead of one per run, the `If-None-Match` probe; `follow.rs`
+//! and `orch cost` read one object instead of one or two per run, the `If-None-Match` probe; `follow.rs`
 //! (running cells' files up as segments every 2 s by one thread for every cell, whole
 //! at the end, links never followed); a batch of finished cells (`finish_cells`, the
 //! runner's group commit) goes up side by side and rewrites the run's index at most once (at most every 5 s); `transfer.rs` (`push`/`pull`, verified, hostile keys refused). It does not:

@@ -444,3 +444,108 @@ fn cells_ending_together_rewrite_the_run_index_once() {
             .all(|c| c.status == orch_store::CellStatus::Succeeded));
     }
 }
+
+/// A finished attempt of `run`'s cell `i`, billed `usd` ($1 a second).
+fn billed(run: &Run, i: usize, usd: f64) -> CellRecord {
+    let cell = run.plan.cells[i].clone();
+    let (_, n) = run.prepare_cell(&cell.id).unwrap();
+    let end = chrono::Utc::now();
+    let start = end - chrono::Duration::milliseconds((usd * 1000.0) as i64);
+    let mut r = CellRecord::from_result(&cell, CellResult::new(&cell.id, Status::Succeeded), start, end, n);
+    let rate = orch_cost::Rate::flat("local", 1.0);
+    r.cost = Some(orch_cost::cell_cost(&rate, r.status, r.duration_s, &r.timings));
+    r
+}
+
+fn spent(lines: &[orch_cost::LedgerLine]) -> f64 {
+    (lines.iter().map(|l| l.usd).sum::<f64>() * 1000.0).round() / 1000.0
+}
+
+/// `orch cost` on a large S3 store read every run's index and listed its
+/// state (two requests a run: 100,000 runs did not finish in 10 minutes);
+/// it reads the catalog `orch ls` reads, and still sees every change.
+#[test]
+fn cost_reads_the_catalog_and_still_sees_every_change() {
+    use orch_store::RunState;
+    let Some(_s) = server() else { return };
+    let writer = open("costcat");
+    let store = Store::with_backend(writer.clone());
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let mut run = new_run(&store);
+        run.finish_cell(&billed(&run, 0, 2.0)).unwrap();
+        run.set_state(RunState::Complete).unwrap();
+        ids.push(run.id().to_string());
+    }
+    // The first `orch cost` reads every run and leaves a catalog with the ledgers.
+    assert_eq!(
+        spent(&Store::with_backend(open("costcat")).cost_lines(None).unwrap()),
+        40.0
+    );
+    let catalogs = keys_under(&writer, "costcat/.orch/catalog/");
+    assert_eq!(catalogs.len(), 1, "{catalogs:?}");
+
+    // The next one reads the catalog: a line changed in it shows.
+    let bytes = writer.objects().get(&catalogs[0], 0).unwrap().unwrap();
+    let mut cat: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    cat["runs"][ids[7].as_str()]["ledger"][0]["usd"] = 12.0.into();
+    writer
+        .objects()
+        .put(&catalogs[0], serde_json::to_vec(&cat).unwrap())
+        .unwrap();
+    assert_eq!(
+        spent(&Store::with_backend(open("costcat")).cost_lines(None).unwrap()),
+        50.0
+    );
+    // `orch ls` reads the same catalog.
+    assert_eq!(Store::with_backend(open("costcat")).list().unwrap().len(), 20);
+    assert_eq!(keys_under(&writer, "costcat/.orch/catalog/"), catalogs);
+
+    // Another machine resumes run 3 and bills its other cell $3: the run is
+    // read again while running (its index made current) and after.
+    let other = Store::with_backend(open("costcat"));
+    let mut resumed = other.open_exact(&ids[3]).unwrap();
+    resumed.note_resume().unwrap();
+    resumed.finish_cell(&billed(&resumed, 1, 3.0)).unwrap();
+    assert_eq!(
+        spent(&Store::with_backend(open("costcat")).cost_lines(None).unwrap()),
+        53.0
+    );
+    resumed.set_state(RunState::Complete).unwrap();
+    assert_eq!(
+        spent(&Store::with_backend(open("costcat")).cost_lines(None).unwrap()),
+        53.0
+    );
+
+    // `--since`: only the attempts that finished at or after it.
+    let later = Store::with_backend(open("costcat"))
+        .cost_lines(Some(chrono::Utc::now() + chrono::Duration::hours(1)))
+        .unwrap();
+    assert!(later.is_empty(), "{later:?}");
+
+    // A catalog written before it kept ledgers (or by an older orch): the
+    // runs are read again, and a catalog with their ledgers is written.
+    let newest = keys_under(&writer, "costcat/.orch/catalog/");
+    for key in &newest {
+        let bytes = writer.objects().get(key, 0).unwrap().unwrap();
+        let mut cat: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        for entry in cat["runs"].as_object_mut().unwrap().values_mut() {
+            entry.as_object_mut().unwrap().remove("ledger");
+        }
+        writer
+            .objects()
+            .put(key, serde_json::to_vec(&cat).unwrap())
+            .unwrap();
+    }
+    assert_eq!(
+        spent(&Store::with_backend(open("costcat")).cost_lines(None).unwrap()),
+        43.0
+    );
+    let bytes = writer
+        .objects()
+        .get(&keys_under(&writer, "costcat/.orch/catalog/")[0], 0)
+        .unwrap()
+        .unwrap();
+    let cat: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(cat["runs"][ids[0].as_str()]["ledger"].is_array(), "{cat}");
+}

@@ -1524,7 +1524,8 @@ benchmarks:
       shell: |
         echo "rank=$NODE_RANK/$RANK world=$WORLD_SIZE nnodes=$NNODES nproc=$NPROC_PER_NODE master=$MASTER_ADDR:$MASTER_PORT index=$JOB_COMPLETION_INDEX host=$HOSTNAME"
         if [ "$NODE_RANK" = 0 ]; then
-          msg=$(nc -l -p "$MASTER_PORT"); echo "rank 0 got: $msg"
+          # (a connection that says nothing, a probe or a peer's retry under load, is not the hello)
+          msg=""; until [ -n "$msg" ]; do msg=$(nc -l -p "$MASTER_PORT"); done; echo "rank 0 got: $msg"
           sleep 0.5
         else
           i=0
