@@ -19,6 +19,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// in this time is an error for that call.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// At most this many scheduler commands run at once in the process, all
+/// runs together: each is a process with two pipes, and each an RPC that
+/// slurmctld serves from a bounded thread pool. Past it they wait their turn
+/// (first come, first served), so the host's file descriptors and processes
+/// do not grow with the cells submitted at once (200 at once held 493 fds
+/// before this cap).
+pub const COMMANDS_AT_ONCE: usize = 16;
+
+static COMMANDS: Semaphore = Semaphore::const_new(COMMANDS_AT_ONCE);
+
 /// The message of a request no node of the cluster can ever satisfy.
 pub const UNSATISFIABLE: &str = "Requested node configuration is not available";
 
@@ -172,6 +182,8 @@ async fn run(
     if let Some(d) = cwd {
         cmd.current_dir(d);
     }
+    // The semaphore is never closed: acquiring it cannot fail.
+    let _turn = COMMANDS.acquire().await.ok();
     let out = match tokio::time::timeout(COMMAND_TIMEOUT, cmd.output()).await {
         Ok(Ok(o)) => o,
         Ok(Err(source)) => {
@@ -875,5 +887,29 @@ mod tests {
     fn jobs_of_a_run_by_name_or_comment() {
         let text = "7|orch-r1-a.cpu|orch:r1:a.cpu|RUNNING\n8|x|orch:r1:b|PENDING\n9|orch-r10-a|orch:r10:a|RUNNING\n10|other|(null)|RUNNING\n";
         assert_eq!(parse_run_jobs(text, "r1"), vec!["7", "8"]);
+    }
+
+    /// 200 cells submitted at once ran 200 `sbatch` processes at once (two
+    /// pipes each: 493 fds at the peak). Each command here says how many
+    /// are running beside it (one file each in a folder while it sleeps).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn no_more_than_the_cap_of_commands_run_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = format!(
+            "touch {d}/$$; sleep 0.3; ls {d} | wc -l; rm {d}/$$",
+            d = dir.path().display()
+        );
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..3 * COMMANDS_AT_ONCE {
+            let args = vec!["-c".to_string(), script.clone()];
+            calls.spawn(async move { run("sh", &args, &[], None).await });
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        while let Some(r) = calls.join_next().await {
+            seen.push(r.unwrap().unwrap().trim().parse().unwrap());
+        }
+        let most = seen.iter().copied().max().unwrap();
+        assert!(most <= COMMANDS_AT_ONCE, "{most} at once: {seen:?}");
+        assert!(most > 1, "they ran one by one: {seen:?}");
     }
 }

@@ -171,11 +171,7 @@ impl S3Store {
     /// current (and holds what `want` needs), else made from the run's
     /// index; the runs that could not be read, with their errors. A new
     /// catalog is written when many finished runs had to be read one by one.
-    fn catalog_entries(
-        &self,
-        store: &Store,
-        want: Want,
-    ) -> Result<(BTreeMap<String, CatalogEntry>, Unread)> {
+    fn catalog_entries(&self, store: &Store, want: Want) -> Result<(BTreeMap<String, CatalogEntry>, Unread)> {
         let t0 = Utc::now().timestamp_millis();
         // The runs that exist are the ones listed; the catalog only saves reads.
         let ids = store.run_ids()?;

@@ -1524,12 +1524,15 @@ benchmarks:
       shell: |
         echo "rank=$NODE_RANK/$RANK world=$WORLD_SIZE nnodes=$NNODES nproc=$NPROC_PER_NODE master=$MASTER_ADDR:$MASTER_PORT index=$JOB_COMPLETION_INDEX host=$HOSTNAME"
         if [ "$NODE_RANK" = 0 ]; then
-          # (a connection that says nothing, a probe or a peer's retry under load, is not the hello)
-          msg=""; until [ -n "$msg" ]; do msg=$(nc -l -p "$MASTER_PORT"); done; echo "rank 0 got: $msg"
+          # Rank 0 answers `ack` to what it is told; a connection that says
+          # nothing is not the hello (under load a hello could be lost while its
+          # sender took it as sent: rank 1 now waits for the `ack`).
+          msg=""; until [ -n "$msg" ]; do msg=$(echo ack | nc -l -p "$MASTER_PORT"); done
+          echo "rank 0 got: $msg"
           sleep 0.5
         else
           i=0
-          until echo "hello from rank $NODE_RANK" | nc -w 2 "$MASTER_ADDR" "$MASTER_PORT"; do
+          until [ "$(echo "hello from rank $NODE_RANK" | nc -w 2 "$MASTER_ADDR" "$MASTER_PORT")" = ack ]; do
             i=$((i+1)); [ $i -gt 150 ] && exit 7; sleep 0.2
           done
           {rank1}
