@@ -330,6 +330,13 @@ async fn gpus_over_capacity_are_unschedulable() {
         .unwrap();
     assert_eq!(fs["type"], "Warning");
     assert!(fs["count"].as_u64().unwrap() >= 2, "{fs}");
+    // One event counted, not one per attempt (the correlator's key).
+    let same = evs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "FailedScheduling");
+    assert_eq!(same.count(), 1, "{evs}");
     // Another 3 GPUs do not fit while 6 are held: 8 - 6 < 3.
     c.req("POST", JOBS, Some(gpu_job("three", 3, true, true))).await;
     let three = c.job_pod("ns", "three").await;
