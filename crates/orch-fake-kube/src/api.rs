@@ -1082,8 +1082,15 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
                 &json!({"kind": ri.kind, "apiVersion": ri.api_version(), "metadata": {"resourceVersion": rv.to_string()}}),
             )
         };
+        // The resourceVersion every change up to which this watch has sent
+        // (or skipped as not matching): what a bookmark may say. Not the
+        // store's latest: a bookmark past a change still unsent made the
+        // client reopen past it, and the change was lost (one pod's end in a
+        // 5,000-cell run, its cell waiting for ever).
+        let mut covered: u64;
         let (mut pos, first) = {
             let st = inner.lock();
+            covered = st.rv;
             match rv {
                 // Older than the history kept (`FakeKube::compact`): `410 Gone`, as an ERROR event.
                 Some(rv) if !initial_events && rv < st.compacted => {
@@ -1092,7 +1099,10 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
                         "reason": "Expired", "code": 410});
                     (usize::MAX, vec![line("ERROR", &status)])
                 }
-                Some(rv) if !initial_events => (st.history.partition_point(|c| c.rv <= rv), Vec::new()),
+                Some(rv) if !initial_events => {
+                    covered = rv;
+                    (st.history.partition_point(|c| c.rv <= rv), Vec::new())
+                }
                 _ => {
                     let mut out: Vec<Bytes> = list_locked(&st, ri.resource, ns.as_deref())
                         .iter()
@@ -1121,12 +1131,22 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
             let batch: Vec<Bytes> = {
                 changed.borrow_and_update();
                 let st = inner.lock();
+                let lost = |c: &&crate::store::Change| {
+                    inner.lose_pod_endings
+                        && c.resource == "pods"
+                        && c.kind == "MODIFIED"
+                        && (matches!(c.obj["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                            || c.obj["status"]["containerStatuses"]
+                                .as_array()
+                                .is_some_and(|a| a.iter().any(|s| s["state"].get("terminated").is_some())))
+                };
                 let out = st.history[pos..]
                     .iter()
-                    .filter(|c| c.resource == ri.resource && matches(&c.obj))
+                    .filter(|c| c.resource == ri.resource && matches(&c.obj) && !lost(c))
                     .map(|c| line(c.kind, &c.obj))
                     .collect();
                 pos = st.history.len();
+                covered = st.rv;
                 out
             };
             for b in batch {
@@ -1152,14 +1172,12 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
                 r = changed.changed() => if r.is_err() { return },
                 _ = until => {
                     if bookmarks {
-                        let rv = inner.lock().rv;
-                        let _ = tx.send(Ok(Frame::data(bookmark(rv)))).await;
+                        let _ = tx.send(Ok(Frame::data(bookmark(covered)))).await;
                     }
                     return
                 }
                 _ = quiet => {
-                    let rv = inner.lock().rv;
-                    if tx.send(Ok(Frame::data(bookmark(rv)))).await.is_err() {
+                    if tx.send(Ok(Frame::data(bookmark(covered)))).await.is_err() {
                         return;
                     }
                 }

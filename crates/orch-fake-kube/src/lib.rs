@@ -240,6 +240,7 @@ pub struct FakeKubeBuilder {
     role: Option<PathBuf>,
     rate_limit: Option<RateLimit>,
     latency: Duration,
+    lose_pod_endings: bool,
 }
 
 impl FakeKubeBuilder {
@@ -280,6 +281,16 @@ impl FakeKubeBuilder {
     /// Cut every `follow=true` log stream after this many bytes (tests reconnection).
     pub fn cut_log_streams_after(mut self, bytes: usize) -> Self {
         self.cut_logs = Some(bytes);
+        self
+    }
+
+    /// A fault: watches never send the change that ends a pod's container,
+    /// or makes it `Succeeded` or `Failed` (nor a later change but its
+    /// deletion): a lost watch event,
+    /// as a fake whose bookmarks ran ahead of it once lost one; a GET or a
+    /// list still shows it. A client that trusts its watch alone waits for ever.
+    pub fn lose_pod_endings_in_watches(mut self) -> Self {
+        self.lose_pod_endings = true;
         self
     }
 
@@ -343,6 +354,7 @@ impl FakeKubeBuilder {
             pvcs: self.pvcs,
             nvml: self.nvml,
             cut_logs: self.cut_logs,
+            lose_pod_endings: self.lose_pod_endings,
             root: root.clone(),
             port: addr.port(),
             requests: Mutex::new(Vec::new()),
@@ -461,6 +473,7 @@ impl FakeKube {
             role: None,
             rate_limit: None,
             latency: Duration::ZERO,
+            lose_pod_endings: false,
         }
     }
 

@@ -143,6 +143,8 @@ pub(crate) struct Inner {
     /// The NVML library GPU containers get (`FakeKubeBuilder::nvml_stub`).
     pub nvml: Option<PathBuf>,
     pub cut_logs: Option<usize>,
+    /// Watches drop a pod's changes once it ended (`lose_pod_endings_in_watches`).
+    pub lose_pod_endings: bool,
     pub root: PathBuf,
     pub port: u16,
     pub requests: Mutex<Vec<String>>,

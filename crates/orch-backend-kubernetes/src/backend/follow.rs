@@ -184,11 +184,18 @@ pub(super) async fn follow_log(
                     if done && streamed {
                         return out;
                     }
-                    // Waited already: opened again at once.
-                    if down.0.is_none() {
+                    // A stream read to its end while the watch still says the
+                    // container runs: the API server is asked once (a watch
+                    // that missed the change would otherwise have the log
+                    // read again every ENDED_WAIT for ever); a stream that
+                    // did not open: opened again at once (it waited already).
+                    if streamed {
+                        false
+                    } else if down.0.is_none() {
                         continue;
+                    } else {
+                        true
                     }
-                    true
                 }
                 Some(None) => {
                     out.last = w.last_seen(&pod);

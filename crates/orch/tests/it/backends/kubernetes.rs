@@ -265,6 +265,43 @@ fn a_dropped_log_stream_reconnects_without_losing_or_duplicating_lines() {
     c.assert_nothing_left();
 }
 
+/// The run's watch never hears that the pod ended (a lost watch event; the
+/// fake's bookmarks once ran ahead of a change and lost one pod's end in a
+/// 5,000-cell run): the cell read its log again every 300 ms for ever. Once
+/// its log stream ended and the watch disagrees, the API server is asked.
+#[test]
+fn a_pod_end_the_watch_never_sends_still_ends_the_cell() {
+    if !ready() {
+        return;
+    }
+    let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| b.lose_pod_endings_in_watches());
+    let suite = c.suite(
+        "lost",
+        "name: lost\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo hi; echo ORCH_METRIC x=1'}\n",
+    );
+    let mut child = c.spawn(&suite);
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let logs = c.fake.requests().iter().filter(|r| r.contains("/log")).count();
+            panic!("the run still waits after 120 s ({logs} log requests)");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    let v = json(&out);
+    assert!(
+        out.status.success(),
+        "{}\n{v:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cell = &cells(&v)[0];
+    assert_eq!(cell["status"], "succeeded", "{cell:#}");
+    assert_eq!(cell["metrics"]["x"], 1.0, "{cell:#}");
+    c.assert_nothing_left();
+}
+
 #[test]
 fn an_unschedulable_h100x8_cell_fails_within_seconds_with_the_schedulers_words() {
     if !ready() {
