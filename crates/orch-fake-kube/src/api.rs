@@ -1087,10 +1087,10 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
         // store's latest: a bookmark past a change still unsent made the
         // client reopen past it, and the change was lost (one pod's end in a
         // 5,000-cell run, its cell waiting for ever).
+        // (Set with each batch: a batch is read before any bookmark.)
         let mut covered: u64;
         let (mut pos, first) = {
             let st = inner.lock();
-            covered = st.rv;
             match rv {
                 // Older than the history kept (`FakeKube::compact`): `410 Gone`, as an ERROR event.
                 Some(rv) if !initial_events && rv < st.compacted => {
@@ -1099,10 +1099,7 @@ fn watch(cx: &Ctx<'_>, ri: &'static ResourceInfo, ns: Option<&str>, sel: Selecto
                         "reason": "Expired", "code": 410});
                     (usize::MAX, vec![line("ERROR", &status)])
                 }
-                Some(rv) if !initial_events => {
-                    covered = rv;
-                    (st.history.partition_point(|c| c.rv <= rv), Vec::new())
-                }
+                Some(rv) if !initial_events => (st.history.partition_point(|c| c.rv <= rv), Vec::new()),
                 _ => {
                     let mut out: Vec<Bytes> = list_locked(&st, ri.resource, ns.as_deref())
                         .iter()
