@@ -100,6 +100,9 @@ impl Platform for JobCell<'_> {
             );
             self.log(&line);
         }
+        // A Job of this name made again (the cell's next attempt in this
+        // process): its pods and events are kept again.
+        watch.remember(&self.job_name);
         let uid = backend.create_job(&self.job).await.map_err(early)?;
         self.job_uid = Some(uid.clone());
         let line = format!(

@@ -61,6 +61,9 @@ struct Store {
     jobs: HashMap<String, Job>,
     /// Events of orch's objects, by uid.
     events: HashMap<String, K8sEvent>,
+    /// Jobs whose cells are done ([`RunWatch::forget`]): their pods' and
+    /// events' later changes (a deletion, a `Killing` event) are not kept.
+    forgotten: std::collections::HashSet<String>,
     /// Each watch listed once (pods, jobs, events).
     synced: [bool; 3],
     /// A watch the API server refused for good: its words.
@@ -267,10 +270,16 @@ impl RunWatch {
         out
     }
 
+    /// A Job of this name is made (again): what the watches see of it is kept.
+    pub(super) fn remember(&self, job: &str) {
+        self.lock().forgotten.remove(job);
+    }
+
     /// A cell is done with its Job: its pods and their events leave the
     /// store (the run's memory stays bounded by the cells running).
     pub(super) fn forget(&self, job: &str) {
         let mut st = self.lock();
+        st.forgotten.insert(job.to_string());
         let prefix = format!("{job}-");
         st.pods.retain(|n, _| !n.starts_with(&prefix));
         st.gone.retain(|n, _| !n.starts_with(&prefix));
@@ -305,9 +314,31 @@ fn name_of<K: kube::Resource>(k: &K) -> String {
     k.meta().name.clone().unwrap_or_default()
 }
 
+/// Whether an object named `name` (a Job, or a pod or event of one:
+/// `<job>-<suffix>` or `<job>-<index>-<suffix>`) belongs to a forgotten Job.
+fn of_forgotten(st: &Store, name: &str) -> bool {
+    if st.forgotten.is_empty() {
+        return false;
+    }
+    let mut n = name;
+    for _ in 0..3 {
+        if st.forgotten.contains(n) {
+            return true;
+        }
+        match n.rsplit_once('-') {
+            Some((head, _)) => n = head,
+            None => return false,
+        }
+    }
+    false
+}
+
 impl Stored for Pod {
     fn put(self, st: &mut Store, deleted: bool) {
         let name = name_of(&self);
+        if of_forgotten(st, &name) {
+            return;
+        }
         if deleted {
             st.pods.remove(&name);
             st.gone.insert(name, self);
@@ -317,7 +348,11 @@ impl Stored for Pod {
         }
     }
     fn replace(items: Vec<Self>, st: &mut Store) {
-        let mut now: HashMap<String, Pod> = items.into_iter().map(|p| (name_of(&p), p)).collect();
+        let mut now: HashMap<String, Pod> = items
+            .into_iter()
+            .map(|p| (name_of(&p), p))
+            .filter(|(n, _)| !of_forgotten(st, n))
+            .collect();
         for (name, p) in st.pods.drain() {
             if !now.contains_key(&name) {
                 st.gone.insert(name, p);
@@ -336,14 +371,18 @@ impl Stored for Pod {
 impl Stored for Job {
     fn put(self, st: &mut Store, deleted: bool) {
         let name = name_of(&self);
-        if deleted {
+        if deleted || st.forgotten.contains(&name) {
             st.jobs.remove(&name);
         } else {
             st.jobs.insert(name, self);
         }
     }
     fn replace(items: Vec<Self>, st: &mut Store) {
-        st.jobs = items.into_iter().map(|j| (name_of(&j), j)).collect();
+        st.jobs = items
+            .into_iter()
+            .map(|j| (name_of(&j), j))
+            .filter(|(n, _)| !st.forgotten.contains(n))
+            .collect();
     }
     fn rv(&self) -> Option<String> {
         self.metadata.resource_version.clone()
@@ -353,7 +392,12 @@ impl Stored for Job {
 impl Stored for K8sEvent {
     fn put(self, st: &mut Store, deleted: bool) {
         let uid = self.metadata.uid.clone().unwrap_or_else(|| name_of(&self));
-        if deleted || !ours(&self) {
+        let forgotten = self
+            .involved_object
+            .name
+            .as_deref()
+            .is_some_and(|n| of_forgotten(st, n));
+        if deleted || !ours(&self) || forgotten {
             st.events.remove(&uid);
         } else {
             st.events.insert(uid, self);
@@ -362,7 +406,14 @@ impl Stored for K8sEvent {
     fn replace(items: Vec<Self>, st: &mut Store) {
         st.events = items
             .into_iter()
-            .filter(ours)
+            .filter(|e| {
+                ours(e)
+                    && !e
+                        .involved_object
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| of_forgotten(st, n))
+            })
             .map(|e| (e.metadata.uid.clone().unwrap_or_else(|| name_of(&e)), e))
             .collect();
     }
@@ -508,4 +559,43 @@ pub(super) fn event_lines(items: Vec<K8sEvent>) -> (Vec<String>, watch::Autoscal
         })
         .collect();
     (lines, autoscaler)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+    }
+
+    fn event(uid: &str, on: &str) -> K8sEvent {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{on}.1"), "uid": uid},
+            "involvedObject": {"name": on, "kind": "Pod"}
+        }))
+        .unwrap()
+    }
+
+    /// A pod's deletion and its last events arrive after its cell forgot
+    /// its Job: they were kept for the rest of the run (orch's memory grew
+    /// with every finished cell: 273 MiB at 4,242 of 5,000 cells).
+    #[test]
+    fn what_arrives_after_a_cell_forgot_its_job_is_not_kept_until_the_job_is_made_again() {
+        let mut st = Store::default();
+        st.forgotten.insert("orch-a-1".into());
+        Pod::put(pod("orch-a-1-x7k2p"), &mut st, true);
+        Pod::put(pod("orch-a-1-0-x7k2p"), &mut st, false);
+        K8sEvent::put(event("e1", "orch-a-1-x7k2p"), &mut st, false);
+        K8sEvent::put(event("e2", "orch-a-1"), &mut st, false);
+        assert!(st.pods.is_empty() && st.gone.is_empty() && st.events.is_empty());
+        // Another Job whose name starts alike is kept.
+        Pod::put(pod("orch-a-10-x7k2p"), &mut st, false);
+        K8sEvent::put(event("e3", "orch-a-10-x7k2p"), &mut st, false);
+        assert_eq!((st.pods.len(), st.events.len()), (1, 1));
+        // Made again (`RunWatch::remember`): kept again.
+        st.forgotten.remove("orch-a-1");
+        Pod::put(pod("orch-a-1-q9z8w"), &mut st, false);
+        assert_eq!(st.pods.len(), 2);
+    }
 }
