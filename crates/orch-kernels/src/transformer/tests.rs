@@ -230,7 +230,13 @@ fn a_wrong_gradient_fails_the_check() {
 }
 
 /// Finite differences of the fused model's loss agree with its written-out
-/// backward (f32, central differences, a few entries of several parameters).
+/// backward (f32, central differences, the largest entry of several parameters).
+///
+/// The weights are seeded here (candle's CPU generator cannot be): with the
+/// generator's weights the test saw a different model each run, and one in
+/// many put an entry's gradient where f32 rounding of the loss is 5% of it
+/// (CI, stop 52). The tolerance is relative, plus the rounding floor of a
+/// central difference of an f32 loss.
 #[test]
 fn fused_backward_matches_finite_differences() {
     let cfg = tiny(Pass::Train);
@@ -238,24 +244,35 @@ fn fused_backward_matches_finite_differences() {
         kernels: Kernels::Fused,
         ..resolve(&cfg, &task(&cfg)).unwrap()
     };
-    let model = Model::build(&r, &Device::Cpu).unwrap();
+    let built = Model::build(&r, &Device::Cpu).unwrap();
+    let mask_id = built.mask.id();
+    let seed = std::cell::Cell::new(500u64);
+    let model = built
+        .map(&|t| {
+            if t.id() == mask_id {
+                return Ok(t.clone());
+            }
+            seed.set(seed.get() + 1);
+            fused::check::randn(seed.get(), t.shape().clone(), 0.1)
+        })
+        .unwrap();
     let inputs = make_inputs(&r, &Device::Cpu).unwrap();
     let trained = step(&model, &inputs, &r).unwrap().unwrap();
     let loss_of = |m: &Model| {
         let t = step(m, &inputs, &r).unwrap().unwrap();
         t.loss.to_scalar::<f32>().unwrap() as f64
     };
-    let eps = 1e-2f64;
-    for (name, idx) in [
-        ("h0.w_qkv", 5usize),
-        ("h1.ln2_g", 3),
-        ("h0.b1", 7),
-        ("wte", 40),
-        ("head", 11),
-        ("lnf_b", 2),
-    ] {
+    let eps = 5e-2f64;
+    for name in ["h0.w_qkv", "h1.ln2_g", "h0.b1", "wte", "head", "lnf_b"] {
+        // The parameter's largest gradient entry: one far above the rounding floor.
         let (_, g) = trained.grads.iter().find(|(n, _)| n == name).unwrap();
-        let analytic = g.flatten_all().unwrap().to_vec1::<f32>().unwrap()[idx] as f64;
+        let g = g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (idx, analytic) = g
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+            .map(|(i, v)| (i, f64::from(*v)))
+            .unwrap();
         let bump = |delta: f64| {
             model
                 .map(&|t| {
@@ -269,11 +286,17 @@ fn fused_backward_matches_finite_differences() {
                 })
                 .unwrap()
         };
-        let numeric = (loss_of(&bump(eps)) - loss_of(&bump(-eps))) / (2.0 * eps);
-        let err = (numeric - analytic).abs() / analytic.abs().max(1e-3);
+        let (up, down) = (loss_of(&bump(eps)), loss_of(&bump(-eps)));
+        let numeric = (up - down) / (2.0 * eps);
+        // Each f32 loss is rounded to a few ulps; divided by 2·eps.
+        let floor = 16.0 * f64::from(f32::EPSILON) * up.abs().max(down.abs()) / (2.0 * eps);
         assert!(
-            err < 2e-2,
-            "{name}[{idx}]: numeric {numeric}, analytic {analytic}"
+            (numeric - analytic).abs() <= 2e-2 * analytic.abs() + floor,
+            "{name}[{idx}]: numeric {numeric}, analytic {analytic}, floor {floor}"
+        );
+        assert!(
+            analytic.abs() > 4.0 * floor,
+            "{name}[{idx}]: gradient {analytic} too small to check"
         );
     }
 }
