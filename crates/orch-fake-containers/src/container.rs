@@ -310,6 +310,30 @@ fn fs_mount(
     })
 }
 
+/// Spawns `cmd`, trying again while `execve` answers `ETXTBSY` (at most 10
+/// times, 10 to 100 ms apart, about half a second in all).
+///
+/// A fake writes files into a container's root (an uploaded mount, a copied
+/// agent) from one thread while another thread forks a container's child:
+/// that child holds a copy of the write descriptor until it `exec`s, after
+/// its mounts and `chroot`, and until then executing the written file fails
+/// with "Text file busy" (as Go's toolchain found, golang/go#22315). A real
+/// runtime writes in one process and starts the container from another; the
+/// fakes retry, as `go` does. The sleep blocks the calling thread: it happens
+/// only in that race.
+pub fn spawn_retrying_busy(cmd: &mut tokio::process::Command) -> io::Result<tokio::process::Child> {
+    let mut tries = 0u32;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(u64::from(tries.min(10)) * 10));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Where the toolkit puts `libnvidia-ml.so.1` in this root.
 fn nvml_target(root: &Path) -> io::Result<String> {
     let deb = resolve_in_root(root, "/usr/lib/x86_64-linux-gnu")?;
@@ -1006,6 +1030,29 @@ mod tests {
 
     fn skip() -> bool {
         !available_or_skip("container tests")
+    }
+
+    /// The race of `spawn_retrying_busy`'s doc, made on purpose: the file to
+    /// run is held open for writing (as a forked child holds a fake's write
+    /// descriptor until it execs). A plain spawn fails "Text file busy"; the
+    /// retrying one starts it once the writer lets go.
+    #[tokio::test]
+    async fn a_file_still_open_for_writing_is_started_once_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("prog");
+        std::fs::write(&exe, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let writer = std::fs::OpenOptions::new().write(true).open(&exe).unwrap();
+        let mut cmd = tokio::process::Command::new(&exe);
+        let e = cmd.spawn().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ETXTBSY), "{e}");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            drop(writer);
+        });
+        let status = spawn_retrying_busy(&mut cmd).unwrap().wait().await.unwrap();
+        assert!(status.success());
+        release.join().unwrap();
     }
 
     async fn run(spec: &Spec, script: &str) -> (i32, String, String) {

@@ -455,7 +455,7 @@ async fn run_sandbox(
             .stderr(std::process::Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        cmd.spawn()
+        container::spawn_retrying_busy(&mut cmd)
     });
     let mut child = match spawned {
         Ok(c) => c,

@@ -442,7 +442,7 @@ pub(super) fn spawn(
         .stderr(std::process::Stdio::from(w2))
         .process_group(0)
         .kill_on_drop(true);
-    let spawned = cmd.spawn();
+    let spawned = container::spawn_retrying_busy(&mut cmd);
     // Our copies of the write end close with `cmd`, so the reader sees EOF when the group is gone.
     drop(cmd);
     let child = spawned.map_err(|e| {

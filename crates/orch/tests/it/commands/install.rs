@@ -504,8 +504,8 @@ fn doctor_on_the_local_slurm_names_its_partition_and_gres() {
     assert!(p["detail"].as_str().unwrap().contains("`nowhere`"), "{all}");
 }
 
-/// The wheel as `pip install` gets it: built by maturin (the dev profile,
-/// reusing this debug build; the static agent of `scripts/build-agent.sh`,
+/// The wheel as `pip install` gets it: built by maturin (the dev profile
+/// and `orch`'s `ci-unify` feature, reusing this debug build's crates; the static agent of `scripts/build-agent.sh`,
 /// which `scripts/prepare-docker.sh` runs, in its data `scripts/`),
 /// installed into a fresh virtual environment, then from the venv's `bin/`
 /// in a folder with no checkout: `orch init` and `orch run`; `--version`
@@ -553,7 +553,8 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_suite() {
     let tmp = tempfile::tempdir().unwrap();
     let wheels = tmp.path().join("wheels");
     let out = Command::new(&maturin)
-        .args(["build", "--profile", "dev", "--compatibility", "linux", "--out"])
+        .args(["build", "--profile", "dev", "--features", "ci-unify"])
+        .args(["--compatibility", "linux", "--out"])
         .arg(&wheels)
         .current_dir(repo())
         .output()
