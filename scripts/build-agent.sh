@@ -14,6 +14,14 @@
 #
 # Tools are installed once under ${ORCH_TOOLS:-~/.cache/orch-tools}: a venv with
 # `ziglang` and `cargo-zigbuild` (cargo install). Prints the static agent's path.
+#
+# Both agents are kept under ${ORCH_AGENT_CACHE:-$ORCH_TOOLS/agent-cache}/<key>,
+# the key a SHA-256 of every input of the two builds: the files of orch-agent and of
+# each workspace crate it depends on (`cargo tree`), Cargo.lock, the workspace
+# Cargo.toml, this script, `rustc -vV` and the tool versions. A clean clone
+# whose agent sources did not change copies them instead of building them (two
+# release builds: about 5 minutes of CI). `ORCH_AGENT_CACHE=off` always builds;
+# the newest 4 keys are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch="$(uname -m)"
@@ -33,10 +41,37 @@ if ! command -v cargo-zigbuild >/dev/null; then
   cargo install -q --locked "cargo-zigbuild@$zigbuild_version"
 fi
 
+gnu="target/agent-gnu/$target/release/orch-agent"
+agent="target/$target/release/orch-agent"
+cache="${ORCH_AGENT_CACHE:-$tools/agent-cache}"
+if [ "$cache" != off ]; then
+  crates=$(cargo tree -p orch-agent -e normal,build --prefix none --locked \
+    | sed -n 's/^[^ ]* [^ ]* (\(\/[^)]*\)).*/\1/p' | sort -u)
+  [ -n "$crates" ] || { echo "build-agent: cargo tree listed no crate of orch-agent" >&2; exit 1; }
+  key=$( {
+    rustc -vV
+    echo "$target zig=$zig_version zigbuild=$zigbuild_version"
+    sha256sum Cargo.lock Cargo.toml scripts/build-agent.sh
+    for c in $crates; do
+      (cd "$c" && find . -type f -not -path './target/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    done
+  } | sha256sum | cut -c1-24)
+  hit="$cache/$key"
+  if [ -x "$hit/orch-agent" ] && [ -x "$hit/orch-agent-gnu" ]; then
+    mkdir -p "$(dirname "$gnu")" "$(dirname "$agent")"
+    cp "$hit/orch-agent-gnu" "$gnu.tmp" && mv -f "$gnu.tmp" "$gnu"
+    cp "$hit/orch-agent" "$agent.tmp" && mv -f "$agent.tmp" "$agent"
+    touch "$hit"
+    echo "build-agent: the agents of these sources, from $hit" >&2
+    "$agent" version >&2
+    echo "$agent"
+    exit 0
+  fi
+fi
+
 # 1. Dynamic, glibc 2.17. Its own target folder: the static build's flags
 # differ, and sharing one folder would rebuild both every time.
 cargo zigbuild --release --locked -p orch-agent --target "$target.2.17" --target-dir target/agent-gnu >&2
-gnu="target/agent-gnu/$target/release/orch-agent"
 need=$(objdump -T "$gnu" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
 case "$need" in
   GLIBC_2.1[0-7]|GLIBC_2.[0-9]|GLIBC_2.[0-9].*|GLIBC_2.1[0-7].*) ;;
@@ -47,10 +82,17 @@ esac
 # from build scripts and proc macros.
 ORCH_AGENT_EMBED="$PWD/$gnu" RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --release --locked -p orch-agent --target "$target" >&2
-agent="target/$target/release/orch-agent"
 if ldd "$agent" 2>&1 | grep -q "=>"; then
   echo "error: $agent is not static" >&2; exit 1
 fi
 "$agent" version >&2
 echo "dynamic agent (glibc 2.17, needs $need): $gnu ($(du -h "$gnu" | cut -f1))" >&2
+if [ "$cache" != off ]; then
+  mkdir -p "$cache"
+  tmp=$(mktemp -d "$cache/.new.XXXXXX")
+  cp "$gnu" "$tmp/orch-agent-gnu" && cp "$agent" "$tmp/orch-agent"
+  rm -rf "${hit:?}" && mv "$tmp" "$hit"
+  # The newest 4 keys stay.
+  ls -1t "$cache" | tail -n +5 | while read -r old; do rm -rf "${cache:?}/$old"; done
+fi
 echo "$agent"
