@@ -190,6 +190,14 @@ pub async fn connect(
     let ns = namespace
         .map(str::to_string)
         .unwrap_or_else(|| config.default_namespace.clone());
+    // kube-client's own retry (on by default in kube-client 5: 429, 503 and 504
+    // sent again up to 15 times after their `Retry-After`) sits below orch's
+    // limiter: every request refused at once came back at once after its
+    // `Retry-After`, past the bucket, and the limiter never heard of a 429
+    // to stop bursting. Off: each 429 reaches `limiter`, which pauses every
+    // request and paces the retries.
+    let mut config = config;
+    config.default_retry = false;
     let client = kube::client::ClientBuilder::try_from(config)
         .map_err(|e| KubeError::Unavailable {
             message: format!("cannot make a client for the cluster: {e}"),

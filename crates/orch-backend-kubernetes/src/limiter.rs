@@ -21,6 +21,11 @@
 //! again), then the request is
 //! sent again (a body that cannot be sent twice leaves the 429 to the
 //! caller, which retries it: [`crate::backend::transient`]).
+//!
+//! kube-client's own retry layer, which sits below this one, is turned off
+//! where the client is made: with it on, a refused request was sent again
+//! past the bucket, together with every other one refused at that moment,
+//! and this layer never saw the 429.
 
 use std::future::Future;
 use std::pin::Pin;
