@@ -18,7 +18,8 @@
 # Both agents are kept under ${ORCH_AGENT_CACHE:-$ORCH_TOOLS/agent-cache}/<key>,
 # the key a SHA-256 of every input of the two builds: the files of orch-agent and of
 # each workspace crate it depends on (`cargo tree`), Cargo.lock, the workspace
-# Cargo.toml, this script, `rustc -vV` and the tool versions. A clean clone
+# Cargo.toml, `.cargo/config.toml` and a toolchain file where there are, this
+# script, `rustc -vV`, `RUSTFLAGS` and the tool versions. A clean clone
 # whose agent sources did not change copies them instead of building them (two
 # release builds: about 5 minutes of CI). `ORCH_AGENT_CACHE=off` always builds;
 # the newest 4 keys are kept.
@@ -51,7 +52,12 @@ if [ "$cache" != off ]; then
   key=$( {
     rustc -vV
     echo "$target zig=$zig_version zigbuild=$zigbuild_version"
+    # The environment's compiler flags reach the dynamic build.
+    echo "RUSTFLAGS=${RUSTFLAGS:-} CARGO_ENCODED_RUSTFLAGS=${CARGO_ENCODED_RUSTFLAGS:-}"
     sha256sum Cargo.lock Cargo.toml scripts/build-agent.sh
+    for f in .cargo/config.toml .cargo/config rust-toolchain.toml rust-toolchain; do
+      [ ! -f "$f" ] || sha256sum "$f"
+    done
     for c in $crates; do
       (cd "$c" && find . -type f -not -path './target/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
     done
