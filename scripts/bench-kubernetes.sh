@@ -6,19 +6,25 @@
 # platform, in one run:
 #  - per-cell overhead: median cell record duration_s of CELLS noop cells
 #    started at once, ROUNDS times (launch to result stored: the run's watch,
-#    the Job's create, the fake's 100 ms scheduling delay, the init container
-#    installing the agent, the agent's noop run, its frames home over the pod
-#    log, the pod seen ended, the Job's deletion answered);
+#    the Job's create, the fake's 100 ms scheduling delay, the agent image
+#    mounted as an image volume (the fake is Kubernetes 1.35 on containerd
+#    2.1, so `agent_delivery: auto` picks it), the agent's noop run, its
+#    frames home over the pod log, the pod seen ended, the Job's deletion
+#    answered); and the same suite with `agent_delivery: init-container`
+#    (variant `kubernetes_init`: an init container copies the agent in, as on
+#    clusters without image volumes);
 #  - the bare platform (scripts/bench-bare/kube_jobs.py, the official Python
 #    client, in the same rounds, interleaved with orch's): the same CELLS Jobs
 #    at once, timed from their create to their pod seen `Succeeded` in one
 #    watch and their deletion answered. Shape `orch`: the very Jobs orch
-#    submits (`orch run --dry-run`: the same init container, the same agent
+#    submits (`orch run --dry-run`: the same image volume, the same agent
 #    running the same noop task), so `kubernetes_overhead_over_bare_ms` is
-#    orch's own host side (its watch, the log home, the record); shape `true`:
-#    a plain one-container Job running `true` in the same image, so
-#    `..._over_bare_true_ms` adds what orch runs in the pod (the init
-#    container and the agent) to it;
+#    orch's own host side (its watch, the log home, the record); shape
+#    `orch_init`: the init-container variant's Jobs, beside its orch runs
+#    (`kubernetes_init_overhead_over_bare_init_ms`); shape `true`: a plain
+#    one-container Job running `true` in the same image, so
+#    `..._over_bare_true_ms` adds what orch runs in the pod (the agent, and
+#    for the variant the init container) to it;
 #  - log throughput: one command cell writing LOG_MIB MiB to stdout, MiB/s
 #    from its duration (the bytes come home as frames over the pod log on
 #    kubernetes; straight to the file on local).
@@ -50,7 +56,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/bench-kubernetes.XXXXXX")
 mkdir -p "$work/agent-image"
 cp "$AGENT" "$work/agent-image/orch-agent"
 "$FAKE" "$work/kubeconfig" --image "bench/orch-agent:1=$work/agent-image" \
-  --busybox-image "debian:bookworm-slim" > "$work/fake.out" 2>&1 &
+  --busybox-image "debian:bookworm-slim" --kubernetes-version 1.35 \
+  --container-runtime containerd://2.1.4 > "$work/fake.out" 2>&1 &
 fake_pid=$!
 trap 'kill $fake_pid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done
@@ -74,20 +81,38 @@ benchmarks:
   - name: spew
     workload: {shell: 'head -c $((LOG_MIB * 1048576)) /dev/zero | tr "\\\\0" "a" | fold -w 99'}
 YAML
-"$ORCH" run -f "$work/noop.yaml" --backend kubernetes --dry-run > "$work/dry-run.yaml"
+# The dry runs name the delivery (a dry run asks no cluster, so `auto` would
+# print the init container): the Jobs `auto` submits here, and the variant's.
+sed 's/^name: overhead$/name: overhead\nkubernetes: {agent_delivery: image-volume}/' "$work/noop.yaml" > "$work/noop-volume.yaml"
+sed 's/^name: overhead$/name: overhead\nkubernetes: {agent_delivery: init-container}/' "$work/noop.yaml" > "$work/noop-init.yaml"
+"$ORCH" run -f "$work/noop-volume.yaml" --backend kubernetes --dry-run > "$work/dry-run.yaml"
+"$ORCH" run -f "$work/noop-init.yaml" --backend kubernetes --dry-run > "$work/dry-run-init.yaml"
+grep -q 'reference: bench/orch-agent:1' "$work/dry-run.yaml" || { echo "error: the dry run has no image volume" >&2; exit 1; }
 for r in $(seq "$ROUNDS"); do
   for backend in local kubernetes; do
     "$ORCH" run -f "$work/noop.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/noop-$backend-$r.json"
   done
+  "$ORCH" run -f "$work/noop-init.yaml" --backend kubernetes --store "$work/kubernetes" --json > "$work/noop-kubernetes_init-$r.json"
   python3 scripts/bench-bare/kube_jobs.py "$KUBECONFIG" orch "$CELLS" "$work/dry-run.yaml" > "$work/bare-orch-$r.json"
+  python3 scripts/bench-bare/kube_jobs.py "$KUBECONFIG" orch_init "$CELLS" "$work/dry-run-init.yaml" > "$work/bare-orch_init-$r.json"
   python3 scripts/bench-bare/kube_jobs.py "$KUBECONFIG" true "$CELLS" > "$work/bare-true-$r.json"
 done
+# `auto` picked the image volume in every orch run of the default suite.
+python3 - "$work" "$ROUNDS" <<'PY'
+import json, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+for r in range(1, rounds + 1):
+    for name, want in (("kubernetes", "image-volume"), ("kubernetes_init", "init-container")):
+        for c in json.load(open(f"{work}/noop-{name}-{r}.json"))["cells"]:
+            got = c["info"].get("kubernetes_agent_delivery")
+            assert got == want, (name, r, c["id"], got)
+PY
 for backend in local kubernetes; do
   "$ORCH" run -f "$work/logs.yaml" --backend "$backend" --store "$work/$backend" --json > "$work/logs-$backend.json"
 done
 mkdir -p results
-python3 scripts/bench-bare/report.py kubernetes "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" \
+VARIANTS=kubernetes_init python3 scripts/bench-bare/report.py kubernetes "$work" "$CELLS" "$LOG_MIB" "$PROFILE" "$ROUNDS" "$load_start" \
   results/bench-kubernetes.json "$(cat <<'JSON'
-{"server": "fake-kube (orch-fake-kube) on this host: Kubernetes REST on loopback, each container chrooted in its image root (mount namespace), 100 ms scheduling delay", "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's create to pod Succeeded (one watch) to Job deletion answered, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration", "bare": "scripts/bench-bare/kube_jobs.py: shape orch = the Jobs of `orch run --dry-run` (same init container and agent noop task); shape true = one container running `true` in the same image"}
+{"server": "fake-kube (orch-fake-kube) on this host: Kubernetes 1.35 REST on loopback, nodes on containerd 2.1 (image volumes), each container chrooted in its image root (mount namespace), 100 ms scheduling delay", "measure": "cell record duration_s (launch to result stored), medians over every cell of every round; bare: the official Python client's create to pod Succeeded (one watch) to Job deletion answered, the same count at once, interleaved with orch's rounds; log MiB/s = bytes of stdout.log / duration", "bare": "scripts/bench-bare/kube_jobs.py: shape orch = the Jobs of `orch run --dry-run` with agent_delivery image-volume (what auto picks here: the agent image as an image volume, the agent's noop task); shape orch_init = the same with agent_delivery init-container; shape true = one container running `true` in the same image", "variants": {"kubernetes": "agent_delivery auto (image-volume here)", "kubernetes_init": "agent_delivery init-container"}}
 JSON
-)" "orch:" "true:_true"
+)" "orch:" "orch_init:_init:kubernetes_init" "true:_true" "true:_true:kubernetes_init"

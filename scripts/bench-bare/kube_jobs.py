@@ -4,9 +4,9 @@ needs no orch would, against the same fake API server in the same run.
 
     python3 kube_jobs.py KUBECONFIG SHAPE N [DRY_RUN_YAML]
 
-SHAPE `orch`: the Jobs `orch run --dry-run` prints for the noop suite (the
-same init container copying the agent from the agent image, the same cell
-container running the agent's noop task), renamed; SHAPE `true`: a plain Job
+SHAPE `orch` (or `orch_*`): the Jobs `orch run --dry-run` prints for the
+noop suite (the same agent delivery, an image volume or an init container,
+the same cell container running the agent's noop task), renamed; SHAPE `true`: a plain Job
 of one container running `true` in the cells' image. All N are started at
 once (as orch starts the suite's N cells), each timed from just before its
 create to its pod seen `Succeeded` in one watch of the pods (the platform's
@@ -28,14 +28,14 @@ LABEL = "bench.orch.dev/bare"
 
 def jobs(shape, n, dry_run):
     """N Job bodies of the shape, named `bare-SHAPE-K`, labelled for the watch."""
-    if shape == "orch":
+    if shape.startswith("orch"):
         docs = [d for d in yaml.safe_load_all(open(dry_run)) if d and d.get("kind") == "Job"]
         if not docs:
             sys.exit(f"no Job in {dry_run}")
     out = []
     for k in range(n):
-        name = f"bare-{shape}-{k}"
-        if shape == "orch":
+        name = f"bare-{shape.replace('_', '-')}-{k}"
+        if shape.startswith("orch"):
             job = json.loads(json.dumps(docs[k % len(docs)]))
             job["metadata"] = {"name": name, "labels": {LABEL: shape}}
         else:

@@ -9,8 +9,10 @@ WORK holds `noop-{local,BACKEND}-R.json` (`orch run --json` of CELLS noop
 cells, round R), `bare-SHAPE-R.json` (the bare platform's milliseconds per
 cell, from scripts/bench-bare/) and `logs-{local,BACKEND}.json` with their
 stores `WORK/{local,BACKEND}`. DESC: a JSON object of what the script says of
-its server, measure and bare shapes. Each SHAPE:SUFFIX names
-`BACKEND_bare{SUFFIX}_ms` and `BACKEND_overhead_over_bare{SUFFIX}_ms`.
+its server, measure and bare shapes. Each SHAPE:SUFFIX[:VARIANT] names
+`BACKEND_bare{SUFFIX}_ms` and `VARIANT_overhead_over_bare{SUFFIX}_ms` (VARIANT
+default BACKEND). VARIANTS (environment, space-separated): more orch runs
+measured like BACKEND's, from `noop-VARIANT-R.json`.
 """
 
 import json
@@ -28,7 +30,8 @@ def main(backend, work, cells, mib, profile, rounds, load_start, path, desc, *sh
     out = {"cells": cells, "rounds": rounds, "log_mib": mib, "build": profile, "cpus": os.cpu_count(),
            "load_1m": [float(load_start), os.getloadavg()[0]]}
     out.update(json.loads(desc))
-    for b in ("local", backend):
+    variants = os.environ.get("VARIANTS", "").split()
+    for b in ("local", backend, *variants):
         ds, per_round = [], []
         for r in range(1, rounds + 1):
             rec = json.load(open(f"{work}/noop-{b}-{r}.json"))
@@ -41,14 +44,15 @@ def main(backend, work, cells, mib, profile, rounds, load_start, path, desc, *sh
         out[f"{b}_overhead_p90_ms"] = p90(ds)
         out[f"{b}_overhead_ms_by_round"] = per_round
     for spec in shapes:
-        shape, suffix = spec.split(":", 1)
+        shape, suffix, *variant = spec.split(":")
+        orch = variant[0] if variant else backend
         key = f"{backend}_bare{suffix}"
         rs = [json.load(open(f"{work}/bare-{shape}-{r}.json"))["ms"] for r in range(1, rounds + 1)]
         ds = sorted(t for r in rs for t in r)
         out[f"{key}_ms"] = round(statistics.median(ds), 1)
         out[f"{key}_p90_ms"] = p90(ds)
         out[f"{key}_ms_by_round"] = [round(statistics.median(r), 1) for r in rs]
-        out[f"{backend}_overhead_over_bare{suffix}_ms"] = round(out[f"{backend}_overhead_ms"] - out[f"{key}_ms"], 1)
+        out[f"{orch}_overhead_over_bare{suffix}_ms"] = round(out[f"{orch}_overhead_ms"] - out[f"{key}_ms"], 1)
     for b in ("local", backend):
         rec = json.load(open(f"{work}/logs-{b}.json"))
         c = rec["cells"][0]

@@ -57,6 +57,7 @@ pub fn settings(plan: &Plan, namespace: &str) -> KubeSettings {
     s.gpu_label = def.gpu_label.clone();
     s.gpu_types = def.gpu_types.clone();
     s.gpu_affinity = def.gpu_affinity.unwrap_or_default();
+    s.agent_delivery = def.agent_delivery.unwrap_or_default();
     s.weights_pvc = def.weights_pvc.clone();
     s.secret_name = def.secret.clone();
     s.secret_keys = plan.secrets.clone();
@@ -102,7 +103,135 @@ pub async fn backend(
             eprintln!("note: {note}");
         }
     }
+    if !plan.cells.is_empty() {
+        if let Some(note) = resolve_agent_delivery(&client, &mut s).await? {
+            eprintln!("note: {note}");
+        }
+    }
     Ok(KubernetesBackend::new(client, s).with_nodes(nodes_of(plan)))
+}
+
+/// The oldest kubelet whose `ImageVolume` gate is on by default (beta, 1.35).
+const IMAGE_VOLUME_KUBELET_MINOR: u32 = 35;
+
+/// `agent_delivery`: `auto` becomes `image-volume` when every node runs a
+/// kubelet of 1.35 or later (its `ImageVolume` gate on by default) on a
+/// runtime that mounts image volumes (containerd 2.1, CRI-O 1.31), and a
+/// server-side dry run of a Job with an `image` volume keeps it (the API
+/// server's gate is on: off, it drops the volume silently); else
+/// `init-container`, which every cluster runs. Each cell's record says
+/// which (`info.kubernetes_agent_delivery`); a note says when `auto` chose
+/// the image volume, or why not on a cluster whose nodes could mount one.
+/// An explicit `image-volume` the API server drops is a user error (no cell
+/// would find its agent).
+async fn resolve_agent_delivery(
+    client: &kube::Client,
+    s: &mut KubeSettings,
+) -> Result<Option<String>, BackendError> {
+    use orch_manifest::AgentDelivery;
+    if s.agent_delivery == AgentDelivery::InitContainer || s.agent_image.is_empty() {
+        return Ok(None);
+    }
+    if s.agent_delivery == AgentDelivery::ImageVolume {
+        if dry_run_image_volume(client, s).await == Some(false) {
+            return Err(user(
+                "`kubernetes.agent_delivery: image-volume`: the API server dropped the `image` volume from a dry-run Job (its `ImageVolume` feature gate is off), so no cell would find its agent\nhint: use `agent_delivery: init-container` (or `auto`), or enable `ImageVolume` on the API server and kubelets (on by default from Kubernetes 1.35)".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    // `auto`: the nodes first (no request to the API server's admission
+    // where no node could mount the volume anyway).
+    s.agent_delivery = AgentDelivery::InitContainer;
+    use k8s_openapi::api::core::v1::Node;
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    let Some(nodes) = tokio::time::timeout(
+        Duration::from_secs(15),
+        api.list(&kube::api::ListParams::default()),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok) else {
+        return Ok(None);
+    };
+    if nodes.items.is_empty()
+        || nodes
+            .items
+            .iter()
+            .any(|n| node_without_image_volumes(n).is_some())
+    {
+        return Ok(None);
+    }
+    match dry_run_image_volume(client, s).await {
+        Some(true) => {
+            s.agent_delivery = AgentDelivery::ImageVolume;
+            Ok(Some(format!(
+                "the agent reaches each cell as an image volume of `{}` (every node's kubelet and runtime mount them): no init container",
+                s.agent_image
+            )))
+        }
+        Some(false) => Ok(Some(
+            "the agent reaches each cell by an init container: the nodes could mount it as an image volume, but the API server drops `image` volumes (its `ImageVolume` feature gate is off)\nhint: `kubernetes.agent_delivery: init-container` silences this".into(),
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Why a node cannot mount the agent image as a volume (`None`: it can):
+/// a kubelet before 1.35, or a runtime before containerd 2.1 or CRI-O 1.31.
+fn node_without_image_volumes(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+    let kubelet = info.map(|i| i.kubelet_version.as_str()).unwrap_or_default();
+    let runtime = info
+        .map(|i| i.container_runtime_version.as_str())
+        .unwrap_or_default();
+    let (_, kubelet_minor) = version_pair(kubelet);
+    if kubelet_minor < IMAGE_VOLUME_KUBELET_MINOR {
+        return Some(format!(
+            "node `{name}` runs kubelet `{kubelet}` (image volumes are on by default from 1.35)"
+        ));
+    }
+    let (engine, version) = runtime.split_once("://").unwrap_or((runtime, ""));
+    let v = version_pair(version);
+    let ok = match engine {
+        "containerd" => v >= (2, 1),
+        "cri-o" => v >= (1, 31),
+        _ => false,
+    };
+    (!ok).then(|| format!("node `{name}` runs `{runtime}` (image volumes need containerd 2.1 or CRI-O 1.31)"))
+}
+
+/// (major, minor) of `v1.35.2`, `2.1.4-k3s1`; (0, 0) when unreadable.
+fn version_pair(v: &str) -> (u32, u32) {
+    let mut parts = v.trim_start_matches('v').split(['.', '-', '+']);
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
+/// Whether the API server keeps an `image` volume: a server-side dry run
+/// (`dryRun=All`: admitted and validated, never stored) of a Job mounting
+/// the agent image. `None` when the API server did not answer it.
+async fn dry_run_image_volume(client: &kube::Client, s: &KubeSettings) -> Option<bool> {
+    use k8s_openapi::api::batch::v1::Job;
+    let mut probe = s.clone();
+    probe.agent_delivery = orch_manifest::AgentDelivery::ImageVolume;
+    let job = spec::delivery_probe_job(&probe);
+    let api: kube::Api<Job> = kube::Api::namespaced(client.clone(), &s.namespace);
+    let params = kube::api::PostParams {
+        dry_run: true,
+        field_manager: None,
+    };
+    let made = tokio::time::timeout(Duration::from_secs(15), api.create(&params, &job))
+        .await
+        .ok()?
+        .ok()?;
+    Some(
+        made.spec
+            .and_then(|j| j.template.spec)
+            .and_then(|p| p.volumes)
+            .is_some_and(|v| v.iter().any(|v| v.image.is_some())),
+    )
 }
 
 /// Nodes per cell id, for cells of more than one (`nodes: N`).

@@ -32,11 +32,17 @@
 //! filesystem needed: see [`files`] for the design and its limits (64 MiB a
 //! cell, 768 KiB a ConfigMap).
 //!
-//! The agent reaches ANY image through an init container: the small agent
-//! image (`FROM scratch`, the static agent only) copies the agent into an
-//! `emptyDir` (`orch-agent install /orch/bin/orch-agent`), and the cell's
-//! container runs it from there. The agent's stdout is the frame stream of
-//! the way home; the pod log carries it to the host.
+//! The agent reaches ANY image from the small agent image (`FROM scratch`,
+//! the static agent at `/orch-agent`), one of two ways
+//! (`kubernetes.agent_delivery`): mounted read-only at `/orch/bin` as an
+//! `image` volume (KEP-4639; `auto` picks it when every node's kubelet is
+//! 1.35 or later on containerd 2.1 or CRI-O 1.31 and a server-side dry run
+//! keeps the volume: `host::resolve_agent_delivery`), or copied into an
+//! `emptyDir` there by an init container (`orch-agent install
+//! /orch/bin/orch-agent`; any cluster, one more container start per pod).
+//! The cell's container runs `/orch/bin/orch-agent` either way. The agent's
+//! stdout is the frame stream of the way home; the pod log carries it to the
+//! host.
 //!
 //! ## What is where
 //!

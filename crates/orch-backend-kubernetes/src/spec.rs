@@ -16,15 +16,15 @@ use crate::{
 };
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, LocalObjectReference, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, ResourceRequirements, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec,
-    Toleration as K8sToleration, Volume, VolumeMount,
+    Affinity, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ImageVolumeSource, LocalObjectReference,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
+    PodSpec, PodTemplateSpec, ResourceRequirements, Secret, SecretKeySelector, Service, ServicePort,
+    ServiceSpec, Toleration as K8sToleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
-use orch_manifest::GpuAffinity;
+use orch_manifest::{AgentDelivery, GpuAffinity};
 use orch_protocol::TaskSpec;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -73,6 +73,11 @@ pub struct KubeSettings {
     pub secret_keys: Vec<String>,
     /// The image whose `/orch-agent` is the static agent (`orch build --push` publishes it).
     pub agent_image: String,
+    /// How the agent reaches a cell's container: `ImageVolume` (the agent
+    /// image mounted at [`AGENT_DIR`]) or `InitContainer` (copied there);
+    /// `Auto` is resolved by the host against the cluster (here it means
+    /// `InitContainer`, which every cluster runs).
+    pub agent_delivery: AgentDelivery,
     /// A pod that makes no progress (pending, pulling, creating) this long fails the cell.
     pub max_pending: Duration,
     /// How long an unschedulable pod waits for an autoscaler's word
@@ -105,6 +110,7 @@ impl KubeSettings {
             secret_name: None,
             secret_keys: vec![],
             agent_image: agent_image.into(),
+            agent_delivery: AgentDelivery::Auto,
             max_pending: Duration::from_secs(15 * 60),
             unschedulable_grace: Duration::from_secs(90),
             scale_up_timeout: Duration::from_secs(15 * 60),
@@ -679,11 +685,26 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
             ..Default::default()
         },
     ];
+    let image_volume = s.agent_delivery == AgentDelivery::ImageVolume;
     let mut volumes = vec![
-        Volume {
-            name: "orch-bin".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
+        if image_volume {
+            // KEP-4639: the kubelet pulls the agent image (once per node, as
+            // for a container) and mounts its root read-only: the agent is at
+            // `AGENT_PATH` with no container started to copy it.
+            Volume {
+                name: "orch-bin".into(),
+                image: Some(ImageVolumeSource {
+                    reference: Some(s.agent_image.clone()),
+                    pull_policy: None,
+                }),
+                ..Default::default()
+            }
+        } else {
+            Volume {
+                name: "orch-bin".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            }
         },
         Volume {
             name: "orch-out".into(),
@@ -800,7 +821,7 @@ pub fn cell_job(task: &TaskSpec, image: &str, secret_names: &[String], s: &KubeS
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
-                    init_containers: Some(vec![installer]),
+                    init_containers: (!image_volume).then(|| vec![installer]),
                     containers: vec![cell],
                     volumes: Some(volumes),
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
@@ -1047,6 +1068,56 @@ pub fn probe_job(name: &str, image: &str, script: &str, s: &KubeSettings) -> Job
 
 /// Where the static `orch` is in the agent image (for `orch setup` Jobs).
 pub const ORCH_CLI_IN_IMAGE: &str = "/orch-cli";
+/// The Job a server-side dry run sends to learn whether the API server keeps
+/// an `image` volume (its `ImageVolume` gate: off, it drops the volume and
+/// its mounts without an error): one container of the agent image running
+/// the agent from the volume. Never stored (`dryRun=All`).
+pub fn delivery_probe_job(s: &KubeSettings) -> Job {
+    let mut labels = BTreeMap::new();
+    labels.insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    Job {
+        metadata: ObjectMeta {
+            generate_name: Some("orch-delivery-check-".into()),
+            namespace: Some(s.namespace.clone()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    containers: vec![Container {
+                        name: CELL_CONTAINER.into(),
+                        image: Some(s.agent_image.clone()),
+                        command: Some(vec![AGENT_PATH.into(), "version".into()]),
+                        volume_mounts: Some(vec![VolumeMount {
+                            name: "orch-bin".into(),
+                            mount_path: AGENT_DIR.into(),
+                            read_only: Some(true),
+                            ..Default::default()
+                        }]),
+                        resources: Some(small_resources("10m", "32Mi")),
+                        ..Default::default()
+                    }],
+                    volumes: Some(vec![Volume {
+                        name: "orch-bin".into(),
+                        image: Some(ImageVolumeSource {
+                            reference: Some(s.agent_image.clone()),
+                            pull_policy: None,
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 /// Where the setup Job's suite file is mounted.
 pub const SETUP_SUITE_DIR: &str = "/orch/suite";
 

@@ -391,7 +391,7 @@ async fn route(
         ["version"] => {
             return Ok(json_resp(
                 200,
-                &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "platform": "linux/amd64"}),
+                &json!({"major": "1", "minor": inner.minor.to_string(), "gitVersion": format!("v1.{}.0-fake", inner.minor), "platform": "linux/amd64"}),
             ))
         }
         ["api"] => {
@@ -658,6 +658,12 @@ fn create(
         }
     }
     obj["metadata"]["uid"] = json!(uuid());
+    // The API server's `dropDisabledFields` runs before validation.
+    match ri.resource {
+        "pods" => super::jobs::image_volumes(&mut obj["spec"], inner.image_volume),
+        "jobs" => super::jobs::image_volumes(&mut obj["spec"]["template"]["spec"], inner.image_volume),
+        _ => {}
+    }
     match ri.resource {
         "secrets" => prepare_secret(&mut obj)?,
         "configmaps" => prepare_config_map(&mut obj)?,

@@ -36,6 +36,52 @@ pub(crate) fn start_pod(inner: &Arc<Inner>, st: &mut super::store::State, pod: V
     pod
 }
 
+/// `image` volumes as the API server stores them: with the `ImageVolume` gate off, dropped
+/// with every mount of them (`dropImageVolumes`, before validation: no error); on, their
+/// `pullPolicy` defaulted as a container's `imagePullPolicy` is (`Always` for `:latest` or no
+/// tag, else `IfNotPresent`).
+pub(crate) fn image_volumes(spec: &mut Value, gate: bool) {
+    let Some(vols) = spec["volumes"].as_array_mut() else {
+        return;
+    };
+    if gate {
+        for v in vols.iter_mut().filter(|v| v["image"].is_object()) {
+            if v["image"]["pullPolicy"].is_null() {
+                let pull = pull_policy(v["image"]["reference"].as_str().unwrap_or_default());
+                v["image"]["pullPolicy"] = json!(pull);
+            }
+        }
+        return;
+    }
+    let dropped: Vec<String> = vols
+        .iter()
+        .filter(|v| v["image"].is_object())
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect();
+    if dropped.is_empty() {
+        return;
+    }
+    vols.retain(|v| !v["image"].is_object());
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+                mounts.retain(|m| !dropped.iter().any(|d| m["name"].as_str() == Some(d.as_str())));
+            }
+        }
+    }
+}
+
+/// A container image's default pull policy: `Always` for `:latest` or no tag, else
+/// `IfNotPresent` (a digest counts as a tag).
+fn pull_policy(image: &str) -> &'static str {
+    let tag = image.rsplit('/').next().unwrap_or_default();
+    if image.contains('@') || (tag.contains(':') && !tag.ends_with(":latest")) {
+        "IfNotPresent"
+    } else {
+        "Always"
+    }
+}
+
 /// Defaults the API server writes into a pod spec (and a Job's pod template).
 pub(crate) fn default_pod_spec(spec: &mut Value) {
     let d = |v: &mut Value, k: &str, x: Value| {
@@ -54,13 +100,7 @@ pub(crate) fn default_pod_spec(spec: &mut Value) {
                 d(c, "terminationMessagePath", json!("/dev/termination-log"));
                 d(c, "terminationMessagePolicy", json!("File"));
                 d(c, "resources", json!({}));
-                let image = c["image"].as_str().unwrap_or_default();
-                let tag = image.rsplit('/').next().unwrap_or_default();
-                let pull = if image.contains('@') || (tag.contains(':') && !tag.ends_with(":latest")) {
-                    "IfNotPresent"
-                } else {
-                    "Always"
-                };
+                let pull = pull_policy(c["image"].as_str().unwrap_or_default());
                 d(c, "imagePullPolicy", json!(pull));
                 // Extended resources: requests default to limits.
                 if let Some(lim) = c["resources"]["limits"].as_object().cloned() {
@@ -109,6 +149,15 @@ pub(crate) fn validate_pod_spec(spec: &Value, path: &str, job: bool) -> Vec<(Str
         .iter()
         .filter_map(|v| v["name"].as_str())
         .collect();
+    for (i, v) in arr(&spec["volumes"]).iter().enumerate() {
+        if v["image"].is_object() && v["image"]["reference"].as_str().is_none_or(str::is_empty) {
+            errs.push((
+                format!("{path}.volumes[{i}].image.reference"),
+                "FieldValueRequired",
+                "Required value".to_string(),
+            ));
+        }
+    }
     let mut names = Vec::new();
     for list in ["initContainers", "containers"] {
         for (i, c) in arr(&spec[list]).iter().enumerate() {

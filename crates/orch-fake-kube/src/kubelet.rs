@@ -361,7 +361,7 @@ fn autoscale(ctx: &Ctx, s: &mut Autoscaling) {
         }
         node.labels
             .insert("kubernetes.io/hostname".into(), node.name.clone());
-        let obj = node.object();
+        let obj = node.object(ctx.inner.minor, &ctx.inner.runtime);
         lock(&ctx.inner.nodes).push(node);
         let mut st = ctx.inner.lock();
         ctx.inner.insert_locked(&mut st, "nodes", obj);

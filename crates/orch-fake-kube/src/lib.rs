@@ -34,7 +34,9 @@
 //!   Secrets (`CreateContainerConfigError` until they exist), runs init containers then
 //!   containers, each `chroot`ed in its image's root with a writable layer of its own and its
 //!   volumes (emptyDir, Secret, ConfigMap, `projected` (Secret and ConfigMap sources), PVC and
-//!   hostPath folders; `subPath`, `readOnly`; a missing Secret or ConfigMap keeps the pod
+//!   hostPath folders, `image` volumes (an image's root, read-only; the `ImageVolume` gate
+//!   follows [`FakeKubeBuilder::kubernetes_minor`], and a runtime too old for them is
+//!   [`FakeKubeBuilder::container_runtime`]); `subPath`, `readOnly`; a missing Secret or ConfigMap keeps the pod
 //!   waiting with `FailedMount` events, as the kubelet does) and
 //!   termination-log file bind-mounted at their container paths (nothing else of this host is
 //!   visible, no path is translated: a program that needs a library the image lacks fails as
@@ -166,7 +168,7 @@ impl FakeNode {
         }
     }
 
-    fn object(&self) -> Value {
+    fn object(&self, minor: u32, runtime: &str) -> Value {
         let mut capacity =
             json!({"cpu": "64", "memory": "527939160Ki", "pods": "110", "ephemeral-storage": "1845045268Ki"});
         if self.gpus > 0 {
@@ -180,7 +182,7 @@ impl FakeNode {
                 "allocatable": capacity,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": util::now(), "lastTransitionTime": util::now()}],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}],
-                "nodeInfo": {"kubeletVersion": "v1.33.0-fake", "containerRuntimeVersion": "containerd://2.0.0", "operatingSystem": "linux", "architecture": "amd64", "osImage": "fake", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
+                "nodeInfo": {"kubeletVersion": format!("v1.{minor}.0-fake"), "containerRuntimeVersion": runtime, "operatingSystem": "linux", "architecture": "amd64", "osImage": "fake", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
             },
         })
     }
@@ -241,6 +243,9 @@ pub struct FakeKubeBuilder {
     rate_limit: Option<RateLimit>,
     latency: Duration,
     lose_pod_endings: bool,
+    minor: u32,
+    image_volume: Option<bool>,
+    runtime: String,
 }
 
 impl FakeKubeBuilder {
@@ -319,6 +324,31 @@ impl FakeKubeBuilder {
         self
     }
 
+    /// The cluster's Kubernetes version, `1.MINOR` (default 1.33): what `/version` and every
+    /// node's `kubeletVersion` say, and the `ImageVolume` feature gate's default (on from
+    /// 1.35, where it is beta and enabled by default; off before, beta-disabled in 1.33-1.34).
+    pub fn kubernetes_minor(mut self, minor: u32) -> Self {
+        self.minor = minor;
+        self
+    }
+
+    /// The `ImageVolume` feature gate, whatever the version's default: off, the API server
+    /// drops `image` volumes and the mounts of them from a pod spec as it stores it
+    /// (`dropImageVolumes`: no error), so a container that needs one finds its mount path
+    /// empty.
+    pub fn image_volume_gate(mut self, on: bool) -> Self {
+        self.image_volume = Some(on);
+        self
+    }
+
+    /// Every node's `status.nodeInfo.containerRuntimeVersion` (default `containerd://2.0.0`).
+    /// Image volumes need containerd 2.1 or CRI-O 1.31: on an older runtime the kubelet cannot
+    /// mount one and the pod's containers are never created (`CreateContainerError`).
+    pub fn container_runtime(mut self, version: &str) -> Self {
+        self.runtime = version.to_string();
+        self
+    }
+
     /// Require `Authorization: Bearer TOKEN` (default `fake-token`; a 401 `Status` otherwise).
     pub fn token(mut self, t: &str) -> Self {
         self.token = t.to_string();
@@ -355,6 +385,9 @@ impl FakeKubeBuilder {
             nvml: self.nvml,
             cut_logs: self.cut_logs,
             lose_pod_endings: self.lose_pod_endings,
+            minor: self.minor,
+            image_volume: self.image_volume.unwrap_or(self.minor >= 35),
+            runtime: self.runtime,
             root: root.clone(),
             port: addr.port(),
             requests: Mutex::new(Vec::new()),
@@ -370,7 +403,7 @@ impl FakeKubeBuilder {
         {
             let mut st = inner.lock();
             for n in lock(&inner.nodes).iter() {
-                inner.insert_locked(&mut st, "nodes", n.object());
+                inner.insert_locked(&mut st, "nodes", n.object(inner.minor, &inner.runtime));
             }
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -474,6 +507,9 @@ impl FakeKube {
             rate_limit: None,
             latency: Duration::ZERO,
             lose_pod_endings: false,
+            minor: 33,
+            image_volume: None,
+            runtime: "containerd://2.0.0".to_string(),
         }
     }
 

@@ -145,6 +145,12 @@ pub(crate) struct Inner {
     pub cut_logs: Option<usize>,
     /// Watches drop a pod's changes once it ended (`lose_pod_endings_in_watches`).
     pub lose_pod_endings: bool,
+    /// The cluster's Kubernetes minor version (`1.MINOR`: `/version`, the kubelets').
+    pub minor: u32,
+    /// The `ImageVolume` feature gate (API server and kubelets).
+    pub image_volume: bool,
+    /// Every node's `containerRuntimeVersion` (`containerd://2.0.0` by default).
+    pub runtime: String,
     pub root: PathBuf,
     pub port: u16,
     pub requests: Mutex<Vec<String>>,

@@ -1862,3 +1862,113 @@ async fn a_bookmark_never_passes_a_change_the_watch_has_not_sent() {
         );
     }
 }
+
+/// KEP-4639 image volumes as a cluster of each version has them: 1.33 (gate
+/// off by default) drops the volume and its mounts as it stores the Job, with
+/// no error; 1.35 on containerd 2.1 mounts the image's root read-only and
+/// executable; 1.35 on containerd 2.0 never creates the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_volumes_follow_the_gate_and_the_runtime() {
+    if !can_run() {
+        return;
+    }
+    let tools = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tools.path().join("bin")).unwrap();
+    let tool = tools.path().join("bin/tool");
+    std::fs::write(&tool, "#!/bin/sh\necho tool-ran\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let with_volume = |name: &str| {
+        let mut j = job(
+            name,
+            &[
+                "sh",
+                "-c",
+                "/t/bin/tool; touch /t/new 2>/dev/null && echo writable || echo read-only",
+            ],
+        );
+        let s = &mut j["spec"]["template"]["spec"];
+        s["containers"][0]["volumeMounts"] = json!([{"name": "tools", "mountPath": "/t"}]);
+        s["volumes"] = json!([{"name": "tools", "image": {"reference": "reg/tools:v1"}}]);
+        j
+    };
+    let cluster = |minor: u32, runtime: &str| {
+        FakeKube::builder()
+            .node(FakeNode::cpu("cpu-0"))
+            .image("busybox:1.36", busybox())
+            .image("reg/tools:v1", tools.path())
+            .kubernetes_minor(minor)
+            .container_runtime(runtime)
+            .start()
+            .unwrap()
+    };
+
+    // 1.33: stored without the volume or its mount; the container finds no tool.
+    let k = cluster(33, "containerd://2.0.0");
+    let c = C::new(&k);
+    assert_eq!(c.get("/version").await["minor"], "33");
+    let (code, stored) = c.req("POST", JOBS, Some(with_volume("old"))).await;
+    assert_eq!(code, 201, "{stored:#}");
+    let spec = &stored["spec"]["template"]["spec"];
+    assert!(
+        spec["volumes"].as_array().is_none_or(|v| v.is_empty()),
+        "{spec:#}"
+    );
+    assert!(
+        spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .is_none_or(|v| v.is_empty()),
+        "{spec:#}"
+    );
+    drop(k);
+
+    // 1.35 on containerd 2.1: mounted, executable, read-only; pullPolicy defaulted.
+    let k = cluster(35, "containerd://2.1.4");
+    let c = C::new(&k);
+    let node = c.get("/api/v1/nodes/cpu-0").await;
+    assert_eq!(node["status"]["nodeInfo"]["kubeletVersion"], "v1.35.0-fake");
+    let (code, stored) = c.req("POST", JOBS, Some(with_volume("new"))).await;
+    assert_eq!(code, 201, "{stored:#}");
+    assert_eq!(
+        stored["spec"]["template"]["spec"]["volumes"][0]["image"]["pullPolicy"],
+        "IfNotPresent"
+    );
+    c.until(&format!("{JOBS}/new"), "Complete", |j| has_cond(j, "Complete"))
+        .await;
+    let p = c.job_pod("ns", "new").await;
+    let (_, log) = c
+        .raw(
+            "GET",
+            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&p)),
+            None,
+        )
+        .await;
+    assert_eq!(log, "tool-ran\nread-only\n");
+    assert!(!tools.path().join("new").exists());
+    // A volume without a reference is refused.
+    let mut bad = with_volume("noref");
+    bad["spec"]["template"]["spec"]["volumes"][0]["image"] = json!({});
+    let (code, st) = c.req("POST", JOBS, Some(bad)).await;
+    assert_eq!(code, 422, "{st:#}");
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.template.spec.volumes[0].image.reference: Required value"),
+        "{st:#}"
+    );
+    drop(k);
+
+    // 1.35 on containerd 2.0: the API keeps it, the node cannot mount it.
+    let k = cluster(35, "containerd://2.0.0");
+    let c = C::new(&k);
+    c.req("POST", JOBS, Some(with_volume("norun"))).await;
+    let p = c.job_pod("ns", "norun").await;
+    let p = c
+        .until(
+            &format!("/api/v1/namespaces/ns/pods/{}", pod_name(&p)),
+            "CreateContainerError",
+            |p| p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerError",
+        )
+        .await;
+    assert_eq!(p["status"]["phase"], "Pending", "{p:#}");
+}

@@ -202,3 +202,77 @@ fn a_wrong_token_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+const IMAGE_VOLUME_SCRIPT: &str = r#"
+import json, sys
+from kubernetes import client, config
+
+config.load_kube_config(config_file=sys.argv[1])
+batch = client.BatchV1Api()
+job = client.V1Job(
+    api_version="batch/v1", kind="Job",
+    metadata=client.V1ObjectMeta(generate_name="probe-"),
+    spec=client.V1JobSpec(backoff_limit=0, template=client.V1PodTemplateSpec(
+        spec=client.V1PodSpec(
+            restart_policy="Never",
+            containers=[client.V1Container(
+                name="main", image="busybox:1.36", command=["/tools/run"],
+                volume_mounts=[client.V1VolumeMount(name="tools", mount_path="/tools", read_only=True)],
+            )],
+            volumes=[client.V1Volume(name="tools", image=client.V1ImageVolumeSource(reference="reg/tools:v1"))],
+        ),
+    )),
+)
+made = batch.create_namespaced_job("proof", job, dry_run="All")
+spec = made.spec.template.spec
+print("RESULT " + json.dumps({
+    "volumes": [v.to_dict() for v in (spec.volumes or [])],
+    "mounts": [m.to_dict() for m in (spec.containers[0].volume_mounts or [])],
+    "stored": [j.metadata.name for j in batch.list_namespaced_job("proof").items],
+}))
+"#;
+
+/// The official client's `V1ImageVolumeSource` through a server-side dry run
+/// (what orch's `agent_delivery: auto` sends): kept, with its pull policy
+/// defaulted, on 1.35; dropped with its mount, without an error, on 1.33
+/// (the `ImageVolume` gate off); never stored either way.
+#[test]
+fn the_official_client_sees_image_volumes_kept_or_dropped_by_the_gate() {
+    if !have_kubernetes() {
+        return;
+    }
+    for (minor, kept) in [(35, true), (33, false)] {
+        let fake = FakeKube::builder()
+            .node(FakeNode::cpu("cpu-0"))
+            .kubernetes_minor(minor)
+            .start()
+            .unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let kubeconfig = home.path().join("kubeconfig");
+        fake.write_kubeconfig(&kubeconfig, "proof").unwrap();
+        let out = std::process::Command::new("python3")
+            .args(["-c", IMAGE_VOLUME_SCRIPT])
+            .arg(&kubeconfig)
+            .env("HOME", home.path())
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .expect("a result line");
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["stored"], serde_json::json!([]), "1.{minor}: {v}");
+        if kept {
+            assert_eq!(v["volumes"][0]["image"]["reference"], "reg/tools:v1", "{v}");
+            assert_eq!(v["volumes"][0]["image"]["pull_policy"], "IfNotPresent", "{v}");
+            assert_eq!(v["mounts"][0]["mount_path"], "/tools", "{v}");
+        } else {
+            assert_eq!(v["volumes"], serde_json::json!([]), "1.{minor}: {v}");
+            assert_eq!(v["mounts"], serde_json::json!([]), "1.{minor}: {v}");
+        }
+    }
+}

@@ -38,8 +38,8 @@ pub use error::{ManifestError, Pos};
 pub use gpu::{GpuSpec, GpuSpecError, KNOWN_GPUS};
 pub use plan::{CellPlan, ExpandOptions, Plan};
 pub use suite::{
-    BuildDef, DirtyDef, GpuAffinity, ImageDef, KubernetesDef, KubernetesSection, ModelRef, SlurmDef, Suite,
-    SyncDef, TolerationDef,
+    AgentDelivery, BuildDef, DirtyDef, GpuAffinity, ImageDef, KubernetesDef, KubernetesSection, ModelRef,
+    SlurmDef, Suite, SyncDef, TolerationDef,
 };
 
 use std::path::Path;

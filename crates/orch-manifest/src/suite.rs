@@ -642,6 +642,9 @@ pub struct KubernetesDef {
     /// default `ORCH_AGENT_IMAGE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_image: Option<String>,
+    /// How the agent reaches a cell's container (default `auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_delivery: Option<AgentDelivery>,
     /// A pod that makes no progress (pending, pulling) this long fails the cell (default 15m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<Seconds>,
@@ -696,6 +699,8 @@ pub struct KubernetesSection {
     #[serde(default)]
     pub agent_image: Option<String>,
     #[serde(default)]
+    pub agent_delivery: Option<AgentDelivery>,
+    #[serde(default)]
     pub max_pending: Option<Seconds>,
     #[serde(default)]
     pub unschedulable_grace: Option<Seconds>,
@@ -733,6 +738,7 @@ impl KubernetesSection {
             secret: self.secret.map(v),
             registry: self.registry,
             agent_image: self.agent_image,
+            agent_delivery: self.agent_delivery,
             max_pending: self.max_pending,
             unschedulable_grace: self.unschedulable_grace,
             scale_up_timeout: self.scale_up_timeout,
@@ -756,6 +762,24 @@ pub enum GpuAffinity {
     /// Never: the pod asks for `nvidia.com/gpu` only (pick nodes with
     /// `node_selector`).
     Off,
+}
+
+/// `kubernetes.agent_delivery`: how the agent (a static binary in the agent
+/// image) reaches a cell's container, whatever its image.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentDelivery {
+    /// `image-volume` where the cluster has image volumes (the API server
+    /// keeps them, and every node's kubelet is 1.35 or later on containerd
+    /// 2.1 or CRI-O 1.31 or later), else `init-container`.
+    #[default]
+    Auto,
+    /// The agent image mounted read-only as an `image` volume (KEP-4639):
+    /// no second container per pod.
+    ImageVolume,
+    /// An init container of the agent image copies the agent into an
+    /// `emptyDir` (any cluster).
+    InitContainer,
 }
 
 /// A pod toleration.

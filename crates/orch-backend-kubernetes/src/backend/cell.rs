@@ -267,11 +267,16 @@ impl Platform for JobCell<'_> {
                 spec::service_name(&self.job_name).into(),
             );
         }
-        let info: [(&str, Option<String>); 5] = [
+        let delivery = match self.backend.settings.agent_delivery {
+            orch_manifest::AgentDelivery::ImageVolume => "image-volume",
+            _ => "init-container",
+        };
+        let info: [(&str, Option<String>); 6] = [
             (
                 "kubernetes_namespace",
                 Some(self.backend.settings.namespace.clone()),
             ),
+            ("kubernetes_agent_delivery", Some(delivery.to_string())),
             ("kubernetes_job", Some(self.job_name.clone())),
             ("container_image", Some(self.image.clone())),
             ("kubernetes_pod", self.pod_name.clone()),

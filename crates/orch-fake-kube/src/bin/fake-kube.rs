@@ -5,6 +5,7 @@
 //! fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
 //!           [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
 //!           [--nodes N] [--gpus-per-node G] [--latency-ms MS] [--rate-limit QPS[:BURST]] [--stats FILE]
+//!           [--kubernetes-version 1.MINOR] [--container-runtime RUNTIME://VERSION] [--image-volume-gate on|off]
 //! ```
 //!
 //! Containers run in their image's root folder (a mount namespace and `chroot`): run it as root.
@@ -23,6 +24,7 @@ const USAGE: &str =
     "usage: fake-kube KUBECONFIG [--namespace NS] [--image REF=DIR]... [--busybox-image REF]...
                  [--pvc NAME=DIR]... [--nvml-stub LIB] [--token T] [--cut-log-streams-after BYTES] [--role FILE]
                  [--nodes N] [--gpus-per-node G] [--latency-ms MS] [--rate-limit QPS[:BURST]] [--stats FILE]
+                 [--kubernetes-version 1.MINOR] [--container-runtime RUNTIME://VERSION] [--image-volume-gate on|off]
 
   KUBECONFIG                 where to write the kubeconfig (cluster, user and context `fake`)
   --namespace NS             the context's namespace (default: default)
@@ -41,6 +43,11 @@ const USAGE: &str =
                              round trip; default 0)
   --rate-limit QPS[:BURST]   refuse requests past QPS a second (a bucket of BURST, default
                              QPS) with 429 and Retry-After, as Priority and Fairness does
+  --kubernetes-version 1.M   the version `/version` and the kubelets report (default 1.33); from
+                             1.35 the `ImageVolume` gate is on (`volumes[].image`)
+  --container-runtime R://V  every node's containerRuntimeVersion (default containerd://2.0.0;
+                             image volumes need containerd 2.1 or cri-o 1.31)
+  --image-volume-gate on|off the `ImageVolume` feature gate, whatever the version's default
   --stats FILE               on exit, write the requests answered to FILE (JSON: counts by
                              verb and resource, requests per second, 429s)
 
@@ -117,6 +124,24 @@ fn run() -> Result<(), String> {
                 b = b.rate_limit(qps, burst);
             }
             "--stats" => stats = Some(PathBuf::from(val()?)),
+            "--kubernetes-version" => {
+                let v = val()?;
+                let minor = v
+                    .trim_start_matches('v')
+                    .strip_prefix("1.")
+                    .and_then(|m| m.split('.').next())
+                    .and_then(|m| m.parse::<u32>().ok())
+                    .ok_or_else(|| format!("`--kubernetes-version` takes 1.MINOR, not `{v}`"))?;
+                b = b.kubernetes_minor(minor);
+            }
+            "--container-runtime" => b = b.container_runtime(&val()?),
+            "--image-volume-gate" => {
+                b = b.image_volume_gate(match val()?.as_str() {
+                    "on" | "true" => true,
+                    "off" | "false" => false,
+                    v => return Err(format!("`--image-volume-gate` takes on or off, not `{v}`")),
+                })
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());

@@ -1953,3 +1953,71 @@ fn a_role_without_the_runs_watch_polls_and_succeeds() {
     assert!(klog.contains("the pod is polled"), "{klog}");
     c.assert_nothing_left();
 }
+
+/// `agent_delivery: auto` on clusters of each kind (KEP-4639): 1.35 nodes on
+/// containerd 2.1 get the agent as an image volume (no init container, the
+/// cell runs, its record says so); the same nodes on containerd 2.0 get the
+/// init container; an explicit `image-volume` the API server drops (gate
+/// off) is a user error before any cell starts.
+#[test]
+fn the_agent_comes_as_an_image_volume_where_the_cluster_mounts_one() {
+    if !ready() {
+        return;
+    }
+    let suite_text =
+        "name: delivery\nbenchmarks:\n  - name: hello\n    workload: {shell: 'echo ORCH_METRIC ok=1'}\n";
+    let run = |runtime: &str, gate: Option<bool>, extra: &str| {
+        let c = cluster(vec![FakeNode::cpu("cpu-1")], |b| {
+            let b = b.kubernetes_minor(35).container_runtime(runtime);
+            match gate {
+                Some(on) => b.image_volume_gate(on),
+                None => b,
+            }
+        });
+        let suite = c.suite("delivery", &format!("{suite_text}{extra}"));
+        let out = c.run_cmd(&suite, &["--json"]).output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (c, out, v)
+    };
+
+    let (c, out, v) = run("containerd://2.1.4", None, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cell = &cells(&v)[0];
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{cell:#}");
+    assert_eq!(cell["metrics"]["ok"], 1.0, "{cell:#}");
+    assert_eq!(
+        cell["info"]["kubernetes_agent_delivery"], "image-volume",
+        "{cell:#}"
+    );
+    assert!(stderr.contains("as an image volume of `"), "{stderr}");
+    let jobs = c.fake.created("jobs");
+    let pod = &jobs[0]["spec"]["template"]["spec"];
+    assert!(pod["initContainers"].is_null(), "{pod:#}");
+    assert_eq!(pod["volumes"][0]["image"]["reference"], AGENT_IMAGE, "{pod:#}");
+    c.assert_nothing_left();
+
+    let (c, out, v) = run("containerd://2.0.5", None, "");
+    let cell = &cells(&v)[0];
+    assert_eq!(out.status.code(), Some(0), "{cell:#}");
+    assert_eq!(
+        cell["info"]["kubernetes_agent_delivery"], "init-container",
+        "{cell:#}"
+    );
+    let jobs = c.fake.created("jobs");
+    assert_eq!(
+        jobs[0]["spec"]["template"]["spec"]["initContainers"][0]["name"], "orch-agent",
+        "{:#}",
+        jobs[0]
+    );
+
+    let (c, out, _) = run(
+        "containerd://2.1.4",
+        Some(false),
+        "kubernetes: {agent_delivery: image-volume}\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("dropped the `image` volume"), "{stderr}");
+    assert!(stderr.contains("hint:"), "{stderr}");
+    assert!(c.fake.created("jobs").is_empty());
+}
