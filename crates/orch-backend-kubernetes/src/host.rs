@@ -140,10 +140,58 @@ async fn resolve_agent_delivery(
         }
         return Ok(None);
     }
-    // `auto`: the nodes first (no request to the API server's admission
-    // where no node could mount the volume anyway).
-    s.agent_delivery = AgentDelivery::InitContainer;
+    let (choice, why) = auto_delivery(client, s).await;
+    s.agent_delivery = choice;
+    Ok(match (choice, why) {
+        (AgentDelivery::ImageVolume, _) => Some(format!(
+            "the agent reaches each cell as an image volume of `{}` (every node's kubelet and runtime mount them): no init container",
+            s.agent_image
+        )),
+        // Said only where the nodes could have mounted it.
+        (_, AutoWhy::GateOff) => Some(
+            "the agent reaches each cell by an init container: the nodes could mount it as an image volume, but the API server drops `image` volumes (its `ImageVolume` feature gate is off)\nhint: `kubernetes.agent_delivery: init-container` silences this".into(),
+        ),
+        _ => None,
+    })
+}
+
+/// Why `auto` chose what it chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AutoWhy {
+    /// Every node mounts image volumes and the API server keeps them.
+    Mounted,
+    /// The nodes cannot be listed (no `nodes list`), or there are none yet.
+    NodesUnknown(String),
+    /// A node's kubelet or runtime cannot mount one.
+    Node(String),
+    /// The API server drops `image` volumes.
+    GateOff,
+    /// The dry run was not answered.
+    Unanswered,
+}
+
+impl AutoWhy {
+    fn text(&self) -> String {
+        match self {
+            AutoWhy::Mounted => {
+                "every node's kubelet and runtime mount image volumes and the API server keeps them".into()
+            }
+            AutoWhy::NodesUnknown(w) | AutoWhy::Node(w) => w.clone(),
+            AutoWhy::GateOff => {
+                "the API server drops `image` volumes (its `ImageVolume` feature gate is off)".into()
+            }
+            AutoWhy::Unanswered => "the API server did not answer a dry-run Job".into(),
+        }
+    }
+}
+
+/// What `agent_delivery: auto` becomes on this cluster, and why: the nodes
+/// first (no request to the API server's admission where no node could
+/// mount the volume anyway), then a server-side dry run.
+async fn auto_delivery(client: &kube::Client, s: &KubeSettings) -> (orch_manifest::AgentDelivery, AutoWhy) {
     use k8s_openapi::api::core::v1::Node;
+    use orch_manifest::AgentDelivery;
+    let init = AgentDelivery::InitContainer;
     let api: kube::Api<Node> = kube::Api::all(client.clone());
     let Some(nodes) = tokio::time::timeout(
         Duration::from_secs(15),
@@ -152,28 +200,42 @@ async fn resolve_agent_delivery(
     .await
     .ok()
     .and_then(Result::ok) else {
-        return Ok(None);
+        return (
+            init,
+            AutoWhy::NodesUnknown("the nodes cannot be listed (their kubelets and runtimes decide)".into()),
+        );
     };
-    if nodes.items.is_empty()
-        || nodes
-            .items
-            .iter()
-            .any(|n| node_without_image_volumes(n).is_some())
-    {
-        return Ok(None);
+    if nodes.items.is_empty() {
+        return (init, AutoWhy::NodesUnknown("the cluster has no node yet".into()));
+    }
+    if let Some(why) = nodes.items.iter().find_map(node_without_image_volumes) {
+        return (init, AutoWhy::Node(why));
     }
     match dry_run_image_volume(client, s).await {
-        Some(true) => {
-            s.agent_delivery = AgentDelivery::ImageVolume;
-            Ok(Some(format!(
-                "the agent reaches each cell as an image volume of `{}` (every node's kubelet and runtime mount them): no init container",
-                s.agent_image
-            )))
-        }
-        Some(false) => Ok(Some(
-            "the agent reaches each cell by an init container: the nodes could mount it as an image volume, but the API server drops `image` volumes (its `ImageVolume` feature gate is off)\nhint: `kubernetes.agent_delivery: init-container` silences this".into(),
-        )),
-        None => Ok(None),
+        Some(true) => (AgentDelivery::ImageVolume, AutoWhy::Mounted),
+        Some(false) => (init, AutoWhy::GateOff),
+        None => (init, AutoWhy::Unanswered),
+    }
+}
+
+/// `orch doctor`'s word on `agent_delivery`: what it becomes here, and why.
+async fn delivery_check(client: &kube::Client, s: &KubeSettings) -> Check {
+    use orch_manifest::AgentDelivery;
+    let name = "agent delivery";
+    match s.agent_delivery {
+        AgentDelivery::InitContainer => Check::ok(name, "an init container copies the agent in (`agent_delivery: init-container`)"),
+        AgentDelivery::ImageVolume => match dry_run_image_volume(client, s).await {
+            Some(false) => Check::fail(
+                name,
+                "`agent_delivery: image-volume`, but the API server drops `image` volumes (its `ImageVolume` feature gate is off)",
+                "use `agent_delivery: auto` or `init-container`, or enable `ImageVolume` (on by default from Kubernetes 1.35)",
+            ),
+            _ => Check::ok(name, "the agent image as an image volume (`agent_delivery: image-volume`)"),
+        },
+        AgentDelivery::Auto => match auto_delivery(client, s).await {
+            (AgentDelivery::ImageVolume, why) => Check::ok(name, format!("an image volume: {}", why.text())),
+            (_, why) => Check::ok(name, format!("an init container, not an image volume: {}", why.text())),
+        },
     }
 }
 
@@ -881,6 +943,10 @@ async fn doctor(flags: &Flags, plan: Option<&Plan>) -> Vec<Check> {
     });
     if image.is_empty() {
         out.push(static_agent_check());
+    } else {
+        let mut s = KubeSettings::new(&ns, &image);
+        s.agent_delivery = def.agent_delivery.unwrap_or_default();
+        out.push(delivery_check(&client, &s).await);
     }
     if let Some(plan) = plan {
         if let Err(e) = images(plan) {

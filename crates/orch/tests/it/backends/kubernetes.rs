@@ -1995,6 +1995,11 @@ fn the_agent_comes_as_an_image_volume_where_the_cluster_mounts_one() {
     assert!(pod["initContainers"].is_null(), "{pod:#}");
     assert_eq!(pod["volumes"][0]["image"]["reference"], AGENT_IMAGE, "{pod:#}");
     c.assert_nothing_left();
+    assert!(
+        delivery_doctor(&c).starts_with("an image volume: every node's kubelet and runtime mount"),
+        "{}",
+        delivery_doctor(&c)
+    );
 
     let (c, out, v) = run("containerd://2.0.5", None, "");
     let cell = &cells(&v)[0];
@@ -2009,6 +2014,11 @@ fn the_agent_comes_as_an_image_volume_where_the_cluster_mounts_one() {
         "{:#}",
         jobs[0]
     );
+    let said = delivery_doctor(&c);
+    assert!(
+        said.contains("an init container, not an image volume: node `cpu-1` runs `containerd://2.0.5`"),
+        "{said}"
+    );
 
     let (c, out, _) = run(
         "containerd://2.1.4",
@@ -2020,4 +2030,24 @@ fn the_agent_comes_as_an_image_volume_where_the_cluster_mounts_one() {
     assert!(stderr.contains("dropped the `image` volume"), "{stderr}");
     assert!(stderr.contains("hint:"), "{stderr}");
     assert!(c.fake.created("jobs").is_empty());
+}
+
+/// `orch doctor --backend kubernetes --json`'s `agent delivery` detail.
+fn delivery_doctor(c: &Cluster) -> String {
+    let out = c
+        .orch()
+        .args(["doctor", "--backend", "kubernetes", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    v["sections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["checks"].as_array().into_iter().flatten())
+        .find(|c| c["name"] == "agent delivery")
+        .and_then(|c| c["detail"].as_str())
+        .unwrap_or_else(|| panic!("no `agent delivery` check: {v:#}"))
+        .to_string()
 }
