@@ -1141,6 +1141,35 @@ mod namespace_tests {
         .unwrap()
     }
 
+    fn versions(kubelet: &str, runtime: &str) -> k8s_openapi::api::core::v1::Node {
+        let info = serde_json::json!({"kubeletVersion": kubelet, "containerRuntimeVersion": runtime,
+            "architecture": "", "bootID": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "",
+            "operatingSystem": "", "osImage": "", "systemUUID": ""});
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}, "status": {"nodeInfo": info}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn image_volumes_need_kubelet_1_35_on_containerd_2_1_or_cri_o_1_31() {
+        for (kubelet, runtime, ok) in [
+            ("v1.35.0", "containerd://2.1.0", true),
+            ("v1.36.2-eks-1", "containerd://2.1.4-k3s1", true),
+            ("v1.35.1", "cri-o://1.31.3", true),
+            ("v1.34.9", "containerd://2.1.4", false),
+            ("v1.35.0", "containerd://2.0.5", false),
+            ("v1.35.0", "containerd://1.7.27", false),
+            ("v1.35.0", "cri-o://1.30.9", false),
+            ("v1.35.0", "docker://28.1.1", false),
+            ("", "", false),
+        ] {
+            let why = node_without_image_volumes(&versions(kubelet, runtime));
+            assert_eq!(why.is_none(), ok, "{kubelet} {runtime}: {why:?}");
+        }
+        assert_eq!(version_pair("v1.35.2"), (1, 35));
+        assert_eq!(version_pair("2.1.4-k3s1"), (2, 1));
+        assert_eq!(version_pair("garbage"), (0, 0));
+    }
+
     #[test]
     fn auto_turns_the_gpu_affinity_off_only_where_no_gpu_node_carries_a_label() {
         let s = KubeSettings::new("ns", "a");

@@ -291,3 +291,40 @@ fn a_two_node_cell_is_an_indexed_job_with_a_headless_service() {
         "{yaml}"
     );
 }
+
+/// `agent_delivery: image-volume`: no init container; the agent image is a
+/// read-only `image` volume at `/orch/bin`, where the cell runs the agent.
+#[test]
+fn an_image_volume_cell_has_no_init_container_and_mounts_the_agent_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.yaml");
+    std::fs::write(&path, SUITE).unwrap();
+    let plan = orch_manifest::load(&path, &Default::default()).unwrap();
+    let mut s = KubeSettings::new("bench", "registry.example.com/orch/orch-agent:0.1.0");
+    s.agent_delivery = orch_manifest::AgentDelivery::ImageVolume;
+    let job = spec::cell_job(&plan.cells[0].task, "registry.example.com/team/vllm:v1", &[], &s);
+    let v = serde_json::to_value(&job).unwrap();
+    let pod = &v["spec"]["template"]["spec"];
+    assert!(pod.get("initContainers").is_none(), "{pod:#}");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "orch-bin")
+        .unwrap();
+    assert_eq!(
+        vol["image"]["reference"],
+        "registry.example.com/orch/orch-agent:0.1.0"
+    );
+    assert!(vol.get("emptyDir").is_none(), "{vol:#}");
+    let cell = &pod["containers"][0];
+    assert_eq!(cell["command"][0], "/orch/bin/orch-agent");
+    let mount = cell["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "orch-bin")
+        .unwrap();
+    assert_eq!(mount["mountPath"], "/orch/bin");
+    assert_eq!(mount["readOnly"], true);
+}
