@@ -210,11 +210,22 @@ async fn execute_cells(
         masker,
         files: opts.files.clone(),
     });
-    let (mut tasks, not_launched) =
-        launch_cells(&cells, &shared, &opts, &cancel, &stop_rx, budget.as_ref()).await?;
+    let mut tally = Tally::default();
+    let (mut tasks, not_launched) = launch_cells(
+        &cells,
+        &shared,
+        &opts,
+        (&cancel, &stop_rx),
+        budget.as_ref(),
+        &mut tally,
+    )
+    .await?;
     // The last cell to end drops the event sender: the relay of events ends.
     drop(shared);
-    let (counts, first_error) = join_cells(&mut tasks).await;
+    while let Some(joined) = tasks.join_next().await {
+        tally.add(joined);
+    }
+    let Tally { counts, first_error } = tally;
     // Every cell was answered: the writer ends with the last of them.
     let _ = writer.await;
     if let Some(b) = &budget {
@@ -294,15 +305,21 @@ async fn launch_cells(
     cells: &[CellPlan],
     shared: &Arc<Shared>,
     opts: &RunnerOptions,
-    cancel: &watch::Receiver<bool>,
-    stop_rx: &watch::Receiver<bool>,
+    (cancel, stop_rx): (&watch::Receiver<bool>, &watch::Receiver<bool>),
     budget: Option<&Budget>,
+    tally: &mut Tally,
 ) -> Result<(CellTasks, Vec<CellPlan>), RunnerError> {
     let semaphore = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let mut tasks = JoinSet::new();
     let mut not_launched: Vec<CellPlan> = Vec::new();
     let mut stop_wait = stop_rx.clone();
     for (i, cell) in cells.iter().enumerate() {
+        // Finished cells are joined as the run goes: a task is one
+        // allocation the size of its future, held until it is joined, so
+        // joining only at the run's end kept every finished cell's.
+        while let Some(joined) = tasks.try_join_next() {
+            tally.add(joined);
+        }
         let permit = tokio::select! {
             p = semaphore.clone().acquire_owned() => p.map_err(|e| RunnerError::Join(e.to_string()))?,
             _ = stop_wait.wait_for(|c| *c) => { not_launched = cells[i..].to_vec(); break; }
@@ -326,23 +343,26 @@ async fn launch_cells(
     Ok((tasks, not_launched))
 }
 
-/// Wait for every launched cell: the count of each recorded status, and the first error.
-async fn join_cells(tasks: &mut CellTasks) -> (BTreeMap<Status, usize>, Option<RunnerError>) {
-    let mut counts = BTreeMap::new();
-    let mut first_error = None;
-    while let Some(joined) = tasks.join_next().await {
+/// The joined cells: the count of each recorded status, and the first error.
+#[derive(Default)]
+struct Tally {
+    counts: BTreeMap<Status, usize>,
+    first_error: Option<RunnerError>,
+}
+
+impl Tally {
+    fn add(&mut self, joined: Result<Result<Option<Status>, RunnerError>, tokio::task::JoinError>) {
         match joined {
-            Ok(Ok(Some(status))) => *counts.entry(status).or_insert(0) += 1,
+            Ok(Ok(Some(status))) => *self.counts.entry(status).or_insert(0) += 1,
             Ok(Ok(None)) => {}
             Ok(Err(e)) => {
-                first_error.get_or_insert(e);
+                self.first_error.get_or_insert(e);
             }
             Err(e) => {
-                first_error.get_or_insert(RunnerError::Join(e.to_string()));
+                self.first_error.get_or_insert(RunnerError::Join(e.to_string()));
             }
         }
     }
-    (counts, first_error)
 }
 
 /// The run's state at the end: complete when no cell is left unfinished, interrupted when
