@@ -133,7 +133,7 @@ async fn resolve_agent_delivery(
         return Ok(None);
     }
     if s.agent_delivery == AgentDelivery::ImageVolume {
-        if dry_run_image_volume(client, s).await == Some(false) {
+        if dry_run_image_volume(client, s).await == Ok(false) {
             return Err(user(
                 "`kubernetes.agent_delivery: image-volume`: the API server dropped the `image` volume from a dry-run Job (its `ImageVolume` feature gate is off), so no cell would find its agent\nhint: use `agent_delivery: init-container` (or `auto`), or enable `ImageVolume` on the API server and kubelets (on by default from Kubernetes 1.35)".into(),
             ));
@@ -166,8 +166,8 @@ enum AutoWhy {
     Node(String),
     /// The API server drops `image` volumes.
     GateOff,
-    /// The dry run was not answered.
-    Unanswered,
+    /// The dry run was refused (an admission policy) or not answered.
+    Unanswered(String),
 }
 
 impl AutoWhy {
@@ -180,7 +180,7 @@ impl AutoWhy {
             AutoWhy::GateOff => {
                 "the API server drops `image` volumes (its `ImageVolume` feature gate is off)".into()
             }
-            AutoWhy::Unanswered => "the API server did not answer a dry-run Job".into(),
+            AutoWhy::Unanswered(e) => format!("a dry-run Job with an `image` volume was not accepted: {e}"),
         }
     }
 }
@@ -212,9 +212,9 @@ async fn auto_delivery(client: &kube::Client, s: &KubeSettings) -> (orch_manifes
         return (init, AutoWhy::Node(why));
     }
     match dry_run_image_volume(client, s).await {
-        Some(true) => (AgentDelivery::ImageVolume, AutoWhy::Mounted),
-        Some(false) => (init, AutoWhy::GateOff),
-        None => (init, AutoWhy::Unanswered),
+        Ok(true) => (AgentDelivery::ImageVolume, AutoWhy::Mounted),
+        Ok(false) => (init, AutoWhy::GateOff),
+        Err(e) => (init, AutoWhy::Unanswered(e)),
     }
 }
 
@@ -225,12 +225,17 @@ async fn delivery_check(client: &kube::Client, s: &KubeSettings) -> Check {
     match s.agent_delivery {
         AgentDelivery::InitContainer => Check::ok(name, "an init container copies the agent in (`agent_delivery: init-container`)"),
         AgentDelivery::ImageVolume => match dry_run_image_volume(client, s).await {
-            Some(false) => Check::fail(
+            Ok(false) => Check::fail(
                 name,
                 "`agent_delivery: image-volume`, but the API server drops `image` volumes (its `ImageVolume` feature gate is off)",
                 "use `agent_delivery: auto` or `init-container`, or enable `ImageVolume` (on by default from Kubernetes 1.35)",
             ),
-            _ => Check::ok(name, "the agent image as an image volume (`agent_delivery: image-volume`)"),
+            Ok(true) => Check::ok(name, "the agent image as an image volume (`agent_delivery: image-volume`)"),
+            Err(e) => Check::warn(
+                name,
+                format!("`agent_delivery: image-volume`, but a dry-run Job with an `image` volume was not accepted: {e}"),
+                "check the cluster's admission policies for `image` volumes, or use `agent_delivery: init-container`",
+            ),
         },
         AgentDelivery::Auto => match auto_delivery(client, s).await {
             (AgentDelivery::ImageVolume, why) => Check::ok(name, format!("an image volume: {}", why.text())),
@@ -273,8 +278,9 @@ fn version_pair(v: &str) -> (u32, u32) {
 
 /// Whether the API server keeps an `image` volume: a server-side dry run
 /// (`dryRun=All`: admitted and validated, never stored) of a Job mounting
-/// the agent image. `None` when the API server did not answer it.
-async fn dry_run_image_volume(client: &kube::Client, s: &KubeSettings) -> Option<bool> {
+/// the agent image. `Err`: what refused it (an admission policy, RBAC) or
+/// that it was not answered.
+async fn dry_run_image_volume(client: &kube::Client, s: &KubeSettings) -> Result<bool, String> {
     use k8s_openapi::api::batch::v1::Job;
     let mut probe = s.clone();
     probe.agent_delivery = orch_manifest::AgentDelivery::ImageVolume;
@@ -286,14 +292,13 @@ async fn dry_run_image_volume(client: &kube::Client, s: &KubeSettings) -> Option
     };
     let made = tokio::time::timeout(Duration::from_secs(15), api.create(&params, &job))
         .await
-        .ok()?
-        .ok()?;
-    Some(
-        made.spec
-            .and_then(|j| j.template.spec)
-            .and_then(|p| p.volumes)
-            .is_some_and(|v| v.iter().any(|v| v.image.is_some())),
-    )
+        .map_err(|_| "no answer within 15 s".to_string())?
+        .map_err(|e| first_line(&e.to_string()))?;
+    Ok(made
+        .spec
+        .and_then(|j| j.template.spec)
+        .and_then(|p| p.volumes)
+        .is_some_and(|v| v.iter().any(|v| v.image.is_some())))
 }
 
 /// Nodes per cell id, for cells of more than one (`nodes: N`).

@@ -40,6 +40,12 @@ impl C {
         self.req("GET", path, None).await.1
     }
 
+    /// The log of pod `p` (namespace `ns`).
+    async fn log(&self, p: &Value) -> String {
+        let path = format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(p));
+        self.raw("GET", &path, None).await.1
+    }
+
     /// Poll `path` until `f` holds (20 s at most).
     async fn until(&self, path: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
         let t = Instant::now();
@@ -826,13 +832,7 @@ async fn containers_see_their_image_and_volumes_and_nothing_of_the_host() {
     c.until(&format!("{JOBS}/iso"), "Complete", |j| has_cond(j, "Complete"))
         .await;
     let p = c.job_pod("ns", "iso").await;
-    let (_, log) = c
-        .raw(
-            "GET",
-            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&p)),
-            None,
-        )
-        .await;
+    let log = c.log(&p).await;
     assert!(
         log.starts_with(&format!(
             "pwd=/data path={} home=/root\nweights\n",
@@ -1385,14 +1385,7 @@ async fn an_indexed_job_makes_a_pod_per_index_as_the_job_controller_does() {
     assert_eq!(j["status"]["completedIndexes"], "0-2", "{j}");
     assert!(j["status"].get("active").is_none(), "{j}");
     for (i, p) in pods.iter().enumerate() {
-        let log = c
-            .raw(
-                "GET",
-                &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(p)),
-                None,
-            )
-            .await
-            .1;
+        let log = c.log(p).await;
         assert_eq!(log, format!("idx={i} host=ij-{i}\n"));
     }
     assert_eq!(super::jobs::index_ranges(&[4, 0, 1, 2, 7, 8]), "0-2,4,7-8");
@@ -1591,16 +1584,7 @@ fi"#
             has_cond(j, "Complete") || has_cond(j, "Failed")
         })
         .await;
-    let logs: Vec<String> = futures_util::future::join_all(pods.iter().map(|p| async {
-        c.raw(
-            "GET",
-            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(p)),
-            None,
-        )
-        .await
-        .1
-    }))
-    .await;
+    let logs: Vec<String> = futures_util::future::join_all(pods.iter().map(|p| c.log(p))).await;
     assert!(has_cond(&j, "Complete"), "{j:#}\n{logs:?}");
     assert_eq!(logs[0], "rank 0 got: hello from tj-1\n", "{logs:?}");
     let ip0 = pods_ip(&c, &pod_name(&pods[0])).await;
@@ -1935,13 +1919,7 @@ async fn image_volumes_follow_the_gate_and_the_runtime() {
     c.until(&format!("{JOBS}/new"), "Complete", |j| has_cond(j, "Complete"))
         .await;
     let p = c.job_pod("ns", "new").await;
-    let (_, log) = c
-        .raw(
-            "GET",
-            &format!("/api/v1/namespaces/ns/pods/{}/log", pod_name(&p)),
-            None,
-        )
-        .await;
+    let log = c.log(&p).await;
     assert_eq!(log, "tool-ran\nread-only\n");
     assert!(!tools.path().join("new").exists());
     // A volume without a reference is refused.

@@ -103,6 +103,29 @@ fn have_kubernetes() -> bool {
     )
 }
 
+/// `python3 -c SCRIPT KUBECONFIG` against `fake` (namespace `proof`, a HOME of
+/// its own, no `KUBECONFIG`): the JSON of the line it prints after `RESULT `.
+fn run_script(fake: &FakeKube, script: &str) -> serde_json::Value {
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig, "proof").unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&kubeconfig)
+        .env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .expect("a result line");
+    serde_json::from_str(line).unwrap()
+}
+
 #[test]
 fn the_official_python_client_runs_a_job_on_the_fake() {
     if !have_kubernetes()
@@ -118,24 +141,7 @@ fn the_official_python_client_runs_a_job_on_the_fake() {
         .token("proof-token-123")
         .start()
         .unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let kubeconfig = home.path().join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig, "proof").unwrap();
-    let out = std::process::Command::new("python3")
-        .args(["-c", SCRIPT])
-        .arg(&kubeconfig)
-        .env("HOME", home.path())
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .expect("a result line");
-    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let v = run_script(&fake, SCRIPT);
     assert_eq!(v["exit_code"], 3, "{v}");
     assert_eq!(v["reason"], "Error", "{v}");
     assert_eq!(v["node"], "gpu-0", "{v}");
@@ -247,24 +253,7 @@ fn the_official_client_sees_image_volumes_kept_or_dropped_by_the_gate() {
             .kubernetes_minor(minor)
             .start()
             .unwrap();
-        let home = tempfile::tempdir().unwrap();
-        let kubeconfig = home.path().join("kubeconfig");
-        fake.write_kubeconfig(&kubeconfig, "proof").unwrap();
-        let out = std::process::Command::new("python3")
-            .args(["-c", IMAGE_VOLUME_SCRIPT])
-            .arg(&kubeconfig)
-            .env("HOME", home.path())
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
-        let line = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("RESULT "))
-            .expect("a result line");
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let v = run_script(&fake, IMAGE_VOLUME_SCRIPT);
         assert_eq!(v["stored"], serde_json::json!([]), "1.{minor}: {v}");
         if kept {
             assert_eq!(v["volumes"][0]["image"]["reference"], "reg/tools:v1", "{v}");
